@@ -1,0 +1,61 @@
+"""Test-suite set-up: offline env, markers' skip rules, device per xdist worker, hypothesis profiles,
+seeds, and the numerics records that `lowlat signoff` reads."""
+
+import os
+import random
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# NVLink multicast must never be used on the lent machines (device/KINDS.md).
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    # Triton kernels run under the CPU interpreter at tiny shapes (set before triton is imported).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("gpu", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=400, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("LOWLAT_HYPOTHESIS_PROFILE", "gpu" if HAS_CUDA else "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_records(request):
+    """Seed every RNG per test; attach the numerics checks the test made to its report."""
+    from lowlat import numerics
+
+    random.seed(0)
+    torch.manual_seed(0)
+    numerics.RECORDS.clear()
+    yield
+    for rec in numerics.RECORDS:
+        request.node.user_properties.append(("numerics", rec))
+    numerics.RECORDS.clear()
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """This worker's device: a GPU (round-robin over xdist workers) when present, else the CPU."""
+    if not HAS_CUDA:
+        return torch.device("cpu")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    idx = int(worker[2:]) if worker.startswith("gw") else 0
+    return torch.device("cuda", idx % torch.cuda.device_count())

@@ -1,0 +1,216 @@
+"""Decode engine v0: requests, KV slots, chunked prefill, greedy / sampled decode, padding to a
+captured width. Every forward goes through a backend with `forward(step, pool) -> logits [M, V]`.
+
+Steps follow lowlat/step.py: prefill runs in chunks of at most `max_rows` rows; a decode step holds
+one row per running request, padded with dummy rows up to the next captured width in `widths`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from lowlat.config import ModelConfig
+from lowlat.errors import StepContractError
+from lowlat.reference import sampling
+from lowlat.reference.model import ReferenceModel
+from lowlat.runtime.kv_cache import KVCachePool
+from lowlat.step import MAX_ROWS, StepBatch
+from lowlat.weights import ModelWeights
+
+#: Step widths a fused backend captures one CUDA graph for (decode rows are padded up to one).
+WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
+
+
+class Backend(Protocol):
+    def forward(self, step: StepBatch, pool: KVCachePool) -> torch.Tensor: ...
+
+
+class ReferenceBackend:
+    """The plain-PyTorch model (lowlat/reference/model.py) as an engine backend."""
+
+    name = "reference"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+        self.model = ReferenceModel(cfg, weights)
+
+    def forward(self, step: StepBatch, pool: KVCachePool) -> torch.Tensor:
+        return self.model.forward(step, pool.k_caches, pool.v_caches)
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 = greedy. top_k <= 0 and top_p = 1 disable filtering. seed makes sampling
+    reproducible per request."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 32
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    req_pool_idx: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    generator: torch.Generator | None = None
+    ttft_s: float = 0.0
+    token_times: list[float] = field(default_factory=list)   # host time of each output token
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies (s) after the first token."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+def pad_width(rows: int, widths: Sequence[int] = WIDTHS) -> int:
+    """Smallest captured width >= rows. Raises StepContractError above the largest."""
+    for w in widths:
+        if w >= rows:
+            return w
+    raise StepContractError(f"{rows} rows exceed max_rows={max(widths)}")
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, backend: Backend, pool: KVCachePool, *,
+                 widths: Sequence[int] = WIDTHS, max_rows: int = MAX_ROWS) -> None:
+        self.cfg, self.backend, self.pool = cfg, backend, pool
+        self.widths, self.max_rows = tuple(widths), max_rows
+        self.device = pool.req_to_token.device
+
+    # ---------------------------------------------------------------- steps
+    def build_step(self, chunks: Sequence[tuple[Request, Sequence[int]]], *, pad: bool = True) -> StepBatch:
+        """One step from (request, new tokens) chunks: allocates their KV slots and lays out rows.
+
+        Rows are padded to the next captured width when `pad`. Raises StepContractError (nothing
+        allocated) when the rows exceed max_rows.
+        """
+        rows = sum(len(t) for _, t in chunks)
+        if rows > self.max_rows:
+            raise StepContractError(f"{rows} rows exceed max_rows={self.max_rows}")
+        width = pad_width(rows, self.widths) if pad else rows
+        ids, pos, loc, req_idx = [], [], [], []
+        for b, (req, tokens) in enumerate(chunks):
+            start = self.pool.seq_lens[req.req_pool_idx]
+            slots = self.pool.extend(req.req_pool_idx, len(tokens))
+            ids += list(tokens)
+            pos += range(start, start + len(tokens))
+            loc += slots.tolist()
+            req_idx += [b] * len(tokens)
+        pad_rows = width - rows
+        dev = self.device
+        pool_rows = torch.tensor([r.req_pool_idx for r, _ in chunks], dtype=torch.long, device=dev)
+        return StepBatch(
+            input_ids=torch.tensor(ids + [0] * pad_rows, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos + [0] * pad_rows, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.tensor(loc + [0] * pad_rows, dtype=torch.int32, device=dev),
+            req_indices=torch.tensor(req_idx + [0] * pad_rows, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor([self.pool.seq_lens[r.req_pool_idx] for r, _ in chunks],
+                                  dtype=torch.int32, device=dev),
+            page_table=self.pool.req_to_token[pool_rows],
+            num_valid_rows=rows,
+        )
+
+    def run_step(self, chunks: Sequence[tuple[Request, Sequence[int]]]) -> torch.Tensor:
+        """Build, forward; returns logits [valid rows, V] (float32)."""
+        step = self.build_step(chunks)
+        try:
+            logits = self.backend.forward(step, self.pool)
+        except Exception:
+            for req, tokens in chunks:          # nothing of a refused step stays allocated
+                self.pool.truncate(req.req_pool_idx, self.pool.seq_lens[req.req_pool_idx] - len(tokens))
+            raise
+        return logits[: step.num_valid_rows]
+
+    # ---------------------------------------------------------------- requests
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> Request:
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise StepContractError(f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")
+        if len(prompt_ids) + params.max_new_tokens > self.pool.max_ctx:
+            raise StepContractError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) "
+                                    f"exceeds max_ctx={self.pool.max_ctx}")
+        req = Request(list(prompt_ids), params, req_pool_idx=self.pool.alloc_request())
+        req.generator = torch.Generator().manual_seed(params.seed)
+        return req
+
+    def prefill(self, req: Request) -> torch.Tensor:
+        """Run the prompt in chunks of <= max_rows rows; returns the last row's logits [V]."""
+        p = req.prompt_ids
+        logits = None
+        for s in range(0, len(p), self.max_rows):
+            logits = self.run_step([(req, p[s:s + self.max_rows])])
+        return logits[-1]
+
+    def _accept(self, req: Request, logits: torch.Tensor, now: float) -> int:
+        sp = req.params
+        tok = int(sampling.sample(logits[None], sp.temperature, sp.top_k, sp.top_p, req.generator)[0])
+        req.output_ids.append(tok)
+        req.token_times.append(now)
+        if (not sp.ignore_eos and tok in self.cfg.eos_token_ids) or len(req.output_ids) >= sp.max_new_tokens:
+            req.finished = True
+        return tok
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_token: Callable[[int, int], None] | None = None) -> list[Request]:
+        """Generate for several prompts; running requests share each decode step.
+
+        on_token(request_index, token_id) is called as each token is chosen (streaming).
+        Returns the finished requests (output_ids, ttft_s, token_times). Their KV slots are freed.
+        """
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        try:
+            t0 = time.perf_counter()
+            for i, req in enumerate(reqs):
+                last = self.prefill(req)
+                tok = self._accept(req, last, time.perf_counter())
+                req.ttft_s = req.token_times[0] - t0
+                if on_token:
+                    on_token(i, tok)
+            while True:
+                running = [(i, r) for i, r in enumerate(reqs) if not r.finished]
+                if not running:
+                    break
+                for s in range(0, len(running), self.max_rows):
+                    group = running[s:s + self.max_rows]
+                    logits = self.run_step([(r, [r.output_ids[-1]]) for _, r in group])
+                    now = time.perf_counter()
+                    for row, (i, r) in enumerate(group):
+                        tok = self._accept(r, logits[row], now)
+                        if on_token:
+                            on_token(i, tok)
+        finally:
+            for r in reqs:
+                self.pool.free_request(r.req_pool_idx)
+        return reqs
+
+
+def reference_engine(cfg: ModelConfig, weights: ModelWeights, *, num_slots: int = 4096, max_reqs: int = 16,
+                     max_ctx: int = 2048, device: str | torch.device = "cpu",
+                     compute_dtype: torch.dtype | None = None) -> Engine:
+    """An engine on the reference backend; `compute_dtype` (e.g. float32) upcasts the bf16 weights."""
+    w = weights.to(device=device, dtype=compute_dtype) if compute_dtype else weights.to(device=device)
+    dtype = compute_dtype or w.embed.dtype
+    pool = KVCachePool(cfg, num_slots=num_slots, max_reqs=max_reqs, max_ctx=max_ctx, dtype=dtype, device=device)
+    return Engine(cfg, ReferenceBackend(cfg, w), pool)
