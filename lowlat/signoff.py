@@ -1,0 +1,160 @@
+"""`lowlat signoff`: run every test this machine's hardware allows and write a report.
+
+One source of truth: the pytest suite under tests/. Each test's markers and skip conditions decide
+whether it can run here (no GPU, one GPU, ...); the sign-off runs the whole suite in-process and
+records, for every test, its outcome, the numerics checks it made (op, output, tolerance rule,
+measured error, allowed error: lowlat/numerics.py) and, for what could not run, the reason.
+
+Writes <out>/signoff.json, <out>/signoff.md and <out>/numerics.png (measured / allowed error of
+every numerics check). Returns 0 only when nothing failed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def hardware() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0, "gpu_names": []}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    for i in range(info["gpus"]):
+        p = torch.cuda.get_device_properties(i)
+        info["gpu_names"].append(f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs)")
+    return info
+
+
+class _Collector:
+    """pytest plugin: one record per test (setup skips, call outcomes, numerics properties)."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, dict] = {}
+        self.started = time.perf_counter()
+        self.done = 0
+
+    def pytest_runtest_logreport(self, report) -> None:
+        rec = self.tests.setdefault(report.nodeid, {"test": report.nodeid, "outcome": "passed",
+                                                    "duration_s": 0.0, "numerics": [], "reason": ""})
+        rec["duration_s"] += report.duration
+        if report.skipped:
+            rec["outcome"] = "not run"
+            lr = report.longrepr
+            rec["reason"] = lr[2] if isinstance(lr, tuple) else str(lr)
+        elif report.failed:
+            rec["outcome"] = "failed"
+            rec["reason"] = str(report.longrepr).splitlines()[-1][:300] if report.longrepr else ""
+        for key, value in report.user_properties:
+            if key == "numerics" and value not in rec["numerics"]:
+                rec["numerics"].append(value)
+        if report.when == "teardown":
+            self.done += 1
+            if self.done % 25 == 0:
+                print(f"[signoff] {self.done} tests done, {time.perf_counter() - self.started:.0f} s",
+                      file=sys.stderr, flush=True)
+
+
+def run_signoff(out_dir: str = "signoff-report", *, quick: bool = False, workers: str = "auto",
+                extra: list[str] | None = None) -> int:
+    """Run the suite, write the report, return 0 when nothing failed."""
+    import pytest
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hw = hardware()
+    print(f"[signoff] hardware: {hw['gpus']} GPU(s) {hw['gpu_names']}, torch {hw['torch']}, "
+          f"triton {hw['triton']}", file=sys.stderr)
+    args = [str(REPO_ROOT / "tests"), "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(REPO_ROOT)]
+    if quick:
+        args += ["-m", "not slow"]
+    if workers not in ("0", ""):
+        args += ["-n", workers]
+    args += list(extra or [])
+    collector = _Collector()
+    t0 = time.perf_counter()
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        code = pytest.main(args, plugins=[collector])
+    finally:
+        os.chdir(cwd)
+    tests = sorted(collector.tests.values(), key=lambda r: r["test"])
+    summary = {k: sum(1 for t in tests if t["outcome"] == k) for k in ("passed", "failed", "not run")}
+    report = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "lowlat signoff " + " ".join(sys.argv[2:]),
+        "hardware": hw, "pytest_args": args, "pytest_exit_code": int(code),
+        "wall_s": round(time.perf_counter() - t0, 1), "summary": summary, "tests": tests,
+    }
+    (out / "signoff.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "signoff.md").write_text(_markdown(report))
+    _plot(tests, out / "numerics.png")
+    ok = summary["failed"] == 0 and int(code) in (0, 5)
+    print(f"[signoff] {summary['passed']} passed, {summary['failed']} failed, {summary['not run']} not run; "
+          f"report in {out}/signoff.md", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _markdown(r: dict) -> str:
+    hw = r["hardware"]
+    lines = [f"# lowlat sign-off — {r['date']}", "",
+             f"- command: `{r['command']}`; pytest exit code {r['pytest_exit_code']}; wall {r['wall_s']} s",
+             f"- hardware: {hw['gpus']} GPU(s) {', '.join(hw['gpu_names']) or '(none)'}; torch {hw['torch']}, "
+             f"triton {hw['triton']}, python {hw['python']}",
+             f"- **{r['summary']['passed']} passed, {r['summary']['failed']} failed, "
+             f"{r['summary']['not run']} not run**", "", "## Numerics checks", "",
+             "| test | check | tolerance | measured max error | allowed | verdict |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for t in r["tests"]:
+        for n in t["numerics"]:
+            lines.append(f"| `{t['test']}` | {n['op']}.{n['output']} ({n['kind']}) | {n['tolerance']} | "
+                         f"{n['max_err']:.3e} | {n['allowed']:.3e} | {'pass' if n['passed'] else 'FAIL'} |")
+    lines += ["", "## Every test", "", "| test | outcome | s | reason |", "| --- | --- | --- | --- |"]
+    for t in r["tests"]:
+        reason = t["reason"].replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{t['test']}` | {t['outcome']} | {t['duration_s']:.2f} | {reason} |")
+    not_run = [t for t in r["tests"] if t["outcome"] == "not run"]
+    if not_run:
+        lines += ["", "## Not run here, and why", ""]
+        reasons: dict[str, int] = {}
+        for t in not_run:
+            reasons[t["reason"]] = reasons.get(t["reason"], 0) + 1
+        lines += [f"- {n} test(s): {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(tests: list[dict], path: Path) -> None:
+    checks = [(f"{n['op']}.{n['output']}", n["max_err"], n["allowed"]) for t in tests for n in t["numerics"]
+              if n["kind"] == "accuracy" and n["allowed"] > 0]
+    if not checks:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratio = [max(e / a, 1e-4) for _, e, a in checks]
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.18 * len(checks))))
+    ax.barh(range(len(checks)), ratio, color=["tab:red" if r > 1 else "tab:blue" for r in ratio])
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(checks)), [c[0] for c in checks], fontsize=6)
+    ax.set_xlabel("measured max error / allowed error (< 1 passes)")
+    ax.set_title("lowlat numerics checks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,63 @@
+"""Bad input to a step gets a typed error naming the offending value, and nothing is written."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from lowlat.errors import StepContractError
+from lowlat.reference.model import ReferenceModel
+from lowlat.step import MAX_ROWS
+from lowlat.testing import random_step, tiny_config
+from lowlat.weights import random_model_weights
+
+CFG = tiny_config(vocab_size=128)
+MODEL = ReferenceModel(CFG, random_model_weights(CFG, seed=0))
+
+
+def _case(**kw):
+    return random_step(ctx_lens=[4, 2], new_rows=[1, 3], num_kv_heads=CFG.num_kv_heads, head_dim=CFG.head_dim,
+                       vocab_size=CFG.vocab_size, pad_to=6, max_ctx=8, generator=torch.Generator().manual_seed(0), **kw)
+
+
+def _bad(field, value):
+    case = _case()
+    return case, dataclasses.replace(case.step, **{field: value})
+
+
+ERROR_CASES = [
+    ("input_ids", lambda s: s.input_ids.int(), "input_ids must be torch.int64"),
+    ("positions", lambda s: s.positions[:3], "positions has 3 rows"),
+    ("page_table", lambda s: s.page_table[0], "page_table must be 2-D"),
+    ("input_ids", lambda s: s.input_ids.clone().index_fill_(0, torch.tensor([1]), 128), r"input_ids\[1\]=128"),
+    ("input_ids", lambda s: s.input_ids.clone().index_fill_(0, torch.tensor([0]), -3), r"input_ids\[0\]=-3"),
+    ("positions", lambda s: s.positions.clone().index_fill_(0, torch.tensor([0]), 5), r"positions\[0\]=5 is beyond"),
+    ("seq_lens", lambda s: s.seq_lens.clone().index_fill_(0, torch.tensor([0]), 9), r"seq_lens\[0\]=9"),
+    ("out_cache_loc", lambda s: s.out_cache_loc.clone().index_fill_(0, torch.tensor([3]), 0), r"out_cache_loc\[3\]=0"),
+    ("out_cache_loc", lambda s: s.out_cache_loc.clone().index_fill_(0, torch.tensor([5]), 3), "padding row 5"),
+    ("req_indices", lambda s: s.req_indices.clone().index_fill_(0, torch.tensor([2]), 2), r"req_indices\[2\]=2"),
+    ("num_valid_rows", lambda s: 0, "num_valid_rows=0"),
+]
+
+
+@pytest.mark.parametrize("field,make,message", ERROR_CASES, ids=[c[2][:30] for c in ERROR_CASES])
+def test_bad_step_raises_typed_error_and_writes_nothing(field, make, message):
+    case = _case()
+    bad = dataclasses.replace(case.step, **{field: make(case.step)})
+    kc = [case.k_cache.clone() for _ in range(CFG.num_layers)]
+    vc = [case.v_cache.clone() for _ in range(CFG.num_layers)]
+    with pytest.raises(StepContractError, match=message):
+        MODEL.forward(bad, kc, vc)
+    for k in kc:
+        assert torch.equal(k.nan_to_num(7.0), case.k_cache.nan_to_num(7.0)), "a refused step wrote the KV cache"
+
+
+def test_rows_beyond_max_rows_are_refused():
+    case = random_step(ctx_lens=[1], new_rows=[MAX_ROWS + 1], num_kv_heads=2, head_dim=16, vocab_size=128)
+    with pytest.raises(StepContractError, match=f"M={MAX_ROWS + 1} rows exceeds max_rows={MAX_ROWS}"):
+        case.step.validate(vocab_size=128, num_slots=case.k_cache.shape[0], max_rows=MAX_ROWS)
+
+
+def test_valid_step_passes_validation():
+    case = _case()
+    case.step.validate(vocab_size=CFG.vocab_size, num_slots=case.k_cache.shape[0], max_rows=MAX_ROWS)
