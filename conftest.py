@@ -37,18 +37,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-@pytest.fixture(autouse=True)
-def _seed_and_records(request):
-    """Seed every RNG per test; attach the numerics checks the test made to its report."""
-    from lowlat import numerics
+pytest_plugins = ("lowlat.pytest_plugin",)   # numerics records -> each test's report
 
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Seed every RNG per test."""
     random.seed(0)
     torch.manual_seed(0)
-    numerics.RECORDS.clear()
-    yield
-    for rec in numerics.RECORDS:
-        request.node.user_properties.append(("numerics", rec))
-    numerics.RECORDS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -106,13 +106,20 @@ class Engine:
             raise StepContractError(f"{rows} rows exceed max_rows={self.max_rows}")
         width = pad_width(rows, self.widths) if pad else rows
         ids, pos, loc, req_idx = [], [], [], []
-        for b, (req, tokens) in enumerate(chunks):
-            start = self.pool.seq_lens[req.req_pool_idx]
-            slots = self.pool.extend(req.req_pool_idx, len(tokens))
-            ids += list(tokens)
-            pos += range(start, start + len(tokens))
-            loc += slots.tolist()
-            req_idx += [b] * len(tokens)
+        done: list[tuple[Request, int]] = []
+        try:
+            for b, (req, tokens) in enumerate(chunks):
+                start = self.pool.seq_lens[req.req_pool_idx]
+                slots = self.pool.extend(req.req_pool_idx, len(tokens))
+                done.append((req, start))
+                ids += list(tokens)
+                pos += range(start, start + len(tokens))
+                loc += slots.tolist()
+                req_idx += [b] * len(tokens)
+        except Exception:
+            for req, start in reversed(done):          # nothing of a refused step stays allocated
+                self.pool.truncate(req.req_pool_idx, start)
+            raise
         pad_rows = width - rows
         dev = self.device
         pool_rows = torch.tensor([r.req_pool_idx for r, _ in chunks], dtype=torch.long, device=dev)

@@ -1,0 +1,41 @@
+"""`lowlat signoff` reports every check with its tolerance, error and verdict, and what did not run."""
+
+import json
+import textwrap
+
+from lowlat.signoff import run_signoff
+
+
+def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_fake.py").write_text(textwrap.dedent('''
+        import pytest, torch
+        from lowlat.numerics import check_accuracy
+
+        def test_within_policy():
+            ref = torch.linspace(-1, 1, 64, dtype=torch.float64)
+            check_accuracy("fake_op", ref.bfloat16(), ref, ref.bfloat16())
+
+        def test_broken():
+            ref = torch.ones(4, dtype=torch.float64)
+            check_accuracy("fake_op", ref + 1, ref, ref, output="broken")
+
+        @pytest.mark.skip(reason="needs 8 GPUs")
+        def test_needs_hardware():
+            pass
+    '''))
+    out = tmp_path / "report"
+    code = run_signoff(str(out), workers="0", paths=[str(suite)], extra=["-p", "no:randomly"])
+    assert code == 1                                          # one test failed
+    rep = json.loads((out / "signoff.json").read_text())
+    assert rep["summary"] == {"passed": 1, "failed": 1, "not run": 1}
+    by_name = {t["test"].split("::")[-1]: t for t in rep["tests"]}
+    ok = by_name["test_within_policy"]["numerics"][0]
+    assert ok["passed"] and ok["max_err"] <= ok["allowed"] and "2x" in ok["tolerance"]
+    bad = by_name["test_broken"]["numerics"][0]
+    assert not bad["passed"] and bad["max_err"] == 1.0
+    assert by_name["test_needs_hardware"]["reason"].endswith("needs 8 GPUs")
+    md = (out / "signoff.md").read_text()
+    assert "fake_op.out" in md and "FAIL" in md and "needs 8 GPUs" in md
+    assert (out / "numerics.png").stat().st_size > 1000
