@@ -17,6 +17,8 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
+if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
+    torch.set_num_threads(1)     # xdist runs one worker per core: more threads only oversubscribe
 if not HAS_CUDA:
     # Triton kernels run under the CPU interpreter at tiny shapes (set before triton is imported).
     os.environ.setdefault("TRITON_INTERPRET", "1")

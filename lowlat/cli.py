@@ -68,6 +68,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stats += (f"; per-token latency mean {statistics.mean(itl) * 1e3:.2f} ms, "
                   f"p50 {statistics.median(itl) * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms")
     print(stats, file=sys.stderr)
+    if hasattr(engine.backend, "report"):
+        print(f"[lowlat] {engine.backend.report()}", file=sys.stderr)
     return 0
 
 
@@ -109,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: functions adding subparsers (e.g. `lowlat bench`), each taking the subparsers object
 _EXTRA_COMMANDS: list = []
+
+
+def _register_bench(sub) -> None:
+    from lowlat.bench import add_subparser   # argparse only at import; torch is imported when run
+
+    add_subparser(sub)
+
+
+_EXTRA_COMMANDS.append(_register_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,19 @@ OVERRIDES: dict[tuple[str, str], Tolerance] = {
         0.0, 1e-4, 1e-4,
         "same bf16 weights, both run in fp32: only fp32 summation order differs; 1e-4 of the largest "
         "logit bounds that after 30 layers (measured max ~2e-5 relative)"),
+    ("out_proj", "rstd"): Tolerance(
+        2.0, 2.0 ** -16, 1e-9,
+        "rstd of the kernel's own bf16 x, checked against float64 on that x: an fp32 sum of H <= 8192 "
+        "squares in tile order (not torch's order) errs up to ~H * 2^-24 relative, i.e. below 2^-11; "
+        "2^-16 of the largest rstd covers the sqrt / division roundings and the measured ~sqrt(H) growth"),
+    ("rejection_sampling", "exact_distribution"): Tolerance(
+        0.0, 1e-12, 1e-15,
+        "an identity of exact arithmetic (speculative sampling's output distribution == p) evaluated in "
+        "float64 over at most a few hundred terms: only float64 rounding remains"),
+    ("philox", "exponential"): Tolerance(
+        0.0, 2.0 ** -50, 0.0,
+        "-log(u) of bitwise-identical float64 uniforms: numpy (Triton interpreter), libdevice (GPU) and torch "
+        "may round the float64 log differently by an ulp"),
     ("tp_layer", "out"): Tolerance(
         2.0, 2.0 ** -8, 1e-6,
         "TP partials are rounded to bf16 before the rank-ordered fp32 sum: one extra bf16 rounding per "
@@ -93,7 +106,8 @@ def check_accuracy(op: str, out: torch.Tensor, oracle: torch.Tensor, baseline: t
     _finite_or_fail(f"{op}.{output}", out)
     o, ref = out.detach().double().cpu(), oracle.detach().double().cpu()
     err = (o - ref).abs()
-    base_err = 0.0 if baseline is None else float((baseline.detach().double().cpu() - ref).abs().max())
+    base_err = 0.0 if baseline is None or baseline.numel() == 0 else float(
+        (baseline.detach().double().cpu() - ref).abs().max())
     scale = float(ref.abs().max()) if ref.numel() else 0.0
     allowed = tol.allowed(base_err, scale)
     max_err = float(err.max()) if err.numel() else 0.0

@@ -1,0 +1,120 @@
+"""Benchmark: fused attention prologue (lowlat/kernels/attn_prologue.py) vs its reference.
+
+For SmolLM2-135M and Llama-3.2-1B shapes (lowlat.config.preset) at rows 1, 6, 8, 16, 48:
+  fused            one launch, CUDA graph, cold L2 (weights / x / outputs rotated over R copies)
+  fused_pdl        the same launched with programmatic dependent launch (back-to-back calls overlap)
+  ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
+  ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
+Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
+Floor = bytes / measured copy bandwidth. Writes JSON to --out (bench/_attn_timing.py has the method).
+
+    python bench/bench_attn_prologue.py --out bench/results/attn_prologue_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _attn_timing import (Budget, copies_for, copy_bandwidth, environment, exit_on_sigterm,  # noqa: E402
+                          time_calls, write)
+
+from lowlat.config import preset  # noqa: E402
+from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv,  # noqa: E402
+                                          pack_qkv_bias, rope_table)
+from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue  # noqa: E402
+from lowlat.reference.rope import rope_inv_freq  # noqa: E402
+from lowlat.weights import random_layer_weights  # noqa: E402
+
+MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
+ROWS = (1, 6, 8, 16, 48)
+MAX_POS = 4096
+
+
+def bytes_moved(cfg, m: int) -> int:
+    h, d, hq, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    n = (hq + 2 * hkv) * d
+    weights = n * h * 2 + h * 2 + (n * 2 if cfg.qkv_bias else 0) + (2 * d * 2 if cfg.qk_norm else 0)
+    acts = m * h * 2 + m * hq * d * 2 + 2 * m * hkv * d * 2 + m * d * 4 + m * (8 + 4)
+    return weights + acts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
+    ap.add_argument("--budget-s", type=float, default=600.0, help="skip reference variants past this")
+    args = ap.parse_args()
+    exit_on_sigterm()
+    budget = Budget(args.budget_s)
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    results, skipped = [], []
+    payload = {"bench": "attn_prologue", **environment(), "copy_bandwidth_GBps": bw / 1e9,
+               "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
+               "results": results, "skipped": skipped}
+    compiled = torch.compile(ref_attn_prologue, dynamic=True)
+    try:
+        for name in args.models:
+            cfg = preset(name)
+            g = torch.Generator().manual_seed(0)
+            lw = random_layer_weights(cfg.replace(intermediate_size=16), generator=g, device=dev)
+            w0, b0 = pack_qkv(lw), pack_qkv_bias(lw)
+            table = rope_table(cfg, MAX_POS, dev)
+            inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
+            hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+            for m in args.rows:
+                nbytes = bytes_moved(cfg, m)
+                r = copies_for(nbytes)
+                ws_ = [w0.clone() for _ in range(r)]
+                xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
+                slots = r * m + 1
+                kc = torch.zeros(slots, hkv, d, dtype=torch.bfloat16, device=dev)
+                vc = torch.zeros_like(kc)
+                locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
+                pos = torch.randint(0, MAX_POS, (m,), device=dev)
+                qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
+                wsp = make_prologue_workspace(w0, d, m)
+                base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6,
+                        "split_k": wsp.split_k, "grid": [-(-m // 16), w0.shape[0] // d, wsp.split_k]}
+
+                def fused(i, pdl):
+                    return lambda: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i],
+                                                 m, kc, vc, table, cfg=cfg, out_q=qs[i], workspace=wsp, use_pdl=pdl)
+
+                def ref(fn, i):
+                    return lambda: fn(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i], m, kc, vc,
+                                      inv, eps=cfg.rms_eps)
+
+                variants = [("fused", [fused(i, False) for i in range(r)], True),
+                            ("fused_pdl", [fused(i, True) for i in range(r)], True),
+                            ("ref_graph", [ref(ref_attn_prologue, i) for i in range(r)], True),
+                            ("ref_compile_graph", [ref(compiled, i) for i in range(r)], True)]
+                for variant, calls, graph in variants:
+                    if variant.startswith("ref") and budget.left() < 0:
+                        skipped.append({**base, "variant": variant, "why": "time budget spent"})
+                        continue
+                    try:
+                        t = time_calls(calls, graph=graph)
+                    except Exception as e:  # a failed variant is recorded, the rest still run
+                        skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
+                        continue
+                    results.append({**base, "variant": variant, **t, "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
+                                    "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
+                    print(f"{name:14s} M={m:2d} {variant:18s} {t['us_median']:8.2f} us  "
+                          f"{results[-1]['GBps']:7.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
+                del ws_, xs, kc, vc, qs
+                torch.cuda.empty_cache()
+    finally:
+        write(args.out, payload)
+
+
+if __name__ == "__main__":
+    main()

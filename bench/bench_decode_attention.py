@@ -1,0 +1,114 @@
+"""Benchmark: split-KV decode attention (lowlat/kernels/decode_attention.py) vs `paged_attention`.
+
+For SmolLM2-135M and Llama-3.2-1B heads (lowlat.config.preset), contexts 512 and 4096, rows
+1, 6, 8, 16, 48 (decode: each row is its own request with `ctx` cached tokens and sees ctx + 1):
+  fused        one launch, CUDA graph, cold L2 (KV regions / q / out rotated over R copies)
+  fused_pdl    the same with programmatic dependent launch (back-to-back calls overlap)
+  ref_eager    lowlat.reference.attention.paged_attention, eager, no graph: it reads
+               positions.max() on the host (a sync), so it cannot be captured in a CUDA graph
+  ref_compile  torch.compile(paged_attention, dynamic=True) (graph break at that sync), no graph
+Bytes: the K and V rows each row attends to + q + out + page-table entries; floor = bytes / copy
+bandwidth. Slots of a request are contiguous (a fresh allocation). JSON to --out.
+
+    python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _attn_timing import (Budget, copies_for, copy_bandwidth, environment, exit_on_sigterm,  # noqa: E402
+                          time_calls, write)
+
+from lowlat.config import preset  # noqa: E402
+from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace  # noqa: E402
+from lowlat.reference.attention import paged_attention  # noqa: E402
+
+MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
+ROWS = (1, 6, 8, 16, 48)
+CTXS = (512, 4096)
+
+
+def bytes_moved(hq: int, hkv: int, d: int, m: int, ctx: int) -> int:
+    visible = ctx + 1
+    return m * visible * (hkv * d * 2 * 2 + 4) + 2 * m * hq * d * 2 + m * (8 + 4)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
+    ap.add_argument("--ctxs", nargs="*", type=int, default=list(CTXS))
+    ap.add_argument("--budget-s", type=float, default=600.0, help="skip reference variants past this")
+    args = ap.parse_args()
+    exit_on_sigterm()
+    budget = Budget(args.budget_s)
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    results, skipped = [], []
+    payload = {"bench": "decode_attention", **environment(), "copy_bandwidth_GBps": bw / 1e9,
+               "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
+               "results": results, "skipped": skipped}
+    compiled = torch.compile(paged_attention, dynamic=True)
+    try:
+        for name in args.models:
+            cfg = preset(name)
+            hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            for ctx in args.ctxs:
+                for m in args.rows:
+                    nbytes = bytes_moved(hq, hkv, d, m, ctx)
+                    r = copies_for(nbytes)
+                    L = ctx + 1
+                    kc = torch.randn(r * m * L + 1, hkv, d, device=dev).bfloat16()
+                    vc = torch.randn_like(kc)
+                    pts = [torch.arange(1 + i * m * L, 1 + (i + 1) * m * L, dtype=torch.int32, device=dev).view(m, L)
+                           for i in range(r)]
+                    req = torch.arange(m, dtype=torch.int32, device=dev)
+                    pos = torch.full((m,), ctx, dtype=torch.int64, device=dev)
+                    qs = [torch.randn(m, hq, d, device=dev).bfloat16() for _ in range(r)]
+                    outs = [torch.empty_like(q) for q in qs]
+                    ws = make_decode_workspace(m, hq, hkv, d, dev)
+                    base = {"model": name, "rows": m, "ctx": ctx, "bytes": nbytes, "floor_us": nbytes / bw * 1e6,
+                            "num_splits_max": ws.num_splits, "block_n": ws.block_n}
+
+                    def fused(i, pdl):
+                        return lambda: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i], workspace=ws,
+                                                        use_pdl=pdl)
+
+                    def ref(fn, i):
+                        return lambda: fn(qs[i], kc, vc, pts[i], req, pos, m)
+
+                    variants = [("fused", [fused(i, False) for i in range(r)], True),
+                                ("fused_pdl", [fused(i, True) for i in range(r)], True),
+                                ("ref_eager", [ref(paged_attention, i) for i in range(r)], False),
+                                ("ref_compile", [ref(compiled, i) for i in range(r)], False)]
+                    for variant, calls, graph in variants:
+                        if variant.startswith("ref") and budget.left() < 0:
+                            skipped.append({**base, "variant": variant, "why": "time budget spent"})
+                            continue
+                        try:
+                            t = time_calls(calls, graph=graph, replays=30 if graph else 10)
+                        except Exception as e:
+                            skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
+                            continue
+                        results.append({**base, "variant": variant, **t,
+                                        "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
+                                        "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
+                        print(f"{name:14s} ctx={ctx:5d} M={m:2d} {variant:12s} {t['us_median']:9.2f} us "
+                              f"{results[-1]['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
+                    del kc, vc, qs, outs, pts
+                    torch.cuda.empty_cache()
+    finally:
+        write(args.out, payload)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Draft sampling span: the single-launch Triton kernel vs the separate PyTorch ops it replaces.
+
+    python bench/bench_draft_sampling.py --out bench/results/draft_sampling_h200.json
+        [--rows 1 2 4 6 8] [--vocab 49152] [--hidden 576] [--iters 200] [--sweep]
+    python bench/bench_draft_sampling.py --smoke        # tiny shapes on the CPU interpreter: the script runs
+
+One draft position of R rows (SmolLM2-135M's LM head: V = 49152, H = 576, bf16):
+  fused          lowlat.kernels.draft_sampling.draft_sample_into: GEMV + temperature + top-k/top-p + sample
+                 (q recorded as logits + per-row stats), one launch;
+  fused+q        the same plus DraftSample.probs() (dense q [R, V], as verification reads it);
+  torch          matmul -> float -> / T -> softmax (greedy: argmax) or topk -> softmax -> top-p mask (cumsum)
+                 -> renormalise -> multinomial, plus the dense q scatter: the PyTorch ops the kernel replaces.
+Configurations: greedy; temperature 1.0 (no filter); T 0.8 + top-k 50 + top-p 0.9.
+
+Every variant is captured in a CUDA graph of ROT launches on ROT different copies of W and h (together
+beyond the 50 MB L2, so every launch streams its weights from HBM); the time per launch is the median
+over replays / ROT. The HBM floor is bytes that must move (W + h + logits written) / the measured
+device-to-device copy bandwidth (read + write). The target (issue 5) is fused >= 2x faster than torch.
+--sweep also times the kernel's launch parameters (block_v, num_warps, num_stages) at every row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+CONFIGS = {
+    "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
+    "temperature": dict(temperature=1.0, top_k=0, top_p=1.0),
+    "top_k_top_p": dict(temperature=0.8, top_k=50, top_p=0.9),
+}
+L2_BYTES = 50 * 2 ** 20
+
+
+def versions() -> dict:
+    import triton
+
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", "bench/" + Path(sys.argv[0]).name] + sys.argv[1:])}
+
+
+def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: torch.Tensor) -> torch.Tensor:
+    """The unfused span: returns tokens [R] and fills q_out [R, V] (dense draft distribution)."""
+    logits = (h @ w.T).float()
+    if temperature == 0:
+        tok = torch.argmax(logits, dim=-1)
+        q_out.zero_().scatter_(1, tok[:, None], 1.0)
+        return tok
+    x = logits / temperature
+    if top_k > 0:
+        vals, idx = torch.topk(x, top_k, dim=-1)
+        probs = torch.softmax(vals, dim=-1)
+        if top_p < 1:
+            before = torch.cumsum(probs, dim=-1) - probs
+            probs = torch.where(before < top_p, probs, 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
+        pick = torch.multinomial(probs, 1)
+        q_out.zero_().scatter_(1, idx, probs)
+        return idx.gather(1, pick)[:, 0]
+    probs = torch.softmax(x, dim=-1)
+    q_out.copy_(probs)
+    return torch.multinomial(probs, 1)[:, 0]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write (median of 20 copies of 1 GiB)."""
+    n = 2 ** 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(22):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n / statistics.median(times[2:])
+
+
+def time_graph(fn, rot: int, iters: int) -> float:
+    """Median µs per call of fn(i) (i = 0..rot-1), captured as one CUDA graph of rot calls."""
+    for i in range(rot):                       # compile / warm up outside the capture
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(rot):
+            fn(i)
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(rot):
+                fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / rot)
+    return statistics.median(times)
+
+
+def time_eager(fn, rot: int, iters: int) -> float:
+    """Median µs per call of fn(i) without a graph (fallback when a variant cannot be captured)."""
+    for i in range(rot):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for i in range(rot):
+            fn(i)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / rot)
+    return statistics.median(times)
+
+
+def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: float, sweep: bool) -> list[dict]:
+    from lowlat.kernels import draft_sampling as ds
+
+    dev = weights[0].device
+    out = []
+    seeds = torch.arange(r, dtype=torch.int64, device=dev) + 1
+    offsets = torch.zeros(r, dtype=torch.int64, device=dev)
+    bytes_moved = v * hd * 2 + r * hd * 2 + r * v * 4
+    for name, cfg in CONFIGS.items():
+        temp = torch.full((r,), cfg["temperature"], dtype=torch.float32, device=dev)
+        topk = torch.full((r,), cfg["top_k"], dtype=torch.int32, device=dev)
+        topp = torch.full((r,), cfg["top_p"], dtype=torch.float32, device=dev)
+        k_cap = ds.k_cap_for(cfg["top_k"]) if cfg["temperature"] > 0 else 0
+        need_noise = cfg["temperature"] > 0
+        outs = [ds.empty_draft_sample(r, v, dev) for _ in range(rot)]
+
+        def fused(i, **launch):
+            ds.draft_sample_into(hs[i][:r], weights[i], temp, topk, topp, seeds, offsets, outs[i],
+                                 k_cap=k_cap, need_noise=need_noise, **launch)
+
+        qd = [torch.empty(r, v, dtype=torch.float32, device=dev) for _ in range(rot)]
+
+        def fused_q(i):
+            fused(i)
+            qd[i].copy_(outs[i].probs())
+
+        def unfused(i):
+            torch_draft_step(hs[i][:r], weights[i], cfg["temperature"], cfg["top_k"], cfg["top_p"], qd[i])
+
+        t_fused = time_graph(fused, rot, iters)
+        t_fused_q = time_graph(fused_q, rot, iters)
+        torch_mode = "cuda_graph"
+        try:
+            t_torch = time_graph(unfused, rot, iters)
+        except Exception as exc:                           # not capturable here: time it eagerly, say so
+            torch_mode = f"eager ({type(exc).__name__}: {str(exc)[:120]})"
+            torch.cuda.synchronize()
+            t_torch = time_eager(unfused, rot, iters)
+        floor_us = bytes_moved / bw * 1e6
+        rec = {"rows": r, "config": name, **cfg, "vocab": v, "hidden": hd,
+               "fused_us": round(t_fused, 2), "fused_plus_dense_q_us": round(t_fused_q, 2),
+               "torch_us": round(t_torch, 2), "torch_timing": torch_mode, "speedup": round(t_torch / t_fused, 2),
+               "speedup_with_dense_q": round(t_torch / t_fused_q, 2),
+               "bytes": bytes_moved, "hbm_floor_us": round(floor_us, 2),
+               "fused_pct_of_floor": round(100 * floor_us / t_fused, 1),
+               "fused_GBps": round(bytes_moved / t_fused / 1e3, 1)}
+        if sweep:
+            rec["sweep"] = []
+            for block_v in (64, 128):
+                for num_warps in (4, 8):
+                    for num_stages in (2, 3, 4):
+                        try:
+                            t = time_graph(lambda i: fused(i, block_v=block_v, num_warps=num_warps,
+                                                           num_stages=num_stages), rot, max(20, iters // 4))
+                            rec["sweep"].append({"block_v": block_v, "num_warps": num_warps,
+                                                 "num_stages": num_stages, "us": round(t, 2)})
+                        except Exception as exc:          # e.g. out of shared memory: record, go on
+                            rec["sweep"].append({"block_v": block_v, "num_warps": num_warps,
+                                                 "num_stages": num_stages, "error": repr(exc)[:200]})
+        print(json.dumps({k: rec[k] for k in rec if k != "sweep"}), flush=True)
+        out.append(rec)
+    return out
+
+
+def smoke() -> int:
+    """Tiny shapes on the CPU (Triton interpreter): every variant runs once and agrees on shapes."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from lowlat.kernels import draft_sampling as ds
+
+    r, v, hd = 3, 128, 32
+    h = torch.randn(r, hd).bfloat16()
+    w = torch.randn(v, hd).bfloat16()
+    seeds, offsets = torch.arange(r) + 1, torch.zeros(r, dtype=torch.int64)
+    for name, cfg in CONFIGS.items():
+        res = ds.draft_sample(h, w, cfg["temperature"], min(cfg["top_k"], 8), cfg["top_p"], seeds=seeds,
+                              offsets=offsets)
+        q = torch.empty(r, v)
+        tok = torch_draft_step(h, w, cfg["temperature"], min(cfg["top_k"], 8), cfg["top_p"], q)
+        assert res.tokens.shape == tok.shape and res.probs().shape == q.shape
+        print(name, "fused", res.tokens.tolist(), "torch", tok.tolist())
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 6, 8])
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--hidden", type=int, default=576)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        return smoke()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (use --smoke for a CPU run of the script)", file=sys.stderr)
+        return 2
+    if not args.out:
+        ap.error("--out is required")
+    v, hd = args.vocab, args.hidden
+    rot = max(2, -(-3 * L2_BYTES // (v * hd * 2)))          # copies of W together >= 3x L2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weights = [(torch.randn(v, hd, generator=g, device="cuda") * hd ** -0.5 * 4).bfloat16() for _ in range(rot)]
+    hs = [torch.randn(max(args.rows), hd, generator=g, device="cuda").bfloat16() for _ in range(rot)]
+    bw = copy_bandwidth()
+    results = []
+    for r in args.rows:
+        results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, args.sweep))
+    doc = {**versions(), "copy_bandwidth_TBps": round(bw / 1e12, 3), "rotation": rot, "iters": args.iters,
+           "target": "fused >= 2x faster than torch (issue 5)", "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print("wrote", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

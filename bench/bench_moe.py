@@ -1,0 +1,192 @@
+"""Benchmark: one Qwen3-30B-A3B MoE block (random weights) with the fused kernels (lowlat.kernels.moe).
+
+For rows M in 1, 6, 8, 16, 48: `moe_forward` (router, top-8, the active experts' SwiGLU, combine,
+residual) captured in a CUDA graph, without and with PDL, timed per replay with CUDA events after an
+L2 flush (a 512 MB write between replays), median of many replays. The floor is the HBM time of the
+bytes that must move: the router and the weights of the experts actually touched (counted from the
+routing bitmap), plus the activations, over the measured device copy bandwidth (read + write, as
+design.md states it). The bf16 reference (`x + lowlat.reference.moe.moe`, eager: it syncs on the
+host to find each expert's rows, so it cannot be captured) is timed for context.
+
+    python3 bench/bench_moe.py --out bench/results/moe_h200.json [--rows 1,6,8,16,48] [--sweep]
+
+--sweep also times a small grid of block sizes / stages / warps per row count and reports the best,
+to choose `MoEKernelConfig` defaults from measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+
+from lowlat.config import preset  # noqa: E402
+from lowlat.kernels import moe as kmoe  # noqa: E402
+from lowlat.reference.moe import moe as ref_moe  # noqa: E402
+from lowlat.weights import LayerWeights  # noqa: E402
+
+FLUSH_BYTES = 512 * 2**20
+
+
+def moe_layer_weights(cfg, device, seed: int) -> LayerWeights:
+    """Router and expert weights of one MoE layer, std 1/sqrt(fan_in), made on the GPU (the
+    attention fields, unused by the MoE block, are empty)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, e, ie = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+
+    def lin(*shape):
+        return (torch.randn(*shape, generator=g, device=device) / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    empty = torch.empty(0, device=device, dtype=torch.bfloat16)
+    return LayerWeights(attn_norm=empty, wq=empty, wk=empty, wv=empty, wo=empty, mlp_norm=empty,
+                        router=lin(e, h), expert_gate=lin(e, ie, h), expert_up=lin(e, ie, h),
+                        expert_down=lin(e, h, ie))
+
+
+def copy_bandwidth(device, nbytes: int = 2**30, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    e.record()
+    torch.cuda.synchronize()
+    return 2 * nbytes * iters / (s.elapsed_time(e) * 1e-3)
+
+
+def time_replays(fn, flush: torch.Tensor | None, iters: int) -> dict:
+    """Per-call µs (CUDA events), an L2 flush before each call when flush is given."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    return {"median_us": statistics.median(us), "p10_us": us[len(us) // 10], "p90_us": us[(9 * len(us)) // 10]}
+
+
+def capture(h, x, lw, cfg, ws, out, use_pdl, config):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws, use_pdl=use_pdl, config=config)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws, use_pdl=use_pdl, config=config)
+    return graph
+
+
+def sweep_configs(base: kmoe.MoEKernelConfig):
+    for bn in (16, 32, 64):
+        for bnh in (32, 64, 128):
+            for stages in (3, 4):
+                for warps in (4, 8):
+                    yield dataclasses.replace(base, BN=bn, BNH=bnh, num_stages=stages, num_warps=warps)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--rows", default="1,6,8,16,48")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true", help="also time a grid of kernel configs")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_moe needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    cfg = preset("Qwen3-30B-A3B")
+    lw = moe_layer_weights(cfg, device, args.seed)
+    hidden, ie, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    expert_bytes = 3 * ie * hidden * 2
+    bw = copy_bandwidth(device)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    base_cfg = kmoe.MoEKernelConfig.for_shapes(hidden, e, ie)
+    g = torch.Generator(device=device).manual_seed(args.seed + 1)
+    results = []
+    for m in (int(r) for r in args.rows.split(",")):
+        h = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
+        x = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
+        ws = kmoe.MoEWorkspace.for_config(cfg, m, device)
+        out = torch.empty_like(x)
+        kmoe.moe_forward(h, x, lw, cfg, m, out=out, workspace=ws)
+        torch.cuda.synchronize()
+        active = int(ws.bitmap[:m].bool().any(0).sum())
+        nbytes = active * expert_bytes + e * hidden * 2 + 3 * m * hidden * 2
+        floor_us = nbytes / bw * 1e6
+        row = {"rows": m, "active_experts": active, "bytes": nbytes, "floor_us": floor_us}
+        for use_pdl in (False, True):
+            key = "fused_graph_pdl" if use_pdl else "fused_graph"
+            try:
+                graph = capture(h, x, lw, cfg, ws, out, use_pdl, None)
+            except Exception as exc:  # e.g. a driver without PDL in graphs: record it, keep measuring
+                row[key] = {"error": repr(exc)[:300]}
+                continue
+            row[key] = time_replays(graph.replay, flush, args.iters)
+            row[key + "_warm_l2"] = time_replays(graph.replay, None, args.iters)
+            t = row[key]["median_us"]
+            row[key].update(gbps=nbytes / (t * 1e-6) / 1e9, pct_of_floor=100.0 * floor_us / t)
+        row["reference_eager_bf16"] = time_replays(
+            lambda: x + ref_moe(h, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down, cfg.top_k,
+                                cfg.norm_topk_prob, m), flush, max(20, args.iters // 10))
+        if args.sweep:
+            sweep = []
+            pdl = "median_us" in row["fused_graph_pdl"]
+            for c in sweep_configs(base_cfg):
+                try:
+                    graph = capture(h, x, lw, cfg, ws, out, pdl, c)
+                    t = time_replays(graph.replay, flush, max(50, args.iters // 4))["median_us"]
+                except Exception as exc:  # a config that does not build or fit is reported, not fatal
+                    sweep.append({"config": dataclasses.asdict(c), "error": repr(exc)[:200]})
+                    continue
+                sweep.append({"config": dataclasses.asdict(c), "use_pdl": pdl, "median_us": t})
+            ok = [s for s in sweep if "median_us" in s]
+            row["sweep"] = sorted(ok, key=lambda s: s["median_us"]) + [s for s in sweep if "error" in s]
+        results.append(row)
+        def us(key):
+            return f"{row[key]['median_us']:7.1f} us" if "median_us" in row.get(key, {}) else "  error"
+        print(f"M={m:3d} experts={active:3d} floor {floor_us:7.1f} us | graph {us('fused_graph')} | graph+PDL "
+              f"{us('fused_graph_pdl')} | reference eager {us('reference_eager_bf16')}", flush=True)
+    report = {
+        "bench": "moe", "model": cfg.name,
+        "shape": {"hidden": hidden, "experts": e, "top_k": cfg.top_k, "moe_intermediate": ie},
+        "device": torch.cuda.get_device_name(device),
+        "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                     "python": platform.python_version()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "copy_bandwidth_tbps": bw / 1e12,
+        "kernel_config": dataclasses.asdict(base_cfg),
+        "timing": f"median of {args.iters} CUDA-graph replays, each after a {FLUSH_BYTES >> 20} MB L2 flush",
+        "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

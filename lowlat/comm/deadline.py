@@ -1,0 +1,123 @@
+"""Deadlines and the abort word of lowlat's collectives.
+
+Every wait of a collective (a device spin loop on a flag, or the host protocol's poll) is bounded by
+a deadline fixed at build time. SGLang's rule (sglang-contract.md) is
+
+    deadline_s = min(60 s, watchdog_timeout_s / 2)
+
+and a serving configuration refuses a deadline below 5 s (a shorter one would turn ordinary jitter
+into aborted steps); tests may use shorter ones (`serving=False`).
+
+The deadline is measured from the first time a waiter finds a flag missing (a block that never has
+to wait never reads the clock), on `%globaltimer` (ns) on the GPU and `time.monotonic_ns()` on the
+host. A waiter that misses it writes an *abort word* into every rank's control block, so every
+rank's host raises `CollectiveTimeout` after the step:
+
+    word = epoch << 32 | stage << 16 | origin_rank << 8 | missing_peer      (int64, epoch >= 1)
+
+`epoch` is the collective's step counter, so a word left by an earlier step never aborts a later
+one; `stage` is a caller-given id (bit 15 marks the confirm round); `origin_rank` is the rank that
+timed out and `missing_peer` the lowest rank whose flag it did not see.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lowlat.errors import CollectiveTimeout, UnsupportedConfigError
+
+#: SGLang's cap on a collective's deadline (s)
+MAX_DEADLINE_S = 60.0
+#: below this a serving configuration refuses the deadline (s)
+MIN_SERVING_DEADLINE_S = 5.0
+#: largest epoch an abort word / flag tag can carry (31 bits keep the int64 word positive)
+MAX_EPOCH = (1 << 31) - 1
+#: bit of the stage field that marks the confirm round of a collective
+CONFIRM_STAGE_BIT = 1 << 15
+MAX_STAGE = CONFIRM_STAGE_BIT - 1
+MAX_RANKS = 255
+
+
+def deadline_from_watchdog(watchdog_s: float) -> float:
+    """SGLang's rule: min(60 s, watchdog_timeout / 2), in seconds.
+
+    Raises `UnsupportedConfigError` when watchdog_s is not a positive finite number.
+    """
+    if not (isinstance(watchdog_s, (int, float)) and math.isfinite(watchdog_s) and watchdog_s > 0):
+        raise UnsupportedConfigError("watchdog_timeout", watchdog_s, "must be a positive number of seconds")
+    return min(MAX_DEADLINE_S, watchdog_s / 2)
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A collective's deadline, fixed at build.
+
+    seconds: the bound on any single wait, measured from the waiter's first miss (s, > 0).
+    serving: True for a serving configuration, which refuses seconds < 5 (MIN_SERVING_DEADLINE_S).
+    Raises `UnsupportedConfigError` (field "deadline_s") naming the value when it is refused.
+    """
+
+    seconds: float = MAX_DEADLINE_S
+    serving: bool = True
+
+    def __post_init__(self) -> None:
+        s = self.seconds
+        if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise UnsupportedConfigError("deadline_s", s, "must be a positive finite number of seconds")
+        if self.serving and s < MIN_SERVING_DEADLINE_S:
+            raise UnsupportedConfigError(
+                "deadline_s", s, f"a serving configuration needs at least {MIN_SERVING_DEADLINE_S:g} s "
+                "(SGLang: min(60, watchdog/2)); pass serving=False for tests")
+
+    @property
+    def ns(self) -> int:
+        return int(self.seconds * 1e9)
+
+    @classmethod
+    def from_watchdog(cls, watchdog_s: float, serving: bool = True) -> "Deadline":
+        return cls(deadline_from_watchdog(watchdog_s), serving)
+
+    @classmethod
+    def coerce(cls, value: "Deadline | float | None") -> "Deadline":
+        """A Deadline as is; a bare number of seconds as a test deadline (serving=False); None: 60 s."""
+        if value is None:
+            return cls()
+        if isinstance(value, Deadline):
+            return value
+        return cls(float(value), serving=False)
+
+
+def pack_abort(epoch: int, stage: int, origin: int, missing: int) -> int:
+    """The abort word (see module docstring). Raises ValueError when a field is out of range."""
+    if not 1 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch={epoch} out of range 1..{MAX_EPOCH}")
+    if not 0 <= stage <= 0xFFFF:
+        raise ValueError(f"stage={stage} out of range 0..65535")
+    if not (0 <= origin <= MAX_RANKS and 0 <= missing <= MAX_RANKS):
+        raise ValueError(f"origin={origin} / missing={missing} out of range 0..{MAX_RANKS}")
+    return epoch << 32 | stage << 16 | origin << 8 | missing
+
+
+def unpack_abort(word: int) -> tuple[int, int, int, int]:
+    """(epoch, stage, origin_rank, missing_peer) of an abort word; epoch 0 means no abort ever."""
+    return word >> 32, (word >> 16) & 0xFFFF, (word >> 8) & 0xFF, word & 0xFF
+
+
+def stage_label(stage: int, names: dict[int, str] | None = None) -> str:
+    base = stage & MAX_STAGE
+    label = (names or {}).get(base, f"stage {base}")
+    return label + (" (confirm)" if stage & CONFIRM_STAGE_BIT else "")
+
+
+def timeout_from_word(rank: int, word: int, epoch: int, deadline_s: float,
+                      names: dict[int, str] | None = None) -> CollectiveTimeout | None:
+    """The `CollectiveTimeout` rank `rank` must raise for step `epoch`, or None when its abort word
+    is older than that step (no abort, or one left by an earlier step). A word of a LATER epoch
+    also aborts: peers already gave up on a later step, so this lagging rank cannot complete."""
+    w_epoch, stage, origin, missing = unpack_abort(int(word))
+    if w_epoch < epoch or w_epoch == 0:
+        return None
+    err = CollectiveTimeout(rank, epoch, stage_label(stage, names), missing, deadline_s)
+    err.origin_rank = origin
+    return err

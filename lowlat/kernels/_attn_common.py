@@ -1,0 +1,111 @@
+"""Helpers shared by the attention kernels (attn_prologue, decode_attention).
+
+- `interpreting()`: True when Triton runs under its CPU interpreter (TRITON_INTERPRET=1).
+- `round_bf16` / `to_bf16`: fp32 -> bf16 round-to-nearest-even. On the GPU this is the hardware cast;
+  under the interpreter the plain cast truncates (and its RTNE mode mis-rounds mantissa overflow), so
+  the interpreter path rounds with integer ops on the fp32 bits instead.
+- `to_dot`: operands of `tl.dot`. The interpreter multiplies bf16 as raw uint16, so there the
+  operands stay fp32 (holding bf16-exact values); on the GPU they are bf16 for the tensor cores.
+- PDL (programmatic dependent launch, sm_90): `gdc_wait` / `gdc_launch_dependents` from
+  `triton.language.extra.cuda`, used only behind a `USE_PDL` constexpr (inline asm; never interpreted).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from lowlat.errors import StepContractError
+
+try:  # inline-asm PDL intrinsics (Triton >= 3.2)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+except ImportError:  # pragma: no cover - older Triton
+    gdc_wait = gdc_launch_dependents = None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """PDL needs a CUDA device of compute capability >= 9.0 and the gdc intrinsics."""
+    return (gdc_wait is not None and device.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+@triton.jit
+def round_bf16(x):
+    """fp32 -> fp32 holding the bf16 round-to-nearest-even of x (integer ops: exact everywhere)."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_bf16(x, INTERP: tl.constexpr):
+    """fp32 -> bf16, round to nearest even."""
+    if INTERP:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def to_dot(x, INTERP: tl.constexpr):
+    """A bf16-exact operand (fp32 or bf16) as `tl.dot` takes it: bf16 on the GPU, fp32 interpreted."""
+    if INTERP:
+        return x.to(tl.float32)
+    else:
+        return x.to(tl.bfloat16)
+
+
+# ----------------------------------------------------------------------------- host-side checks
+def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | None = None,
+                 shape: tuple | None = None, device: torch.device | None = None,
+                 last_contiguous: bool = True) -> None:
+    """Raise `StepContractError` naming `name` when t is not a tensor of the stated facts.
+
+    shape: expected sizes, None entries are free; the message names each dim's glossary letter when
+    `shape` holds (letter, size) pairs.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise StepContractError(f"{name} must be {dtype}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise StepContractError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if shape is not None:
+        for i, want in enumerate(shape):
+            if want is None:
+                continue
+            letter, size = want
+            if t.shape[i] != size:
+                raise StepContractError(
+                    f"{name} has shape {tuple(t.shape)}: dim {i} must be {letter}={size}, got {t.shape[i]}")
+    if device is not None and t.device != device:
+        raise StepContractError(f"{name} is on {t.device}, expected {device} (same device as x/q)")
+    if last_contiguous and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
+        raise StepContractError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+
+
+def check_num_valid_rows(num_valid_rows, m: int, device: torch.device):
+    """Returns (int value or 0, device tensor or None). An int must be in 1..M; a tensor must be a
+    1-element int32 tensor on `device` (read in-kernel: CUDA-graph friendly, value not checked)."""
+    if isinstance(num_valid_rows, torch.Tensor):
+        if num_valid_rows.numel() != 1 or num_valid_rows.dtype != torch.int32:
+            raise StepContractError(
+                f"num_valid_rows tensor must hold 1 int32 element, got shape {tuple(num_valid_rows.shape)} "
+                f"dtype {num_valid_rows.dtype}")
+        if num_valid_rows.device != device:
+            raise StepContractError(f"num_valid_rows is on {num_valid_rows.device}, expected {device}")
+        return 0, num_valid_rows
+    if isinstance(num_valid_rows, bool) or not isinstance(num_valid_rows, int):
+        raise StepContractError(f"num_valid_rows must be an int or an int32 tensor, got {type(num_valid_rows).__name__}")
+    if not 0 <= num_valid_rows <= m:
+        raise StepContractError(f"num_valid_rows={num_valid_rows} must be in 0..M={m}")
+    return num_valid_rows, None

@@ -1,0 +1,779 @@
+"""Shared pieces of lowlat's GEMV kernels (out_proj, mlp, lm_head): tile plans, main loops, workspaces.
+
+Every GEMV here computes  y[M, N] = x[M, K] @ W[N, K]^T  for M <= 48 rows with bf16 operands and fp32
+accumulation, in the "swap AB" form  y^T[BN, 16] = W[BN, BK] @ x^T[BK, 16]: the weight tile is the
+large MMA operand and the rows are padded to 16, the smallest `tl.dot` width (wgmma m64 on Hopper
+when BN >= 64, mma.sync for BN = 16 / 32).
+
+Two ways to stream the weights (a plan picks one; see `GemvPlan`):
+
+* preload (latency regime, small weights: SmolLM2's layers). Each program owns BN rows x one K range
+  and loads all of it into registers at once, as up to three power-of-two pieces (576 = 512 + 64,
+  1536 = 1024 + 512), BEFORE `gdc_wait`: with PDL the loads overlap the previous kernel, so after the
+  wait only the activations (L2-resident) are loaded, then one `tl.dot` per piece and the epilogue.
+  The weights do not depend on the previous kernel; nothing else is read before the wait.
+* stream (bandwidth regime, large weights: LM heads, Llama's MLP). A software-pipelined loop of BK
+  chunks (cp.async, `stages` deep); with PDL an optional L2 prefetch of the first `pf_k` columns of
+  the program's slice is issued before `gdc_wait` (bounded so the prefetches of many programs cannot
+  thrash L2).
+
+Row invariance by construction: rows are processed in blocks of 16 (up to 3 blocks, M <= 48), each
+block its own `tl.dot` with the same instruction shape, and the plan (mode, BN, BK, pieces, split-K)
+is a function of (kind, N, K) only, never of M. So a row's output depends neither on M nor on the
+other rows. Tensor cores are used for every M (a single row is padded to 16): a GEMV is memory-bound,
+the padded MMA costs nothing, and one arithmetic path for all M is what makes the bitwise
+row-invariance hold.
+
+Split-K (grid too small otherwise) is reduced deterministically: every split writes its fp32 partial
+tile to a workspace, raises a per-tile counter, and the program that sees the counter reach SPLIT-1
+(the last to arrive) sums the partials in split order 0..SPLIT-1 and runs the epilogue, then resets
+the counter to 0 for the next launch. The result is bitwise independent of arrival order.
+
+PDL (programmatic dependent launch, Hopper): with USE_PDL a program first issues its weight loads
+(preload) or L2 prefetches (stream), then `gdc_wait` (the previous kernel's output and every earlier
+write become visible), then `gdc_launch_dependents` so the next kernel's programs can start their
+own weight loads. Everything that reads activations or touches a workspace runs after `gdc_wait`.
+Under the Triton CPU interpreter PDL and inline asm are off and every bf16 load is upcast to fp32
+(the interpreter's bf16 arithmetic is wrong); `tl.dot` then runs in fp32.
+
+Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
+`candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
+them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
+variable LOWLAT_GEMV_PLANS may name a JSON table (the tuner's output) that replaces `TUNED_PLANS`
+for experiments; the plan decides the split-K order and hence the bits, so a table is part of the
+numerics of every GEMV it covers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from lowlat.errors import StepContractError
+
+#: The largest number of rows a GEMV here takes (three row blocks of 16).
+MAX_ROWS = 48
+ROW_BLOCK = 16
+#: Output columns per program of the stream mode's default plan (one wgmma m64 tile per warpgroup).
+BLOCK_N = 64
+#: The narrowest tile a plan may use (the smallest `tl.dot` M); workspaces are sized for it.
+MIN_BLOCK_N = 16
+#: Split-K is capped so the finishing program can hold every partial of a tile in flight at once.
+MAX_SPLIT = 8
+#: Programs the stream plan aims for: two per SM of an H200 (132 SMs). A constant, so that the plan
+#: (and hence the bits of every result) is the same on every machine, the CPU interpreter included.
+TARGET_PROGRAMS = 264
+#: Launches whose weights are at most this many bytes default to the preload (latency) mode.
+LATENCY_BYTES = 16 << 20
+#: Weight bytes one preload program may hold in registers (4 warps up to 32 KB, else 8 warps).
+PRELOAD_MAX_BYTES = 96 << 10
+PRELOAD_4WARP_BYTES = 32 << 10
+#: ... and what the default plan lets it hold (the smallest split within it).
+PRELOAD_DEFAULT_BYTES = 64 << 10
+#: Pieces a preload K range is cut into (powers of two, largest first).
+MAX_PIECES = 3
+#: GEMV kinds, the keys of plans: out_proj (+ RMSNorm statistics), residual (x + a W^T: the fused
+#: step's out_proj and the MLP's down projection), gate_up (pairs of weight rows), lm_head (split 1).
+KINDS = ("out_proj", "residual", "gate_up", "lm_head")
+
+
+def interpreting() -> bool:
+    """True when Triton runs under the CPU interpreter (no PDL, no inline asm, bf16 upcast)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pdl_available(device: torch.device) -> bool:
+    """PDL needs a Hopper-or-newer GPU and the compiled (not interpreted) Triton path."""
+    return (not interpreting() and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def row_blocks(m: int) -> int:
+    """Row blocks of 16 covering m rows (1..3)."""
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"M={m} rows: the fused GEMVs take 1..{MAX_ROWS} rows")
+    return triton.cdiv(m, ROW_BLOCK)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def pieces_of(span: int) -> tuple[int, int, int]:
+    """Cut a K range of `span` columns (a multiple of 16) into <= 3 powers of two, largest first;
+    a remainder that needs more pieces rounds the last one up (its columns past the range are
+    masked). Absent pieces are 0. 576 -> (512, 64, 0); 1536 -> (1024, 512, 0); 960 -> (512, 256, 256)."""
+    out, rem = [], span
+    while rem and len(out) < MAX_PIECES - 1:
+        p = 1 << (rem.bit_length() - 1)
+        out.append(p)
+        rem -= p
+    if rem:
+        out.append(triton.next_power_of_2(rem))
+    out = [max(16, p) for p in out]
+    return tuple(out + [0] * (MAX_PIECES - len(out)))
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """Tiling of one GEMV of N outputs over K inputs (a function of kind, N and K only).
+
+    n_tiles programs along N (bn columns each) x `split` programs along K; split s covers the
+    block_k-chunks [s * chunks_per_split, (s + 1) * chunks_per_split) of K, i.e. `span` columns.
+    preload: the span is loaded at once as `pieces` (before the PDL wait); else a pipelined loop of
+    block_k chunks, `stages` deep, after an L2 prefetch of the first `pf_k` columns (0: none; under
+    PDL only). warps: num_warps of the launch. None of stages, warps or pf_k changes the arithmetic.
+    """
+
+    n: int
+    k: int
+    block_k: int
+    split: int
+    chunks_per_split: int
+    bn: int = BLOCK_N
+    preload: bool = False
+    warps: int = 4
+    stages: int = 4
+    pf_k: int = 1024
+
+    @property
+    def n_tiles(self) -> int:
+        return triton.cdiv(self.n, self.bn)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.n_tiles, self.split)
+
+    @property
+    def span(self) -> int:
+        return self.block_k * self.chunks_per_split
+
+    @property
+    def pieces(self) -> tuple[int, int, int]:
+        return pieces_of(self.span)
+
+    @property
+    def even_n(self) -> bool:
+        return self.n % self.bn == 0
+
+    @property
+    def even_k(self) -> bool:
+        """Every column a program touches lies inside its K range (no K masks needed)."""
+        chunks = triton.cdiv(self.k, self.block_k)
+        exact = self.k % self.block_k == 0 and chunks == self.split * self.chunks_per_split
+        return exact and (not self.preload or sum(self.pieces) == self.span)
+
+    @property
+    def prefetch_k(self) -> int:
+        """Columns of the weight slice each program prefetches into L2 before `gdc_wait` (stream mode;
+        0 = none, else a power of two >= 64: one prefetch per 128-byte line)."""
+        if self.preload or self.pf_k <= 0:
+            return 0
+        span = min(self.span, self.pf_k)
+        return max(64, triton.next_power_of_2(span))
+
+    def stages_for(self, row_blocks: int) -> int:
+        """Pipeline depth of the stream loop (one less for 2-3 row blocks: their x tiles need room)."""
+        return self.stages if row_blocks == 1 else max(2, self.stages - 1)
+
+    def weight_bytes_per_program(self, pair: bool = False) -> int:
+        return (2 if pair else 1) * self.bn * (sum(self.pieces) if self.preload else self.span) * 2
+
+    def describe(self) -> dict:
+        d = asdict(self)
+        d.update(n_tiles=self.n_tiles, pieces=list(self.pieces) if self.preload else None)
+        return d
+
+
+def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
+    if p.bn not in (16, 32, 64, 128):
+        raise StepContractError(f"bn={p.bn} must be 16, 32, 64 or 128")
+    if p.block_k < 16 or not _pow2(p.block_k):
+        raise StepContractError(f"block_k={p.block_k} must be a power of two >= 16")
+    if not 1 <= p.split <= MAX_SPLIT:
+        raise StepContractError(f"split={p.split} must be in 1..{MAX_SPLIT}")
+    if p.warps not in (4, 8):
+        raise StepContractError(f"warps={p.warps} must be 4 or 8")
+    if not p.preload and p.stages < 2:
+        raise StepContractError(f"stages={p.stages} must be >= 2")
+    if p.preload and p.weight_bytes_per_program(pair) > PRELOAD_MAX_BYTES:
+        raise StepContractError(f"preload plan holds {p.weight_bytes_per_program(pair)} weight bytes per program "
+                                f"(> {PRELOAD_MAX_BYTES}): raise split or lower bn")
+    return p
+
+
+def _split_for(chunks: int, split: int) -> tuple[int, int]:
+    """(split, chunks_per_split) with no empty split."""
+    split = max(1, min(split, chunks))
+    cps = triton.cdiv(chunks, split)
+    return triton.cdiv(chunks, cps), cps
+
+
+def default_block_k(k: int) -> int:
+    """128 when K is a multiple of 128, else 64 (K = 576 in SmolLM2), else the next power of two of K
+    (16..128) for tiny test shapes."""
+    return 128 if k % 128 == 0 else 64 if k % 64 == 0 else max(16, min(128, triton.next_power_of_2(k)))
+
+
+def legacy_split(n: int, k: int, block_k: int, bn: int, pair: bool) -> int:
+    """Enough K-splits that n_tiles * split reaches TARGET_PROGRAMS (halved for gate/up pairs), capped
+    at MAX_SPLIT and the chunk count, preferring a divisor of the chunk count when nearly as good."""
+    chunks = triton.cdiv(k, block_k)
+    n_tiles = triton.cdiv(n, bn)
+    target = TARGET_PROGRAMS // (2 if pair else 1)
+    split = max(1, min(MAX_SPLIT, chunks, target // n_tiles))
+    divisor = max(d for d in range(1, split + 1) if chunks % d == 0)
+    if 2 * divisor >= split:                      # an even split (no masked chunk) when nearly as good
+        split = divisor
+    return split
+
+
+def default_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) -> GemvPlan:
+    """The plan used where `TUNED_PLANS` has no entry.
+
+    Weights of at most LATENCY_BYTES per launch (not lm_head): preload, bn 16, the smallest split
+    that keeps a program's weights within PRELOAD_DEFAULT_BYTES, 4 warps up to 32 KB of weights,
+    else 8.
+    Larger: stream, bn 64, block_k `default_block_k`, split `legacy_split`, 4 stages, an L2
+    prefetch of two chunks per program (bounded: many programs prefetching whole slices of a large
+    weight evict each other's lines from L2).
+    """
+    block_k = default_block_k(k)
+    chunks = triton.cdiv(k, block_k)
+    wbytes = n * k * 2 * (2 if pair else 1)
+    if kind != "lm_head" and wbytes <= LATENCY_BYTES:
+        bn = MIN_BLOCK_N
+        for s in range(1, MAX_SPLIT + 1):
+            split, cps = _split_for(chunks, s)
+            per = (2 if pair else 1) * bn * sum(pieces_of(block_k * cps)) * 2
+            if per <= PRELOAD_DEFAULT_BYTES or s == MAX_SPLIT:
+                break
+        warps = 4 if per <= PRELOAD_4WARP_BYTES else 8
+        return _check_plan(GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=bn,
+                                    preload=True, warps=warps, stages=1, pf_k=0), pair)
+    split = 1 if kind == "lm_head" else legacy_split(n, k, block_k, BLOCK_N, pair)
+    split, cps = _split_for(chunks, split)
+    return _check_plan(GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=BLOCK_N,
+                                preload=False, warps=4, stages=4, pf_k=2 * block_k), pair)
+
+
+def legacy_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) -> GemvPlan:
+    """The plan of lowlat's first GEMV kernels (bn 64 stream everywhere, two programs per SM via
+    split-K, whole-slice L2 prefetch up to 1024 columns): kept as a tuning candidate and baseline."""
+    block_k = default_block_k(k)
+    chunks = triton.cdiv(k, block_k)
+    split = 1 if kind == "lm_head" else legacy_split(n, k, block_k, BLOCK_N, pair)
+    split, cps = _split_for(chunks, split)
+    return GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=BLOCK_N, preload=False,
+                    warps=4, stages=4, pf_k=1024)
+
+
+#: Plans measured fastest on an H200 by `python -m lowlat.bench --sections tune` (see the module
+#: docstring), keyed by (kind, N, K); values are GemvPlan fields other than n and k.
+TUNED_PLANS: dict[tuple[str, int, int], dict] = {}
+
+_ENV_TABLE = "LOWLAT_GEMV_PLANS"
+_env_cache: dict[str, dict] = {}
+
+
+def plans_from_json(doc) -> dict[tuple[str, int, int], dict]:
+    """A plan table from the tuner's JSON: a list of {"kind", "n", "k", "plan": {fields}}."""
+    table = {}
+    for e in doc:
+        fields = {f: e["plan"][f] for f in ("block_k", "split", "chunks_per_split", "bn", "preload", "warps",
+                                            "stages", "pf_k")}
+        table[(e["kind"], int(e["n"]), int(e["k"]))] = fields
+    return table
+
+
+def tuned_table() -> dict[tuple[str, int, int], dict]:
+    """TUNED_PLANS, or the JSON table named by $LOWLAT_GEMV_PLANS (read once per path)."""
+    path = os.environ.get(_ENV_TABLE, "")
+    if not path:
+        return TUNED_PLANS
+    if path not in _env_cache:
+        with open(path) as f:
+            _env_cache[path] = plans_from_json(json.load(f))
+    return _env_cache[path]
+
+
+def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None = None, pair: bool = False,
+              kind: str | None = None, bn: int | None = None, preload: bool | None = None,
+              warps: int | None = None, stages: int | None = None, pf_k: int | None = None,
+              table: dict | None = None) -> GemvPlan:
+    """The plan of a GEMV of N outputs over K inputs.
+
+    kind: one of KINDS (default "gate_up" when `pair`, else "residual"); with no field forced, the
+    tuned table's entry for (kind, N, K) if any, else `default_plan`. Any forced field (block_k,
+    split, bn, preload, warps, stages, pf_k) starts from `default_plan` instead and replaces that
+    field; split and chunks are then re-derived so that no split is empty (tests use this to
+    exercise split-K and both modes at tiny shapes). table: a plan table to use instead of
+    `tuned_table()`. Raises StepContractError for non-positive shapes or invalid fields.
+    """
+    if n <= 0 or k <= 0:
+        raise StepContractError(f"GEMV shape N={n}, K={k} must be positive")
+    kind = kind or ("gate_up" if pair else "residual")
+    if kind not in KINDS:
+        raise StepContractError(f"GEMV kind {kind!r} is not one of {KINDS}")
+    pair = pair or kind == "gate_up"
+    forced = dict(block_k=block_k, split=split, bn=bn, preload=preload, warps=warps, stages=stages, pf_k=pf_k)
+    forced = {f: v for f, v in forced.items() if v is not None}
+    if not forced:
+        entry = (tuned_table() if table is None else table).get((kind, n, k))
+        if entry is not None:
+            return _check_plan(GemvPlan(n=n, k=k, **entry), pair)
+        return default_plan(n, k, kind=kind, pair=pair)
+    base = default_plan(n, k, kind=kind, pair=pair)
+    if "preload" in forced and forced["preload"] != base.preload and "bn" not in forced:
+        forced["bn"] = MIN_BLOCK_N if forced["preload"] else BLOCK_N
+    bk = forced.get("block_k", base.block_k)
+    if bk < 16 or not _pow2(bk):
+        raise StepContractError(f"block_k={bk} must be a power of two >= 16")
+    chunks = triton.cdiv(k, bk)
+    if "split" in forced:
+        sp = forced["split"]
+        if not 1 <= sp <= MAX_SPLIT:
+            raise StepContractError(f"split={sp} must be in 1..{MAX_SPLIT}")
+    elif kind == "lm_head":
+        sp = 1
+    elif forced.get("preload", base.preload):
+        sp = base.split if bk == base.block_k else 1
+    else:
+        sp = legacy_split(n, k, bk, forced.get("bn", base.bn), pair)
+    sp, cps = _split_for(chunks, sp)
+    fields = dict(asdict(base), block_k=bk, split=sp, chunks_per_split=cps)
+    fields.update({f: v for f, v in forced.items() if f not in ("block_k", "split")})
+    if fields["preload"] and "warps" not in forced:
+        per = (2 if pair else 1) * fields["bn"] * sum(pieces_of(bk * cps)) * 2
+        fields["warps"] = 4 if per <= PRELOAD_4WARP_BYTES else 8
+    if not fields["preload"] and "stages" not in forced:
+        fields["stages"] = max(2, fields["stages"])
+    fields.pop("n"), fields.pop("k")
+    return _check_plan(GemvPlan(n=n, k=k, **fields), pair)
+
+
+def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
+    """Plans the tuner times for (kind, N, K), labelled, default first, without duplicates or plans
+    that cannot run (preload over PRELOAD_MAX_BYTES, more than ~200 KB of pipelined shared memory)."""
+    pair = kind == "gate_up"
+    out: list[tuple[str, GemvPlan]] = []
+
+    def add(label, fn):
+        try:
+            p = fn()
+        except StepContractError:
+            return
+        if not p.preload:
+            smem = p.stages * ((2 if pair else 1) * p.bn * p.block_k * 2 + 16 * p.block_k * 2)
+            if smem > 200 << 10:
+                return
+        if all(p != q for _, q in out):
+            out.append((label, p))
+
+    add("default", lambda: default_plan(n, k, kind=kind, pair=pair))
+    add("legacy", lambda: legacy_plan(n, k, kind=kind, pair=pair))
+    wbytes = n * k * 2 * (2 if pair else 1)
+    kw = dict(kind=kind, pair=pair)
+    if kind != "lm_head" and wbytes <= LATENCY_BYTES:
+        add("preload_bn32", lambda: plan_gemv(n, k, preload=True, bn=32, **kw))
+        add("preload_bn16_split2", lambda: plan_gemv(n, k, preload=True, bn=16, split=2, **kw))
+        add("preload_bn64", lambda: plan_gemv(n, k, preload=True, bn=64, split=max(1, min(
+            MAX_SPLIT, 132 // max(1, triton.cdiv(n, 64)))), **kw))
+        add("stream_bn16_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=16, split=1, stages=min(
+            8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
+    else:
+        add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
+        add("stream_bn64_pf2", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=2 * default_block_k(k), **kw))
+        add("stream_bn128_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, warps=8, pf_k=0, **kw))
+        add("stream_bn64_st6_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, stages=6, pf_k=0, **kw))
+        add("stream_bn64_bk64_st6_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, block_k=64, stages=6, pf_k=0,
+                                                          **kw))
+        add("stream_bn128_bk64_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, block_k=64, warps=8,
+                                                          pf_k=0, **kw))
+        if kind == "lm_head":
+            add("preload_bn32", lambda: plan_gemv(n, k, preload=True, bn=32, **kw))
+            add("preload_bn64_w8", lambda: plan_gemv(n, k, preload=True, bn=64, warps=8, **kw))
+    return out
+
+
+@dataclass
+class GemvWorkspace:
+    """Scratch of the GEMV kernels, preallocated once (CUDA-graph capturable). Tiles are counted at
+    the narrowest plan width (MIN_BLOCK_N), so one workspace serves every plan up to max_n columns.
+
+    partials [MAX_SPLIT * 2 * max_n * 48] fp32  split-K partial tiles
+    row_ss   [max_tiles * 48] fp32              per-tile sums of squares (out_proj's RMSNorm)
+    split_ss [MAX_SPLIT * max_tiles * 48] fp32  per-(tile, split) sums of squares (gate/up's in-kernel norm)
+    counters [2 * max_tiles + 2] int32          arrival counters; every launch leaves them at 0
+    keys     [48] int64                          argmax keys (lm_head); every launch leaves them at INT64_MIN
+    """
+
+    partials: torch.Tensor
+    row_ss: torch.Tensor
+    split_ss: torch.Tensor
+    counters: torch.Tensor
+    keys: torch.Tensor
+    max_n: int
+
+    @classmethod
+    def create(cls, max_n: int, device: torch.device | str) -> "GemvWorkspace":
+        tiles = triton.cdiv(max_n, MIN_BLOCK_N)
+        return cls(partials=torch.empty(MAX_SPLIT * 2 * max_n * MAX_ROWS, dtype=torch.float32, device=device),
+                   row_ss=torch.empty(tiles * MAX_ROWS, dtype=torch.float32, device=device),
+                   split_ss=torch.empty(MAX_SPLIT * tiles * MAX_ROWS, dtype=torch.float32, device=device),
+                   counters=torch.zeros(2 * tiles + 2, dtype=torch.int32, device=device),
+                   keys=torch.full((MAX_ROWS,), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device),
+                   max_n=max_n)
+
+    def check(self, n: int, what: str) -> None:
+        if n > self.max_n:
+            raise StepContractError(f"{what}: workspace made for N <= {self.max_n}, got N={n}")
+
+
+def check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device,
+                 *, inner_contiguous: bool = True) -> None:
+    """Raise StepContractError naming `name` unless t has this shape (None = any), dtype and device."""
+    if not isinstance(t, torch.Tensor):
+        raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != len(shape) or any(s is not None and s != ts for s, ts in zip(shape, t.shape)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise StepContractError(f"{name} has shape {tuple(t.shape)}, expected {want}")
+    if t.dtype != dtype:
+        raise StepContractError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise StepContractError(f"{name} is on {t.device}, expected {device}")
+    if inner_contiguous and t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise StepContractError(f"{name} must be contiguous in its last dim (stride {t.stride()})")
+
+
+def check_plan_for(plan: GemvPlan, n: int, k: int, what: str) -> None:
+    """Raise StepContractError unless `plan` was made for N = n, K = k."""
+    if (plan.n, plan.k) != (n, k):
+        raise StepContractError(f"plan is for N={plan.n}, K={plan.k}; {what} is N={n}, K={k}")
+
+
+def launch_constexprs(plan: GemvPlan, nmb: int) -> dict:
+    """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks."""
+    p1, p2, p3 = plan.pieces if plan.preload else (16, 0, 0)
+    return dict(SPLIT=plan.split, CPS=plan.chunks_per_split, BN=plan.bn, BK=plan.block_k, NUM_MB=nmb,
+                EVEN_N=plan.even_n, EVEN_K=plan.even_k, PF_K=plan.prefetch_k, PRELOAD=plan.preload,
+                P1=p1, P2=p2, P3=p3, num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
+
+
+def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Tensor:
+    """num_valid_rows as a [1] int32 device tensor (an int is checked against 1..M and converted)."""
+    if isinstance(num_valid_rows, torch.Tensor):
+        if num_valid_rows.numel() != 1 or num_valid_rows.dtype != torch.int32 or num_valid_rows.device != device:
+            raise StepContractError(f"num_valid_rows tensor must be one int32 on {device}, got "
+                                    f"{num_valid_rows.numel()} x {num_valid_rows.dtype} on {num_valid_rows.device}")
+        return num_valid_rows.reshape(1)
+    n = int(num_valid_rows)
+    if not 1 <= n <= m:
+        raise StepContractError(f"num_valid_rows={n} must be in 1..M={m}")
+    return torch.tensor([n], dtype=torch.int32, device=device)
+
+
+# ---------------------------------------------------------------------------------------------- device
+@triton.jit
+def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr):
+    """Prefetch rows n0..n0+BN, columns k_begin..min(k_begin+PF_K, K) of a bf16 weight into L2:
+    one `prefetch.global.L2` per 128-byte line. GPU only (inline asm): call under USE_PDL."""
+    rn = n0 + tl.arange(0, BN)
+    rk = k_begin + tl.arange(0, PF_K // 64) * 64
+    ok = (rn < N)[:, None] & (rk < K)[None, :]
+    ptrs = tl.where(ok, w_ptr + rn[:, None] * stride_wn + rk[None, :], w_ptr)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def to_bf16(x, UPCAST: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. Under the interpreter (UPCAST) with integer ops: its own
+    fp32 -> bf16 cast does not round to nearest even."""
+    if UPCAST:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def prep_x(xt, nw, rstd, XMODE: tl.constexpr, UPCAST: tl.constexpr):
+    """The dot operand from a raw x^T tile [BK, 16] (bf16) and its per-row sum of squares.
+
+    XMODE 0: x as is.  XMODE 1: exact RMSNorm on load with a known rstd [16]: nw * bf16(x * rstd),
+    rounded to bf16 (reference rms_norm's rounding order).  XMODE 2: bf16(nw * x) and the partial sum
+    of squares of x (the caller scales its accumulator by rstd afterwards: the factored RMSNorm).
+    Returns (operand [BK, 16] bf16, or fp32 under UPCAST; ss [16] fp32, zeros unless XMODE 2).
+    """
+    ss = tl.zeros((16,), dtype=tl.float32)
+    if XMODE == 0:
+        if UPCAST:
+            op = xt.to(tl.float32)
+        else:
+            op = xt
+    else:
+        xf = xt.to(tl.float32)
+        if XMODE == 1:
+            y = to_bf16(xf * rstd[None, :], UPCAST).to(tl.float32)
+            o = to_bf16(nw[:, None] * y, UPCAST)
+        else:
+            ss = tl.sum(xf * xf, axis=0)
+            o = to_bf16(nw[:, None] * xf, UPCAST)
+        if UPCAST:
+            op = o.to(tl.float32)
+        else:
+            op = o
+    return op, ss
+
+
+@triton.jit
+def x_operand(x_ptr, stride_xm, m0, M, rk, kmask, nw, rstd,
+              XMODE: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Load x^T [BK, 16] of rows m0..m0+15 at columns rk (masked by kmask unless EVEN_K) and make the
+    dot operand (`prep_x`). Returns (operand, ss)."""
+    rm = m0 + tl.arange(0, 16)
+    if EVEN_K:
+        msk = (rm < M)[None, :]
+    else:
+        msk = kmask[:, None] & (rm < M)[None, :]
+    xt = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=msk, other=0.0)
+    return prep_x(xt, nw, rstd, XMODE, UPCAST)
+
+
+@triton.jit
+def mma(w, xop, acc, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(w, xop, acc, input_precision="ieee")
+    else:
+        return tl.dot(w, xop, acc)
+
+
+@triton.jit
+def gemv_loop(w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, N, n0, k_begin, K,
+              nw_ptr, rstd0, rstd1, rstd2,
+              BN: tl.constexpr, BK: tl.constexpr, CPS: tl.constexpr, NUM_MB: tl.constexpr, TWO_W: tl.constexpr,
+              XMODE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Stream mode. acc_j[BN, 16] = W[n0:n0+BN, kr] @ x[16j:16j+16, kr]^T, kr = the CPS chunks of BK
+    columns from k_begin (columns >= K masked unless EVEN_K), for row blocks j < NUM_MB; with TWO_W
+    also the same for the weight rows at w_ptr + w2_off (gate/up pairs). The trip count is a
+    compile-time constant (Triton pipelines the loop `num_stages` deep).
+
+    Returns (a0, a1, a2, b0, b1, b2, s0, s1, s2): a = first weight, b = second weight, s = sums of
+    squares of each row block (XMODE 2); unused ones are zeros and are optimised away.
+    """
+    rn = n0 + tl.arange(0, BN)
+    nmask = rn < N
+    a0 = tl.zeros((BN, 16), dtype=tl.float32)
+    a1 = tl.zeros((BN, 16), dtype=tl.float32)
+    a2 = tl.zeros((BN, 16), dtype=tl.float32)
+    b0 = tl.zeros((BN, 16), dtype=tl.float32)
+    b1 = tl.zeros((BN, 16), dtype=tl.float32)
+    b2 = tl.zeros((BN, 16), dtype=tl.float32)
+    s0 = tl.zeros((16,), dtype=tl.float32)
+    s1 = tl.zeros((16,), dtype=tl.float32)
+    s2 = tl.zeros((16,), dtype=tl.float32)
+    for c in range(CPS):
+        rk = k_begin + c * BK + tl.arange(0, BK)
+        kmask = rk < K
+        wp = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        if EVEN_N and EVEN_K:
+            w = tl.load(wp)
+            if TWO_W:
+                w2 = tl.load(wp + w2_off)
+        else:
+            wm = nmask[:, None] & kmask[None, :]
+            w = tl.load(wp, mask=wm, other=0.0)
+            if TWO_W:
+                w2 = tl.load(wp + w2_off, mask=wm, other=0.0)
+        if UPCAST:
+            w = w.to(tl.float32)
+            if TWO_W:
+                w2 = w2.to(tl.float32)
+        nw = tl.zeros((BK,), dtype=tl.float32)
+        if XMODE != 0:
+            if EVEN_K:
+                nw = tl.load(nw_ptr + rk).to(tl.float32)
+            else:
+                nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        x0, q0 = x_operand(x_ptr, stride_xm, 0, M, rk, kmask, nw, rstd0, XMODE, EVEN_K, UPCAST)
+        a0 = mma(w, x0, a0, UPCAST)
+        if TWO_W:
+            b0 = mma(w2, x0, b0, UPCAST)
+        s0 += q0
+        if NUM_MB > 1:
+            x1, q1 = x_operand(x_ptr, stride_xm, 16, M, rk, kmask, nw, rstd1, XMODE, EVEN_K, UPCAST)
+            a1 = mma(w, x1, a1, UPCAST)
+            if TWO_W:
+                b1 = mma(w2, x1, b1, UPCAST)
+            s1 += q1
+        if NUM_MB > 2:
+            x2, q2 = x_operand(x_ptr, stride_xm, 32, M, rk, kmask, nw, rstd2, XMODE, EVEN_K, UPCAST)
+            a2 = mma(w, x2, a2, UPCAST)
+            if TWO_W:
+                b2 = mma(w2, x2, b2, UPCAST)
+            s2 += q2
+    return a0, a1, a2, b0, b1, b2, s0, s1, s2
+
+
+@triton.jit
+def _load_w_piece(w_ptr, stride_wn, rn, nmask, kb, k_end, P: tl.constexpr, EVEN_N: tl.constexpr,
+                  EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    rk = kb + tl.arange(0, P)
+    ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+    if EVEN_N and EVEN_K:
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=nmask[:, None] & (rk < k_end)[None, :], other=0.0)
+    if UPCAST:
+        w = w.to(tl.float32)
+    return w
+
+
+@triton.jit
+def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, P1: tl.constexpr,
+                    P2: tl.constexpr, P3: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """Preload mode: weight rows n0..n0+BN over columns [k_begin, k_end) as pieces wa [BN, P1],
+    wb [BN, P2], wc [BN, P3] (P2 / P3 = 0: absent; they then repeat wa and are never used). Issues
+    every load at once; call before `gdc_wait` (weights never depend on the previous kernel)."""
+    rn = n0 + tl.arange(0, BN)
+    nmask = rn < N
+    wa = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin, k_end, P1, EVEN_N, EVEN_K, UPCAST)
+    wb = wa
+    wc = wa
+    if P2 > 0:
+        wb = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin + P1, k_end, P2, EVEN_N, EVEN_K, UPCAST)
+    if P3 > 0:
+        wc = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin + P1 + P2, k_end, P3, EVEN_N, EVEN_K,
+                           UPCAST)
+    return wa, wb, wc
+
+
+@triton.jit
+def _load_x_piece(x_ptr, stride_xm, m0, M, kb, k_end, P: tl.constexpr, EVEN_K: tl.constexpr):
+    rm = m0 + tl.arange(0, 16)
+    rk = kb + tl.arange(0, P)
+    if EVEN_K:
+        msk = (rm < M)[None, :]
+    else:
+        msk = (rk < k_end)[:, None] & (rm < M)[None, :]
+    return tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=msk, other=0.0)
+
+
+@triton.jit
+def _load_x_pieces(x_ptr, stride_xm, m0, M, k_begin, k_end, P1: tl.constexpr, P2: tl.constexpr,
+                   P3: tl.constexpr, EVEN_K: tl.constexpr):
+    xa = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin, k_end, P1, EVEN_K)
+    xb = xa
+    xc = xa
+    if P2 > 0:
+        xb = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin + P1, k_end, P2, EVEN_K)
+    if P3 > 0:
+        xc = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin + P1 + P2, k_end, P3, EVEN_K)
+    return xa, xb, xc
+
+
+@triton.jit
+def _load_nw_piece(nw_ptr, kb, k_end, P: tl.constexpr, XMODE: tl.constexpr, EVEN_K: tl.constexpr):
+    rk = kb + tl.arange(0, P)
+    nw = tl.zeros((P,), dtype=tl.float32)
+    if XMODE != 0:
+        if EVEN_K:
+            nw = tl.load(nw_ptr + rk).to(tl.float32)
+        else:
+            nw = tl.load(nw_ptr + rk, mask=rk < k_end, other=0.0).to(tl.float32)
+    return nw
+
+
+@triton.jit
+def _piece_dots(w, v, xa, xb, xc, nw, r0, r1, r2, a0, a1, a2, b0, b1, b2, s0, s1, s2,
+                NUM_MB: tl.constexpr, TWO_W: tl.constexpr, XMODE: tl.constexpr, UPCAST: tl.constexpr):
+    """One weight piece (w, and v for TWO_W) against the same columns of every row block's x tile."""
+    o0, q0 = prep_x(xa, nw, r0, XMODE, UPCAST)
+    a0 = mma(w, o0, a0, UPCAST)
+    if TWO_W:
+        b0 = mma(v, o0, b0, UPCAST)
+    s0 += q0
+    if NUM_MB > 1:
+        o1, q1 = prep_x(xb, nw, r1, XMODE, UPCAST)
+        a1 = mma(w, o1, a1, UPCAST)
+        if TWO_W:
+            b1 = mma(v, o1, b1, UPCAST)
+        s1 += q1
+    if NUM_MB > 2:
+        o2, q2 = prep_x(xc, nw, r2, XMODE, UPCAST)
+        a2 = mma(w, o2, a2, UPCAST)
+        if TWO_W:
+            b2 = mma(v, o2, b2, UPCAST)
+        s2 += q2
+    return a0, a1, a2, b0, b1, b2, s0, s1, s2
+
+
+@triton.jit
+def preload_product(wa, wb, wc, va, vb, vc, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2,
+                    BN: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, NUM_MB: tl.constexpr,
+                    TWO_W: tl.constexpr, XMODE: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Preload mode, after `gdc_wait`: the preloaded weight pieces (wa, wb, wc; with TWO_W also
+    va, vb, vc) times x over [k_begin, k_end). Every activation load (all pieces of all row blocks)
+    is issued before the first dot, so the activations cost one round trip. The pieces are
+    accumulated in K order, as the stream loop does. Returns what `gemv_loop` returns."""
+    x0a, x0b, x0c = _load_x_pieces(x_ptr, stride_xm, 0, M, k_begin, k_end, P1, P2, P3, EVEN_K)
+    x1a, x1b, x1c = x0a, x0b, x0c
+    x2a, x2b, x2c = x0a, x0b, x0c
+    if NUM_MB > 1:
+        x1a, x1b, x1c = _load_x_pieces(x_ptr, stride_xm, 16, M, k_begin, k_end, P1, P2, P3, EVEN_K)
+    if NUM_MB > 2:
+        x2a, x2b, x2c = _load_x_pieces(x_ptr, stride_xm, 32, M, k_begin, k_end, P1, P2, P3, EVEN_K)
+    nwa = _load_nw_piece(nw_ptr, k_begin, k_end, P1, XMODE, EVEN_K)
+    nwb = nwa
+    nwc = nwa
+    if P2 > 0:
+        nwb = _load_nw_piece(nw_ptr, k_begin + P1, k_end, P2, XMODE, EVEN_K)
+    if P3 > 0:
+        nwc = _load_nw_piece(nw_ptr, k_begin + P1 + P2, k_end, P3, XMODE, EVEN_K)
+    a0 = tl.zeros((BN, 16), dtype=tl.float32)
+    a1 = tl.zeros((BN, 16), dtype=tl.float32)
+    a2 = tl.zeros((BN, 16), dtype=tl.float32)
+    b0 = tl.zeros((BN, 16), dtype=tl.float32)
+    b1 = tl.zeros((BN, 16), dtype=tl.float32)
+    b2 = tl.zeros((BN, 16), dtype=tl.float32)
+    s0 = tl.zeros((16,), dtype=tl.float32)
+    s1 = tl.zeros((16,), dtype=tl.float32)
+    s2 = tl.zeros((16,), dtype=tl.float32)
+    a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wa, va, x0a, x1a, x2a, nwa, r0, r1, r2, a0, a1, a2, b0, b1,
+                                                     b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
+    if P2 > 0:
+        a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wb, vb, x0b, x1b, x2b, nwb, r0, r1, r2, a0, a1, a2, b0,
+                                                         b1, b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
+    if P3 > 0:
+        a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wc, vc, x0c, x1c, x2c, nwc, r0, r1, r2, a0, a1, a2, b0,
+                                                         b1, b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
+    return a0, a1, a2, b0, b1, b2, s0, s1, s2
+
+
+@triton.jit
+def store_partial(ws_ptr, acc, slot, N, MP: tl.constexpr, n0, m0, BN: tl.constexpr):
+    """ws[slot, n, m] = acc[n - n0, m - m0] for a [BN, 16] tile (workspace rows of MP = 16*NUM_MB)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    tl.store(ws_ptr + slot * N * MP + rn[:, None] * MP + rm[None, :], acc)
+
+
+@triton.jit
+def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constexpr, SPLIT: tl.constexpr,
+                 SLOT_STRIDE: tl.constexpr):
+    """sum over s = 0..SPLIT-1, in that order, of ws[first_slot + s * SLOT_STRIDE, tile] (read from L2)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    offs = rn[:, None] * MP + rm[None, :]
+    tot = tl.zeros((BN, 16), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, cache_modifier=".cg")
+    return tot

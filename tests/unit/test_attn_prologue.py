@@ -1,0 +1,294 @@
+"""Fused attention prologue (lowlat/kernels/attn_prologue.py) vs its reference
+(lowlat/reference/attn_prologue.py): accuracy under the numerics policy, padding rows, KV writes,
+typed errors; on the GPU also full model shapes, bitwise determinism, row invariance, PDL and graphs.
+
+CPU: the kernel runs under the Triton interpreter at tiny shapes (<= 6 hypothesis examples each).
+"""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.config import preset
+from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import interpreting
+from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv, pack_qkv_bias,
+                                          rope_table)
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
+from lowlat.reference.attention import paged_attention
+from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue
+from lowlat.reference.layer import attention_block
+from lowlat.reference.rms_norm import rms_norm
+from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
+from lowlat.testing import random_step, tiny_config
+from lowlat.weights import random_layer_weights
+
+#: interpreter runs are slow: at most 6 examples per property on CPU; the profile's count on a GPU
+FEW = settings(max_examples=6) if interpreting() else settings()
+MAX_POS = 256
+
+
+def _case(cfg, *, ctxs, rows, pad, seed, device, hostile_padding=False):
+    """Weights, a step (shuffled slots, NaN in unowned slots), x and the table for one layer."""
+    g = torch.Generator().manual_seed(seed)
+    # attention weights only: a dense config with a tiny MLP (MoE experts would only cost time here)
+    wcfg = cfg.replace(num_experts=0, top_k=0, moe_intermediate_size=0, intermediate_size=16)
+    lw = random_layer_weights(wcfg, generator=g)
+    case = random_step(ctx_lens=ctxs, new_rows=rows, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                       pad_to=sum(rows) + pad, generator=g)
+    x = torch.randn(case.step.num_rows, cfg.hidden_size, generator=g).bfloat16()
+    if hostile_padding:
+        x[case.step.num_valid_rows:] = 1e4
+    lw = lw.map(lambda t: t.to(device))
+    return lw, case.step.to(device), x.to(device), case.k_cache.to(device), case.v_cache.to(device)
+
+
+def split_rows(m):
+    """m rows as requests of 1, 2, 3, 1, 2, 3, ... rows (decode and verify mixed)."""
+    rows = []
+    while sum(rows) < m:
+        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
+    return rows
+
+
+def _run_kernel(cfg, lw, step, x, kc, vc, *, table, workspace=None, use_pdl=False, nvr=None):
+    out_q = poison(torch.empty((x.shape[0], cfg.num_heads, cfg.head_dim), dtype=torch.bfloat16, device=x.device))
+    q = attn_prologue(x, pack_qkv(lw), pack_qkv_bias(lw), lw.attn_norm, lw.q_norm, lw.k_norm, step.positions,
+                      step.out_cache_loc, step.num_valid_rows if nvr is None else nvr, kc, vc, table, cfg=cfg,
+                      out_q=out_q, workspace=workspace, use_pdl=use_pdl)
+    assert q is out_q
+    return q
+
+
+def _run_reference(cfg, lw, step, x, kc, vc, dtype):
+    """(q, k_cache, v_cache) of the reference in `dtype` (bf16 baseline, float64 oracle)."""
+    cast = (lambda t: t) if dtype == torch.bfloat16 else oracle_cast
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                        torch.float64 if dtype == torch.float64 else torch.float32).to(x.device)
+    kc, vc = cast(kc.clone()), cast(vc.clone())
+    b = pack_qkv_bias(lw)
+    q = ref_attn_prologue(cast(x), cast(pack_qkv(lw)), None if b is None else cast(b), cast(lw.attn_norm),
+                          cast(lw.q_norm), cast(lw.k_norm), step.positions, step.out_cache_loc,
+                          step.num_valid_rows, kc, vc, inv, eps=cfg.rms_eps)
+    return q, kc, vc
+
+
+def _check_against_reference(cfg, lw, step, x, kc0, vc0, **kw):
+    kc, vc = kc0.clone(), vc0.clone()
+    table = rope_table(cfg, MAX_POS, x.device)
+    q = _run_kernel(cfg, lw, step, x, kc, vc, table=table, **kw)
+    qo, kco, vco = _run_reference(cfg, lw, step, x, kc0, vc0, torch.float64)
+    qb, kcb, vcb = _run_reference(cfg, lw, step, x, kc0, vc0, torch.bfloat16)
+    check_accuracy("attn_prologue", q, qo, qb, output="q")
+    n = step.num_valid_rows
+    loc = step.out_cache_loc[:n].long()
+    check_accuracy("attn_prologue", kc[loc], kco[loc], kcb[loc], output="k_cache")
+    check_accuracy("attn_prologue", vc[loc], vco[loc], vcb[loc], output="v_cache")
+    _assert_only_slots_written(kc0, kc, loc)
+    _assert_only_slots_written(vc0, vc, loc)
+    return q, kc, vc
+
+
+def _assert_only_slots_written(before, after, loc):
+    keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
+    keep[loc] = False
+    b, a = before[keep], after[keep]
+    assert torch.equal(b.isnan(), a.isnan()) and torch.equal(b.nan_to_num(), a.nan_to_num()), \
+        "a KV slot other than the valid rows' out_cache_loc changed (padding rows must write nothing)"
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+@FEW
+@given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4]),
+       hkv=st.sampled_from([1, 2]), d=st.sampled_from([32, 64]), hidden=st.sampled_from([32, 48, 96]),
+       bias=st.booleans(), qk_norm=st.booleans(), split_k=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2**16))
+def test_attn_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, hidden, bias, qk_norm, split_k,
+                                                 seed):
+    """q of every row and the K/V written at each valid row's slot match the reference; nothing else
+    in the cache changes; padding rows write nothing."""
+    cfg = tiny_config(hidden_size=hidden, num_heads=group * hkv, num_kv_heads=hkv, head_dim=d,
+                      qkv_bias=bias, qk_norm=qk_norm)
+    rows = split_rows(m)
+    ctxs = [(seed >> i) % 40 for i in range(len(rows))]
+    lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device)
+    ws = make_prologue_workspace(pack_qkv(lw), d, x.shape[0], block_k=16, split_k=split_k)
+    _check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws)
+
+
+def test_attn_prologue_padding_rows_change_nothing_valid(device):
+    """Hostile padding rows (x = 1e4) leave every valid row's q bitwise unchanged and write no slot."""
+    cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[3, 9], rows=[1, 2], pad=5, seed=7, device=device,
+                                  hostile_padding=True)
+    table = rope_table(cfg, MAX_POS, device)
+    kc, vc = kc0.clone(), vc0.clone()
+    q = _run_kernel(cfg, lw, step, x, kc, vc, table=table)
+    n = step.num_valid_rows
+    kc1, vc1 = kc0.clone(), vc0.clone()
+    one = _run_kernel(cfg, lw, _rows(step, n), x[:n], kc1, vc1, table=table)
+    check_bitwise("attn_prologue", q[:n], one, output="padding_invariance")
+    assert torch.equal(kc.nan_to_num(), kc1.nan_to_num()) and torch.equal(vc.nan_to_num(), vc1.nan_to_num())
+    _assert_only_slots_written(kc0, kc, step.out_cache_loc[:n].long())
+
+
+def _rows(step, n, idx=None):
+    """The step restricted to rows `idx` (default: the first n), all valid."""
+    from lowlat.step import StepBatch
+
+    idx = torch.arange(n, device=step.positions.device) if idx is None else idx
+    return StepBatch(step.input_ids[idx], step.positions[idx], step.out_cache_loc[idx], step.req_indices[idx],
+                     step.seq_lens, step.page_table, len(idx))
+
+
+def test_reference_prologue_then_attention_equals_attention_block():
+    """The prologue spec is attention_block's first half: prologue + paged_attention == attention_block,
+    bitwise, in bf16 (so the spec lives in one place)."""
+    cfg = tiny_config(hidden_size=64, num_heads=6, num_kv_heads=2, head_dim=16, qkv_bias=True, qk_norm=True)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[4, 0, 11], rows=[1, 3, 1], pad=2, seed=3, device="cpu")
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    cos, sin = rope_cos_sin(step.positions, inv, torch.bfloat16)
+    kc1, vc1 = kc0.clone(), vc0.clone()
+    h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
+    want = attention_block(cfg, lw, h, step, kc1, vc1, cos, sin)
+    kc2, vc2 = kc0.clone(), vc0.clone()
+    q = ref_attn_prologue(x, pack_qkv(lw), pack_qkv_bias(lw), lw.attn_norm, lw.q_norm, lw.k_norm, step.positions,
+                          step.out_cache_loc, step.num_valid_rows, kc2, vc2, inv, eps=cfg.rms_eps)
+    got = paged_attention(q, kc2, vc2, step.page_table, step.req_indices, step.positions, step.num_valid_rows)
+    check_bitwise("attn_prologue", got.reshape(want.shape), want, output="reference_vs_attention_block")
+    assert torch.equal(kc1.nan_to_num(), kc2.nan_to_num())
+
+
+def test_pack_qkv_layout():
+    cfg = tiny_config(qkv_bias=True)
+    lw = random_layer_weights(cfg, generator=torch.Generator().manual_seed(0))
+    w, b = pack_qkv(lw), pack_qkv_bias(lw)
+    assert w.is_contiguous() and w.dtype == torch.bfloat16
+    assert w.shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+    h = torch.randn(3, cfg.hidden_size).bfloat16()
+    fused = F.linear(h, w, b)
+    parts = torch.cat([F.linear(h, lw.wq, lw.bq), F.linear(h, lw.wk, lw.bk), F.linear(h, lw.wv, lw.bv)], dim=1)
+    check_bitwise("attn_prologue", fused, parts, output="pack_qkv")
+    assert pack_qkv_bias(random_layer_weights(tiny_config(), generator=torch.Generator())) is None
+
+
+@pytest.mark.parametrize("name", ["SmolLM2-135M", "Llama-3.2-1B"])
+def test_rope_table_is_float64_angles_rounded_once(name):
+    cfg = preset(name)
+    table = rope_table(cfg, 4096)
+    pos = torch.tensor([0, 1, 17, 4095])
+    cos, sin = rope_cos_sin(pos, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64),
+                            torch.float64)
+    half = cfg.head_dim // 2
+    check_bitwise("rope_table", table[pos], torch.cat([cos[:, :half], sin[:, :half]], 1).float())
+
+
+def _error_cases():
+    cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[2, 5], rows=[1, 1], pad=1, seed=1, device="cpu")
+    w, tab = pack_qkv(lw), rope_table(cfg, 16)
+    base = dict(x=x, qkv_weight=w, qkv_bias=None, attn_norm=lw.attn_norm, q_norm=lw.q_norm, k_norm=lw.k_norm,
+                positions=step.positions, out_cache_loc=step.out_cache_loc, num_valid_rows=step.num_valid_rows,
+                k_cache=kc, v_cache=vc, cos_sin_table=tab)
+    bad_loc = step.out_cache_loc.clone()
+    bad_loc[1] = 0
+    far = step.positions.clone()
+    far[0] = 99
+    return cfg, base, [
+        ("x", dict(x=x.float()), "x must be torch.bfloat16"),
+        ("weight rows", dict(qkv_weight=w[:-32]), "qkv_weight has N=224 rows"),
+        ("weight H", dict(qkv_weight=torch.cat([w, w[:, :16]], 1).contiguous()), "dim 1 must be H=64"),
+        ("q_norm only", dict(k_norm=None), "q_norm and k_norm must both be given"),
+        ("positions dtype", dict(positions=step.positions.int()), "positions must be torch.int64"),
+        ("loc rows", dict(out_cache_loc=step.out_cache_loc[:2]), "out_cache_loc has shape (2,): dim 0 must be M=3"),
+        ("cache D", dict(v_cache=vc[..., :16].contiguous()), "v_cache has shape"),
+        ("table D", dict(cos_sin_table=tab[:, :16].contiguous()), "dim 1 must be D=32"),
+        ("num_valid_rows", dict(num_valid_rows=4), "num_valid_rows=4 must be in 0..M=3"),
+        ("out_q", dict(out_q=torch.empty(3, 4, 16, dtype=torch.bfloat16)), "out_q has shape (3, 4, 16)"),
+        ("position value", dict(positions=far, check_values=True), "positions[0]=99 outside the RoPE table"),
+        ("slot value", dict(out_cache_loc=bad_loc, check_values=True), "out_cache_loc[1]=0 outside"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_attn_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
+    cfg, base, cases = _error_cases()
+    name, change, msg = cases[case]
+    kc0, vc0 = base["k_cache"].clone(), base["v_cache"].clone()
+    args = {**base, **change}
+    with pytest.raises(StepContractError, match=re.escape(msg)):
+        attn_prologue(**args, cfg=cfg)
+    assert torch.equal(base["k_cache"].nan_to_num(), kc0.nan_to_num()), name
+    assert torch.equal(base["v_cache"].nan_to_num(), vc0.nan_to_num()), name
+
+
+# ----------------------------------------------------------------------------- GPU (full shapes)
+GPU_MODELS = ["SmolLM2-135M", "Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-30B-A3B"]
+
+
+@pytest.mark.gpu
+@given(name=st.sampled_from(GPU_MODELS), reqs=st.integers(1, 16), verify=st.integers(1, 3),
+       pad=st.integers(0, 4), seed=st.integers(0, 2**16))
+def test_attn_prologue_model_shapes_within_2x_baseline_error(device, name, reqs, verify, pad, seed):
+    cfg = preset(name)
+    rows = [verify] * reqs
+    while sum(rows) + pad > 48:
+        rows.pop()
+    ctxs = [(seed * (i + 1)) % 200 for i in range(len(rows))]
+    lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device)
+    _check_against_reference(cfg, lw, step, x, kc, vc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["SmolLM2-135M", "Qwen3-0.6B", "Qwen2.5-0.5B"])
+def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device, name):
+    """Run-to-run bitwise; each row's q / K / V identical alone, among 48 rows and with padding;
+    PDL on == off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
+    cfg = preset(name)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
+                                  device=device)
+    table = rope_table(cfg, MAX_POS, device)
+    ws = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, 48)
+    n = step.num_valid_rows
+    runs = []
+    for pdl in (False, False, True):
+        kc, vc = kc0.clone(), vc0.clone()
+        runs.append((_run_kernel(cfg, lw, step, x, kc, vc, table=table, workspace=ws, use_pdl=pdl), kc, vc))
+    for q, kc, vc in runs[1:]:
+        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_and_pdl")
+        check_bitwise("attn_prologue", kc.nan_to_num(), runs[0][1].nan_to_num(), output="k_cache_run_to_run")
+    q_all, kc_all, vc_all = runs[0]
+    loc = step.out_cache_loc[:n].long()
+    for i in (0, 1, 17, n - 1):
+        kc, vc = kc0.clone(), vc0.clone()
+        idx = torch.tensor([i], device=device)
+        one = _run_kernel(cfg, lw, _rows(step, 1, idx), x[idx], kc, vc, table=table, workspace=ws)
+        check_bitwise("attn_prologue", one[0], q_all[i], output="q_row_invariance")
+        check_bitwise("attn_prologue", kc[loc[i]], kc_all[loc[i]], output="k_row_invariance")
+        check_bitwise("attn_prologue", vc[loc[i]], vc_all[loc[i]], output="v_row_invariance")
+    # CUDA graph: static buffers, num_valid_rows read in-kernel
+    nvr = torch.tensor([n], dtype=torch.int32, device=device)
+    kc, vc = kc0.clone(), vc0.clone()
+    out_q = torch.empty_like(q_all)
+    w, b = pack_qkv(lw), pack_qkv_bias(lw)
+
+    def call():
+        attn_prologue(x, w, b, lw.attn_norm, lw.q_norm, lw.k_norm, step.positions, step.out_cache_loc, nvr, kc, vc,
+                      table, cfg=cfg, out_q=out_q, workspace=ws, use_pdl=True)
+
+    call()  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    kc.copy_(kc0)
+    vc.copy_(vc0)
+    poison(out_q)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_bitwise("attn_prologue", out_q, q_all, output="q_cuda_graph")
+    check_bitwise("attn_prologue", kc.nan_to_num(), kc_all.nan_to_num(), output="k_cache_cuda_graph")
+    assert int(ws.counters.abs().sum()) == 0, "split-K counters must be reset by the last arriver"

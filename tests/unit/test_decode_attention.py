@@ -1,0 +1,227 @@
+"""Split-KV decode attention (lowlat/kernels/decode_attention.py) vs `paged_attention`
+(lowlat/reference/attention.py): accuracy under the numerics policy, GQA ratios, verify rows,
+split edges, shuffled slots, NaN / garbage in unused page-table entries and slots, padding rows,
+typed errors; on the GPU also full shapes (contexts to 4096), bitwise determinism, row invariance,
+PDL and CUDA graphs.
+
+CPU: the kernel runs under the Triton interpreter at tiny shapes (<= 6 hypothesis examples each),
+with BLOCK_N = 16 and few splits so short contexts still cross block and split edges.
+"""
+
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import interpreting
+from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
+from lowlat.reference.attention import paged_attention
+from lowlat.step import StepBatch
+from lowlat.testing import random_step
+
+FEW = settings(max_examples=6) if interpreting() else settings()
+
+
+def _case(*, ctxs, rows, hq, hkv, d, pad, seed, device, garbage_page_table=True):
+    """A step whose own rows' K/V are already in the cache (as the prologue leaves it), q, and the
+    page table's unused columns filled with garbage slot ids (never to be read)."""
+    g = torch.Generator().manual_seed(seed)
+    case = random_step(ctx_lens=ctxs, new_rows=rows, num_kv_heads=hkv, head_dim=d, pad_to=sum(rows) + pad,
+                       generator=g)
+    step, kc, vc = case.step, case.k_cache, case.v_cache
+    n = step.num_valid_rows
+    loc = step.out_cache_loc[:n].long()
+    kc[loc] = torch.randn(n, hkv, d, generator=g).bfloat16()
+    vc[loc] = torch.randn(n, hkv, d, generator=g).bfloat16()
+    if garbage_page_table:
+        cols = torch.arange(step.page_table.shape[1])[None, :]
+        unused = cols >= step.seq_lens[:, None]
+        junk = torch.randint(-2**30, 2**30, step.page_table.shape, generator=g, dtype=torch.int32)
+        step.page_table[unused] = junk[unused]
+    q = (torch.randn(step.num_rows, hq, d, generator=g) * 2).bfloat16()
+    return step.to(device), q.to(device), kc.to(device), vc.to(device)
+
+
+def _reference(q, kc, vc, step, *, per_row=False):
+    """(oracle float64, baseline bf16) of paged_attention; per_row bounds memory at long contexts."""
+    def run(qq, kk, vv):
+        if not per_row:
+            return paged_attention(qq, kk, vv, step.page_table, step.req_indices, step.positions,
+                                   step.num_valid_rows)
+        out = torch.zeros_like(qq)
+        for i in range(step.num_valid_rows):
+            s = slice(i, i + 1)
+            out[s] = paged_attention(qq[s], kk, vv, step.page_table, step.req_indices[s], step.positions[s], 1)
+        return out
+    return run(*oracle_cast((q, kc, vc))), run(q, kc, vc)
+
+
+def _kernel(q, kc, vc, step, **kw):
+    out = poison(torch.empty_like(q))
+    got = decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows,
+                           out=out, **kw)
+    assert got is out
+    return out
+
+
+def _check(q, kc, vc, step, per_row=False, **kw):
+    out = _kernel(q, kc, vc, step, **kw)
+    oracle, baseline = _reference(q, kc, vc, step, per_row=per_row)
+    check_accuracy("decode_attention", out, oracle, baseline)
+    n = step.num_valid_rows
+    assert torch.equal(out[n:], torch.zeros_like(out[n:])), "padding rows must output 0"
+    return out
+
+
+def split_rows(m):
+    rows = []
+    while sum(rows) < m:
+        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+@FEW
+@given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
+       hkv=st.sampled_from([1, 2]), d=st.sampled_from([16, 32]), num_splits=st.sampled_from([4, 2, 1]),
+       max_ctx=st.sampled_from([64, 100, 33, 1]), seed=st.integers(0, 2**16))
+def test_decode_attention_within_2x_baseline_error(device, m, pad, group, hkv, d, num_splits, max_ctx, seed):
+    """Decode and verify rows, GQA ratios 1/3/4/8, shuffled slots, NaN slots, garbage page-table tails."""
+    rows = split_rows(m)
+    ctxs = [(seed >> (i % 16)) % (max_ctx + 1) for i in range(len(rows))]
+    step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=group * hkv, hkv=hkv, d=d, pad=pad, seed=seed, device=device)
+    _check(q, kc, vc, step, num_splits=num_splits, block_n=16)
+
+
+@pytest.mark.parametrize("length", [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 128])
+def test_decode_attention_split_and_block_edges(device, length):
+    """Visible lengths L = pos + 1 on and around BLOCK_N = 16 blocks and split boundaries (4 splits);
+    L = 1 is a row with no cached tokens that sees only itself."""
+    step, q, kc, vc = _case(ctxs=[length - 1, 3], rows=[1, 1], hq=4, hkv=2, d=16, pad=1, seed=length,
+                            device=device)
+    _check(q, kc, vc, step, num_splits=4, block_n=16)
+
+
+def test_decode_attention_rows_bitwise_invariant_small(device):
+    """Each row's output is identical alone and among others (tiny shapes, several splits)."""
+    step, q, kc, vc = _case(ctxs=[40, 3, 0], rows=[2, 1, 3], hq=6, hkv=2, d=16, pad=2, seed=5, device=device)
+    ws = make_decode_workspace(8, 6, 2, 16, device, num_splits=4, block_n=16)
+    full = _kernel(q, kc, vc, step, workspace=ws)
+    for i in (0, 1, 3, 5):
+        idx = torch.tensor([i], device=device)
+        one = StepBatch(step.input_ids[idx], step.positions[idx], step.out_cache_loc[idx], step.req_indices[idx],
+                        step.seq_lens, step.page_table, 1)
+        check_bitwise("decode_attention", _kernel(q[idx], kc, vc, one, workspace=ws)[0], full[i],
+                      output="row_invariance")
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_decode_attention_num_valid_rows_tensor_equals_int(device):
+    step, q, kc, vc = _case(ctxs=[20, 7], rows=[1, 2], hq=4, hkv=1, d=16, pad=3, seed=9, device=device)
+    a = _kernel(q, kc, vc, step, num_splits=2, block_n=16)
+    nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
+    b = poison(torch.empty_like(q))
+    decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, nvr, out=b, num_splits=2,
+                     block_n=16)
+    check_bitwise("decode_attention", b, a, output="nvr_tensor")
+
+
+def _error_cases():
+    step, q, kc, vc = _case(ctxs=[5, 2], rows=[1, 1], hq=4, hkv=2, d=16, pad=1, seed=2, device="cpu")
+    base = dict(q=q, k_cache=kc, v_cache=vc, page_table=step.page_table, req_indices=step.req_indices,
+                positions=step.positions, num_valid_rows=step.num_valid_rows)
+    far = step.positions.clone()
+    far[1] = 1000
+    badreq = step.req_indices.clone()
+    badreq[0] = 7
+    pt = step.page_table.clone()
+    pt[0, 2] = kc.shape[0] + 5
+    return base, [
+        (dict(q=q.float()), "q must be torch.bfloat16"),
+        (dict(q=q[:, :3].contiguous()), "Hq=3 query heads must be a multiple of Hkv=2"),
+        (dict(k_cache=kc[..., :8].contiguous()), "k_cache has shape"),
+        (dict(v_cache=vc[:, :1].contiguous()), "v_cache has shape"),
+        (dict(page_table=step.page_table.long()), "page_table must be torch.int32"),
+        (dict(req_indices=step.req_indices[:2]), "req_indices has shape (2,): dim 0 must be M=3"),
+        (dict(positions=step.positions.int()), "positions must be torch.int64"),
+        (dict(num_valid_rows=-1), "num_valid_rows=-1 must be in 0..M=3"),
+        (dict(out=torch.empty(3, 4, 8, dtype=torch.bfloat16)), "out has shape (3, 4, 8)"),
+        (dict(num_splits=3), "num_splits=3 must be a power of two"),
+        (dict(positions=far, check_values=True), "positions[1]=1000 outside"),
+        (dict(req_indices=badreq, check_values=True), "req_indices[0]=7 outside [0, 2)"),
+        (dict(page_table=pt, check_values=True), f"page_table[0, 2]={kc.shape[0] + 5} outside"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_decode_attention_bad_input_raises_typed_error(case):
+    base, cases = _error_cases()
+    change, msg = cases[case]
+    with pytest.raises(StepContractError, match=re.escape(msg)):
+        decode_attention(**{**base, **change})
+
+
+# ----------------------------------------------------------------------------- GPU (full shapes)
+#: (Hq, Hkv, D): GQA 1 (Llama-2-7B-like heads), 3 (SmolLM2), 4 (Llama-3.2-1B), 2 (Qwen3-0.6B), 8 (Qwen3-30B-A3B)
+GPU_SHAPES = [(8, 8, 64), (9, 3, 64), (32, 8, 64), (16, 8, 128), (32, 4, 128)]
+EDGES = [0, 1, 62, 63, 64, 127, 128, 2047, 2048, 4094, 4095]
+
+
+@pytest.mark.gpu
+@given(shape=st.sampled_from(GPU_SHAPES),
+       ctxs=st.lists(st.one_of(st.sampled_from(EDGES), st.integers(0, 4095)), min_size=1, max_size=16),
+       verify=st.integers(1, 3), pad=st.integers(0, 4), seed=st.integers(0, 2**16))
+def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, ctxs, verify, pad, seed):
+    hq, hkv, d = shape
+    rows = [verify] * len(ctxs)
+    while sum(rows) + pad > 48:
+        rows.pop()
+    ctxs = ctxs[:len(rows)]
+    while sum(ctxs) > 24576:            # bound the test's own memory and time
+        ctxs[ctxs.index(max(ctxs))] //= 2
+    step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=hq, hkv=hkv, d=d, pad=pad, seed=seed, device=device)
+    _check(q, kc, vc, step, per_row=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
+def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape):
+    """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on ==
+    off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
+    hq, hkv, d = shape
+    ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]
+    rows = [1] * 20 + [3] * 5
+    step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=hq, hkv=hkv, d=d, pad=48 - sum(rows), seed=1, device=device)
+    ws = make_decode_workspace(48, hq, hkv, d, device)
+    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl) for pdl in (False, False, True)]
+    for o in outs[1:]:
+        check_bitwise("decode_attention", o, outs[0], output="run_to_run_and_pdl")
+    oracle, baseline = _reference(q, kc, vc, step, per_row=True)
+    check_accuracy("decode_attention", outs[0], oracle, baseline)
+    n = step.num_valid_rows
+    for i in (0, 5, 21, n - 1):
+        idx = torch.tensor([i], device=device)
+        one = StepBatch(step.input_ids[idx], step.positions[idx], step.out_cache_loc[idx], step.req_indices[idx],
+                        step.seq_lens, step.page_table, 1)
+        check_bitwise("decode_attention", _kernel(q[idx], kc, vc, one, workspace=ws)[0], outs[0][i],
+                      output="row_invariance")
+    nvr = torch.tensor([n], dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+
+    def call():
+        decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, nvr, out=out,
+                         workspace=ws, use_pdl=True)
+
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_bitwise("decode_attention", out, outs[0], output="cuda_graph")
+    assert int(ws.counters.abs().sum()) == 0, "split counters must be reset by the last arriver"

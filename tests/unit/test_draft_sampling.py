@@ -1,0 +1,388 @@
+"""Single-launch draft sampling: the Triton kernel draws the reference's tokens for the same Philox
+counters, its q is within the numerics policy, rows are invariant to batch composition and padding,
+every output is written, out-of-range parameters raise typed errors; the reference's Gumbel-max draw
+follows q (G-test, false-failure rate ALPHA = 1e-4 over fresh seeds; seeds fixed).
+
+CPU: the Triton interpreter at tiny vocabularies. H200 (`gpu` marker): V = 49152, H = 576 (SmolLM2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels import draft_sampling as kernel
+from lowlat.kernels.philox import philox_exponential, philox_uniform52
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast
+from lowlat.reference import philox
+from lowlat.reference.draft_sampling import draft_sample as reference
+from sampling_stats import ALPHA, fits, token_counts
+
+SENTINEL = -(2 ** 40)
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread():
+    """Small int64 torch ops (Philox) are far faster on one intra-op thread on a shared CI machine."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+def exact_inputs(r: int, h: int, v: int, seed: int, device="cpu"):
+    """bf16 h [R, H], W [V, H] holding multiples of 1/8 in [-0.5, 0.5]: every product and partial sum is
+    exact in fp32, so the kernel's logits equal the reference's bit for bit whatever the summation order
+    (and many logits tie exactly: tie-breaking is exercised)."""
+    g = torch.Generator().manual_seed(seed)
+    hh = (torch.randint(-4, 5, (r, h), generator=g) * 0.125).to(torch.bfloat16)
+    ww = (torch.randint(-4, 5, (v, h), generator=g) * 0.125).to(torch.bfloat16)
+    return hh.to(device), ww.to(device)
+
+
+def random_inputs(r: int, h: int, v: int, seed: int, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    hh = torch.randn(r, h, generator=g).to(torch.bfloat16)
+    ww = (torch.randn(v, h, generator=g) * h ** -0.5 * 4).to(torch.bfloat16)
+    return hh.to(device), ww.to(device)
+
+
+def counters(r: int, seed: int, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2 ** 62, (r,), generator=g).to(device),
+            torch.randint(0, 2 ** 40, (r,), generator=g).to(device))
+
+
+def poisoned_out(r: int, v: int, device) -> kernel.DraftSample:
+    out = kernel.empty_draft_sample(r, v, device)
+    out.tokens.fill_(SENTINEL)
+    out.logits.fill_(float("nan"))
+    out.lse.fill_(float("nan"))
+    out.cut_value.fill_(float("nan"))
+    out.cut_id.fill_(-7)
+    return out
+
+
+def assert_all_written(out: kernel.DraftSample) -> None:
+    assert not (out.tokens == SENTINEL).any(), "tokens not written"
+    assert not out.logits.isnan().any(), "logits not written"
+    assert not out.lse.isnan().any(), "lse not written"
+    assert not out.cut_value.isnan().any(), "cut_value not written"
+    assert not (out.cut_id == -7).any(), "cut_id not written"
+
+
+def run_both(h, w, temperature, top_k, top_p, seeds, offsets, **launch):
+    out = poisoned_out(h.shape[0], w.shape[0], h.device)
+    kernel.draft_sample(h, w, temperature, top_k, top_p, seeds=seeds, offsets=offsets, out=out, **launch)
+    assert_all_written(out)
+    tokens, q, _ = reference(h, w, temperature, top_k, top_p, seeds, offsets)
+    return out, tokens, q
+
+
+#: (temperature, top_k, top_p) per case; lists are per row (3 rows)
+PARAMS = {
+    "greedy": (0.0, 0, 1.0),
+    "temperature": (0.7, 0, 1.0),
+    "top_k": (1.3, 4, 1.0),
+    "top_k_top_p": (0.9, 4, 0.6),
+    "top_k_1": (1.0, 1, 1.0),
+    "top_k_ge_vocab": (1.0, 10 ** 6, 1.0),
+    "mixed_rows": ([0.0, 0.8, 1.5], [0, 0, 3], [1.0, 1.0, 0.7]),
+}
+
+
+# ------------------------------------------------------------------------------------------- Philox
+@triton.jit
+def _philox_probe(seed_ptr, off_ptr, u_ptr, e_ptr, N: tl.constexpr, STREAM: tl.constexpr):
+    i = tl.arange(0, N)
+    seed = tl.load(seed_ptr)
+    off = tl.load(off_ptr)
+    tl.store(u_ptr + i, philox_uniform52(seed, off, i, STREAM))
+    tl.store(e_ptr + i, philox_exponential(seed, off, i, STREAM))
+
+
+@pytest.mark.parametrize("seed, offset, stream", [(0, 0, 0), (2 ** 62 + 12345, 2 ** 40 + 7, 1), (-5, -1, 2)])
+def test_triton_philox_matches_reference_bitwise(seed, offset, stream, device):
+    n = 256
+    s = torch.tensor([seed], dtype=torch.int64, device=device)
+    o = torch.tensor([offset], dtype=torch.int64, device=device)
+    u = torch.full((n,), float("nan"), dtype=torch.float64, device=device)
+    e = torch.full((n,), float("nan"), dtype=torch.float64, device=device)
+    _philox_probe[(1,)](s, o, u, e, N=n, STREAM=stream)
+    idx = torch.arange(n, device=device)
+    check_bitwise("philox", u, philox.uniforms(s, o, idx, stream), output="uniform")
+    check_accuracy("philox", e, philox.exponentials(s, o, idx, stream), None, output="exponential")
+    assert ((u > 0) & (u < 1)).all()
+
+
+# ------------------------------------------------------------------------------ kernel vs reference
+@pytest.mark.parametrize("case", list(PARAMS))
+def test_kernel_draws_reference_tokens_for_same_counters(case, device):
+    """Exact-logit inputs: identical logits on both sides, so the tokens must be identical."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=1, device=device)
+    seeds, offsets = counters(r, seed=2, device=device)
+    out, tokens, q = run_both(hh, ww, *PARAMS[case], seeds, offsets)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
+def test_kernel_tokens_follow_the_counters(device):
+    """Different offsets draw (almost always) different tokens; the same counters the same ones."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=3, device=device)
+    seeds, _ = counters(r, seed=4, device=device)
+    draws = []
+    for step in range(4):
+        offsets = torch.full((r,), step, dtype=torch.int64, device=device)
+        out, tokens, _ = run_both(hh, ww, 2.0, 0, 1.0, seeds, offsets)
+        check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+        draws.append(out.tokens)
+    assert len({tuple(d.tolist()) for d in draws}) > 1, "tokens do not depend on the offset counter"
+
+
+@pytest.mark.parametrize("case", ["temperature", "top_k_top_p", "mixed_rows"])
+def test_kernel_q_within_numerics_policy(case, device):
+    r, h, v = 3, 48, 192
+    hh, ww = random_inputs(r, h, v, seed=5, device=device)
+    seeds, offsets = counters(r, seed=6, device=device)
+    out, tokens, q_base = run_both(hh, ww, *PARAMS[case], seeds, offsets)
+    _, q_oracle, _ = reference(oracle_cast(hh), oracle_cast(ww), *PARAMS[case], seeds, offsets)
+    check_accuracy("draft_sampling", out.probs(), q_oracle, q_base, output="q")
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+
+
+def test_kernel_logits_within_numerics_policy(device):
+    r, h, v = 2, 64, 128
+    hh, ww = random_inputs(r, h, v, seed=7, device=device)
+    seeds, offsets = counters(r, seed=8, device=device)
+    out, _, _ = run_both(hh, ww, 0.5, 0, 1.0, seeds, offsets)
+    _, _, oracle = reference(oracle_cast(hh), oracle_cast(ww), 0.5, 0, 1.0, seeds, offsets)
+    base = (hh @ ww.T).float()                                   # the reference GEMV in bf16
+    check_accuracy("draft_sampling", out.logits, oracle / 0.5, base / 0.5, output="logits")
+
+
+# -------------------------------------------------------------------------------- invariance, determinism
+def test_rows_invariant_to_batch_composition_and_padding(device):
+    """Three rows alone, and the same rows at other positions of an 18-row batch (two row blocks) whose
+    other rows are random: bitwise identical tokens, logits, lse and cut."""
+    h, v = 32, 128
+    hh, ww = exact_inputs(3, h, v, seed=9, device=device)
+    seeds, offsets = counters(3, seed=10, device=device)
+    temp, topk, topp = [0.0, 0.8, 1.5], [0, 0, 3], [1.0, 1.0, 0.7]
+    alone = poisoned_out(3, v, device)
+    kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, out=alone)
+    big_r = 18
+    where = torch.tensor([17, 0, 9])
+    other, _ = exact_inputs(big_r, h, v, seed=11, device=device)
+    bh = other.clone()
+    bh[where] = hh
+    bseeds, boffs = counters(big_r, seed=12, device=device)
+    bseeds[where], boffs[where] = seeds, offsets
+    btemp = torch.full((big_r,), 1.1)
+    btemp[where] = torch.tensor(temp)
+    btopk = torch.full((big_r,), 2, dtype=torch.int32)
+    btopk[where] = torch.tensor(topk, dtype=torch.int32)
+    btopp = torch.full((big_r,), 0.9)
+    btopp[where] = torch.tensor(topp)
+    big = poisoned_out(big_r, v, device)
+    kernel.draft_sample(bh, ww, btemp, btopk, btopp, seeds=bseeds, offsets=boffs, out=big)
+    assert_all_written(big)
+    for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+        check_bitwise("draft_sampling", getattr(big, name)[where.to(device)], getattr(alone, name), output=name)
+
+
+def test_run_to_run_deterministic(device):
+    hh, ww = random_inputs(4, 32, 128, seed=13, device=device)
+    seeds, offsets = counters(4, seed=14, device=device)
+    a = kernel.draft_sample(hh, ww, 0.9, 4, 0.8, seeds=seeds, offsets=offsets)
+    b = kernel.draft_sample(hh, ww, 0.9, 4, 0.8, seeds=seeds, offsets=offsets)
+    for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+        check_bitwise("draft_sampling", getattr(a, name), getattr(b, name), output=name)
+
+
+@settings(max_examples=6)
+@given(r=st.integers(1, 18), h=st.sampled_from([16, 48, 80]), v=st.integers(16, 300),
+       temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]), top_k=st.sampled_from([0, 1, 2, 3, 4]),
+       top_p=st.sampled_from([1.0, 0.5, 0.95]), seed=st.integers(0, 2 ** 31))
+def test_kernel_matches_reference_property(r, h, v, temperature, top_k, top_p, seed):
+    if top_p < 1 and top_k == 0:
+        top_k = 2
+    hh, ww = exact_inputs(r, h, v, seed=seed)
+    seeds, offsets = counters(r, seed=seed + 1)
+    out, tokens, q = run_both(hh, ww, temperature, top_k, top_p, seeds, offsets)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
+# --------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(top_k=65), UnsupportedConfigError, r"top_k\[0\]=65"),
+    (dict(top_k=0, top_p=0.9), UnsupportedConfigError, r"top_p\[0\]=0\.(9|8999)"),
+    (dict(temperature=[1.0, -0.5]), UnsupportedConfigError, r"temperature\[1\]=-0.5"),
+    (dict(top_p=[1.0, 0.0]), UnsupportedConfigError, r"top_p\[1\]=0.0"),
+    (dict(top_k=[1, 2, 3]), StepContractError, r"top_k must be a scalar or \[R\] = \[2\]"),
+])
+def test_bad_parameters_raise_typed_error_and_write_nothing(kw, err, match, device):
+    hh, ww = random_inputs(2, 16, 128, seed=15, device=device)
+    seeds, offsets = counters(2, seed=16, device=device)
+    args = dict(temperature=1.0, top_k=0, top_p=1.0)
+    args.update(kw)
+    out = poisoned_out(2, 128, device)
+    with pytest.raises(err, match=match):
+        kernel.draft_sample(hh, ww, seeds=seeds, offsets=offsets, out=out, **args)
+    assert (out.tokens == SENTINEL).all() and out.logits.isnan().all()
+
+
+def test_reference_rejects_bad_parameters():
+    hh, ww = random_inputs(2, 16, 64, seed=15)
+    seeds, offsets = counters(2, seed=16)
+    with pytest.raises(UnsupportedConfigError, match=r"top_p\[1\]=1.5"):
+        reference(hh, ww, 1.0, 0, [1.0, 1.5], seeds, offsets)
+    with pytest.raises(StepContractError, match="same H"):
+        reference(hh, ww[:, :8], 1.0, 0, 1.0, seeds, offsets)
+
+
+def test_launch_level_marks_rows_outside_the_supported_range(device):
+    """draft_sample_into does no value checks (CUDA-graph capturable): a row asking for more top-k than
+    the compiled k_cap, or top-p without top-k, gets token -1; the other rows are unaffected."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=17, device=device)
+    seeds, offsets = counters(r, seed=18, device=device)
+    temp = torch.tensor([1.0, 1.0, 1.0], device=device)
+    topk = torch.tensor([8, 0, 2], dtype=torch.int32, device=device)
+    topp = torch.tensor([1.0, 0.5, 1.0], device=device)
+    out = poisoned_out(r, v, device)
+    kernel.draft_sample_into(hh, ww, temp, topk, topp, seeds, offsets, out, k_cap=4)
+    assert out.tokens[:2].tolist() == [-1, -1]
+    tokens, _, _ = reference(hh[2:], ww, 1.0, 2, 1.0, seeds[2:], offsets[2:])
+    check_bitwise("draft_sampling", out.tokens[2:], tokens, output="tokens")
+
+
+# ----------------------------------------------------------------------------- distribution (reference)
+def test_reference_draws_follow_q():
+    """Many rows with the same hidden state and different seeds: token counts ~ q (G-test)."""
+    draws, h, v = 3000, 16, 12
+    hh, ww = random_inputs(1, h, v, seed=19)
+    hb = hh.expand(draws, h).contiguous()
+    seeds, offsets = counters(draws, seed=20)
+    results = []
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 6, 0.8)]:
+        tokens, q, _ = reference(hb, ww, temperature, top_k, top_p, seeds, offsets)
+        results.append(fits(token_counts(tokens, v), q[0], 0))
+    per = ALPHA / len(results)
+    assert all(res.pvalue >= per for res in results), [str(res) for res in results]
+
+
+# ------------------------------------------------------------------------------------------ GPU (H200)
+SMOL = dict(h=576, v=49152)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r", [1, 6, 8, 20])
+@pytest.mark.parametrize("case", ["greedy", "temperature", "top_k_top_p"])
+def test_kernel_matches_reference_full_vocab_gpu(r, case, device):
+    """Random bf16 weights of SmolLM2's LM-head shape. Tokens can differ from the reference only where two
+    Gumbel scores tie within fp32 rounding of the logits (~1e-6 per draw); these seeds have none."""
+    hh, ww = random_inputs(r, SMOL["h"], SMOL["v"], seed=21, device=device)
+    seeds, offsets = counters(r, seed=22, device=device)
+    params = PARAMS[case] if case != "top_k_top_p" else (0.9, 50, 0.9)
+    out, tokens, q_base = run_both(hh, ww, *params, seeds, offsets)
+    _, q_oracle, _ = reference(oracle_cast(hh), oracle_cast(ww), *params, seeds, offsets)
+    check_accuracy("draft_sampling", out.probs(), q_oracle, q_base, output="q")
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+
+
+@pytest.mark.gpu
+def test_kernel_exact_logits_tokens_bitwise_gpu(device):
+    hh, ww = exact_inputs(8, SMOL["h"], SMOL["v"], seed=23, device=device)
+    for step in range(10):
+        seeds, offsets = counters(8, seed=100 + step, device=device)
+        for params in [(1.0, 0, 1.0), (0.8, 64, 0.95), (0.0, 0, 1.0)]:
+            out, tokens, q = run_both(hh, ww, *params, seeds, offsets)
+            check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+            check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
+@pytest.mark.gpu
+def test_kernel_rows_invariant_pdl_and_cuda_graph_gpu(device):
+    r = 8
+    hh, ww = random_inputs(24, SMOL["h"], SMOL["v"], seed=24, device=device)
+    seeds, offsets = counters(24, seed=25, device=device)
+    full = kernel.draft_sample(hh, ww, 0.8, 20, 0.9, seeds=seeds, offsets=offsets)
+    part = kernel.draft_sample(hh[5:5 + r], ww, 0.8, 20, 0.9, seeds=seeds[5:5 + r], offsets=offsets[5:5 + r])
+    pdl = kernel.draft_sample(hh[5:5 + r], ww, 0.8, 20, 0.9, seeds=seeds[5:5 + r], offsets=offsets[5:5 + r],
+                              use_pdl=True)
+    for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+        check_bitwise("draft_sampling", getattr(full, name)[5:5 + r], getattr(part, name), output=name)
+        check_bitwise("draft_sampling", getattr(pdl, name), getattr(part, name), output=name + "_pdl")
+    temp = torch.full((r,), 0.8, device=device)
+    topk = torch.full((r,), 20, dtype=torch.int32, device=device)
+    topp = torch.full((r,), 0.9, device=device)
+    hs, ss, os_ = hh[5:5 + r].contiguous(), seeds[5:5 + r].contiguous(), offsets[5:5 + r].contiguous()
+    out = poisoned_out(r, SMOL["v"], device)
+    kernel.draft_sample_into(hs, ww, temp, topk, topp, ss, os_, out, k_cap=32)        # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.draft_sample_into(hs, ww, temp, topk, topp, ss, os_, out, k_cap=32)
+    for _ in range(3):
+        out.tokens.fill_(SENTINEL)
+        out.logits.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_all_written(out)
+        for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+            check_bitwise("draft_sampling", getattr(out, name), getattr(part, name), output=name + "_graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [(1.0, 0, 1.0), (0.7, 16, 0.9)])
+def test_kernel_draws_follow_q_gpu(params, device):
+    """20000 rows with one hidden state and distinct seeds: kernel token counts ~ q (G-test)."""
+    draws, h, v = 20000, 64, 1000
+    hh, ww = random_inputs(1, h, v, seed=26, device=device)
+    seeds, offsets = counters(draws, seed=27, device=device)
+    out = kernel.draft_sample(hh.expand(draws, h).contiguous(), ww, *params, seeds=seeds, offsets=offsets)
+    q = out.probs()[0]
+    res = fits(token_counts(out.tokens, v), q, 0)
+    assert res.pvalue >= ALPHA, str(res)
+
+
+# --------------------------------------------------------------------------- sm_90 compile (no GPU needed)
+def test_kernel_compiles_for_sm90_without_spills():
+    """The GPU path (bf16 wgmma, PDL, atomics, the merge tree) compiles for the H200 and does not spill,
+    without and with top-k."""
+    from sampling_stats import compile_sm90
+
+    pointers = dict(h_ptr="*bf16", w_ptr="*bf16", temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32",
+                    seed_ptr="*i64", off_ptr="*i64", tok_ptr="*i64", x_ptr="*fp32", lse_ptr="*fp32",
+                    cutv_ptr="*fp32", cuti_ptr="*i32", ws_m="*fp32", ws_s="*fp32", ws_bs="*fp64", ws_bi="*i32",
+                    ws_keys="*i64", ws_gkeys="*i64", cnt_ptr="*i32")
+    specs = [{"pointers": pointers,
+              "constexprs": dict(HIDDEN=576, BLOCK_R=16, BLOCK_V=64, BLOCK_H=64, K_CAP=k_cap, GROUP=32, LOG_GROUP=5,
+                                 P_PAD=1024, NG_PAD=32, LOG_NG=5, NEED_NOISE=True, UPCAST=False, USE_PDL=True)}
+             for k_cap in (0, 4)]
+    res = compile_sm90("lowlat.kernels.draft_sampling:_draft_sample_kernel", specs)
+    assert all(r["spill_bytes"] == 0 for r in res), res
+
+
+def test_top_k_merge_across_groups(device):
+    """Ten vocabulary tiles merged through groups of 2 (five groups, padded to eight): the same tokens and
+    kept sets as the reference."""
+    r, h, v = 2, 16, 600
+    hh, ww = exact_inputs(r, h, v, seed=30, device=device)
+    seeds, offsets = counters(r, seed=31, device=device)
+    tokens, q, _ = reference(hh, ww, [0.9, 1.4], [4, 3], [1.0, 0.8], seeds, offsets)
+    for group in (2,):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample(hh, ww, [0.9, 1.4], [4, 3], [1.0, 0.8], seeds=seeds, offsets=offsets, out=out,
+                            block_v=64, group=group)
+        assert_all_written(out)
+        check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+        check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")

@@ -1,0 +1,144 @@
+"""Fused final RMSNorm + LM head + greedy argmax (lowlat.kernels.lm_head) vs lowlat.reference.lm_head.
+
+Logits within the numerics policy; tokens are exactly the argmax of the kernel's own logits with ties
+to the lowest id (ties built on purpose inside one program's tile and across programs), and equal the
+reference's tokens wherever the reference's top-2 margin exceeds the logits' error bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._gemv import GemvWorkspace
+from lowlat.kernels.lm_head import lm_head
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
+from lowlat.reference import lm_head as ref
+
+EPS = 1e-5
+CPU_SHAPES = [(64, 256), (64, 200), (96, 130)]          # (H, V): even and ragged vocab tiles
+
+
+def make_inputs(m: int, h: int, v: int, seed: int, device):
+    """x [M, H] (the residual stream, std ~3), final_norm [H], weight [V, H]: bf16, fresh random."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(generator=g, device=device)
+    x = 3 * torch.randn(m, h, **kw)
+    nw = 1.0 + 0.1 * torch.randn(h, **kw)
+    w = torch.randn(v, h, **kw)
+    return tuple(t.to(torch.bfloat16) for t in (x, nw, w))
+
+
+def run_fused(x, nw, w, nvalid, *, workspace=None, use_pdl=False):
+    m, v = x.shape[0], w.shape[0]
+    logits = poison(torch.empty(m, v, dtype=torch.float32, device=x.device))
+    tokens = poison(torch.empty(m, dtype=torch.int64, device=x.device))
+    r = lm_head(x, nw, w, nvalid, EPS, logits_out=logits, tokens_out=tokens, workspace=workspace,
+                use_pdl=use_pdl)
+    assert r.logits is logits and r.tokens is tokens
+    return r
+
+
+def check_against_reference(x, nw, w, nvalid, r) -> None:
+    lo, to = ref.lm_head(*oracle_cast((x, nw, w)), EPS, nvalid)
+    lb, _ = ref.lm_head(x, nw, w, EPS, nvalid)
+    rep = check_accuracy("lm_head", r.logits, lo, lb, output="logits")
+    # tokens: exactly the argmax of the kernel's logits (lowest id on ties) ...
+    check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
+    # ... and the oracle's token wherever the oracle's top-2 margin exceeds twice the error bound
+    top2 = lo.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * rep.allowed
+    check_bitwise("lm_head", r.tokens[clear], to[clear], output="tokens_vs_oracle")
+    assert bool((r.logits[nvalid:] == 0).all()) and bool((r.tokens[nvalid:] == 0).all())
+
+
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), pad=st.integers(0, 5),
+       seed=st.integers(0, 2 ** 16))
+def test_lm_head_within_2x_baseline_error(m, shape, pad, seed):
+    h, v = shape
+    x, nw, w = make_inputs(m, h, v, seed, "cpu")
+    nvalid = max(1, m - pad)
+    r = run_fused(x, nw, w, nvalid)
+    check_against_reference(x, nw, w, nvalid, r)
+
+
+@pytest.mark.parametrize("tied", [(5, 7), (5, 200), (63, 64), (3, 129, 250)])
+def test_lm_head_ties_go_to_the_lowest_token_id(tied):
+    """Identical weight rows give bitwise-equal maximal logits; the lowest id must win, whether the
+    tied ids share a program's tile (5, 7) or sit in different programs (5, 200; 63, 64)."""
+    x, nw, w = make_inputs(4, 64, 256, 9, "cpu")
+    h = (x.float() * nw.float())                                  # direction of the normed rows
+    row = (8 * h[1] / h[1].norm()).bfloat16()
+    w = w.clone()
+    for t in tied:
+        w[t] = row
+    r = run_fused(x, nw, w, 4)
+    assert int(r.tokens[1]) == min(tied), (r.tokens, r.logits[1, list(tied)])
+    check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
+
+
+def test_lm_head_device_valid_rows_and_repeated_calls():
+    """num_valid_rows as a device tensor; the keys and counters are reset after each launch."""
+    x, nw, w = make_inputs(20, 64, 200, 10, "cpu")
+    ws = GemvWorkspace.create(64, "cpu")
+    a = run_fused(x, nw, w, torch.tensor([17], dtype=torch.int32), workspace=ws)
+    a = [t.clone() for t in a]
+    assert int(ws.counters.abs().sum()) == 0 and bool((ws.keys == torch.iinfo(torch.int64).min).all())
+    b = run_fused(x, nw, w, 17, workspace=ws)
+    check_bitwise("lm_head", b.logits, a[0], output="logits")
+    check_bitwise("lm_head", b.tokens, a[1], output="tokens")
+    check_against_reference(x, nw, w, 17, b)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(x=a["x"].float()), "x must be torch.bfloat16"),
+    (lambda a: a.update(weight=a["weight"][:, :32]), "weight has shape"),
+    (lambda a: a.update(final_norm=a["final_norm"][:10]), "final_norm has shape"),
+    (lambda a: a.update(num_valid_rows=0), "num_valid_rows=0"),
+    (lambda a: a.update(num_valid_rows=torch.tensor([2])), "num_valid_rows tensor must be one int32"),
+    (lambda a: a.update(eps=-1.0), "eps=-1.0"),
+])
+def test_lm_head_bad_input_raises_typed_error(change, match):
+    x, nw, w = make_inputs(3, 64, 128, 0, "cpu")
+    args = dict(x=x, final_norm=nw, weight=w, num_valid_rows=3, eps=EPS)
+    change(args)
+    with pytest.raises(StepContractError, match=match):
+        lm_head(**args)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = {"SmolLM2-135M": (576, 49152), "Llama-3.2-1B": (2048, 128256)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+@settings(max_examples=6)
+@given(m=st.integers(1, 48), pad=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+def test_lm_head_gpu_within_2x_baseline_error(device, model, m, pad, seed):
+    h, v = GPU_SHAPES[model]
+    x, nw, w = make_inputs(m, h, v, seed, device)
+    nvalid = max(1, m - pad)
+    check_against_reference(x, nw, w, nvalid, run_fused(x, nw, w, nvalid, use_pdl=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+def test_lm_head_gpu_bitwise_deterministic_and_row_invariant(device, model):
+    h, v = GPU_SHAPES[model]
+    x, nw, w = make_inputs(48, h, v, 13, device)
+    ws = GemvWorkspace.create(64, device)
+    full = [t.clone() for t in run_fused(x, nw, w, 48, workspace=ws, use_pdl=True)]
+    again = run_fused(x, nw, w, 48, workspace=ws, use_pdl=True)
+    check_bitwise("lm_head", again.logits, full[0], output="logits")
+    check_bitwise("lm_head", again.tokens, full[1], output="tokens")
+    for m in (1, 6, 16, 17, 33):
+        part = run_fused(x[:m].contiguous(), nw, w, m, workspace=ws, use_pdl=True)
+        check_bitwise("lm_head", part.logits, full[0][:m], output="logits")
+        check_bitwise("lm_head", part.tokens, full[1][:m], output="tokens")
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(0)).to(device)
+    moved = run_fused(x[perm].contiguous(), nw, w, 48, workspace=ws, use_pdl=True)
+    check_bitwise("lm_head", moved.logits, full[0][perm], output="logits_row_permuted")
+    check_bitwise("lm_head", moved.tokens, full[1][perm], output="tokens_row_permuted")

@@ -1,0 +1,171 @@
+"""Fused SwiGLU MLP + residual (lowlat.kernels.mlp) vs residual + lowlat.reference.mlp.swiglu_mlp.
+
+Two input modes: the normed rows h given, or the residual x normalised on load (RMSNorm with a given
+rstd, as the fused model runs it) against residual + swiglu_mlp(rms_norm(x, mlp_norm)).
+CPU: tiny shapes under the interpreter; GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise
+determinism and row invariance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
+from lowlat.kernels.mlp import gate_up_act, mlp, pack_gate_up
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
+from lowlat.reference.mlp import swiglu_mlp
+from lowlat.reference.rms_norm import rms_norm
+
+EPS = 1e-5
+#: (H, I): even tiles, ragged I, ragged H / K
+CPU_SHAPES = [(64, 128), (64, 96), (96, 160), (80, 64)]
+
+
+def make_inputs(m: int, h: int, i: int, seed: int, device):
+    """x [M, H], w_gate / w_up [I, H], w_down [H, I], mlp_norm [H]: bf16, fresh random."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(generator=g, device=device)
+    x = torch.randn(m, h, **kw)
+    wg = torch.randn(i, h, **kw) / h ** 0.5
+    wu = torch.randn(i, h, **kw) / h ** 0.5
+    wd = torch.randn(h, i, **kw) / i ** 0.5
+    nw = 1.0 + 0.1 * torch.randn(h, **kw)
+    return tuple(t.to(torch.bfloat16) for t in (x, wg, wu, wd, nw))
+
+
+def rstd_of(x: torch.Tensor) -> torch.Tensor:
+    """rstd [M] fp32 as out_proj hands it on (of the stored bf16 x)."""
+    return torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+
+
+def run_fused(x, wg, wu, wd, nw=None, *, plans=None, workspace=None, use_pdl=False, residual=None, rstd=None):
+    out = poison(torch.empty_like(x))
+    act = poison(torch.empty(x.shape[0], wg.shape[0], dtype=torch.bfloat16, device=x.device))
+    res = x if residual is None else residual
+    norm = {} if nw is None else dict(norm_weight=nw, rstd=rstd_of(x) if rstd is None else rstd)
+    y = mlp(x, pack_gate_up(wg, wu), wd, res, out=out, act=act, plans=plans, workspace=workspace,
+            use_pdl=use_pdl, **norm)
+    assert y is out
+    return y
+
+
+def check_normed(x, wg, wu, wd, nw, y) -> None:
+    """y vs x + swiglu_mlp(rms_norm(x, mlp_norm)): float64 oracle, bf16 baseline."""
+    xo, wgo, wuo, wdo, nwo = oracle_cast((x, wg, wu, wd, nw))
+    oracle = xo + swiglu_mlp(rms_norm(xo, nwo, EPS), wgo, wuo, wdo)
+    baseline = x + swiglu_mlp(rms_norm(x, nw, EPS), wg, wu, wd)
+    check_accuracy("mlp", y, oracle, baseline)
+
+
+def cpu_plans(h, i, split):
+    if split is None:
+        return None
+    return plan_gemv(i, h, block_k=16, split=split, pair=True), plan_gemv(h, i, block_k=16, split=split)
+
+
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 1, 3]),
+       seed=st.integers(0, 2 ** 16))
+def test_mlp_norm_on_load_within_2x_baseline_error(m, shape, split, seed):
+    h, i = shape
+    x, wg, wu, wd, nw = make_inputs(m, h, i, seed, "cpu")
+    y = run_fused(x, wg, wu, wd, nw, plans=cpu_plans(h, i, split))
+    check_normed(x, wg, wu, wd, nw, y)
+
+
+@settings(max_examples=6)
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 2]),
+       seed=st.integers(0, 2 ** 16))
+def test_mlp_given_h_within_2x_baseline_error(m, shape, split, seed):
+    """h given (already normed), separate residual: residual + swiglu_mlp(h)."""
+    h, i = shape
+    x, wg, wu, wd, nw = make_inputs(m, h, i, seed, "cpu")
+    hn = rms_norm(x, nw, EPS)
+    y = run_fused(hn, wg, wu, wd, plans=cpu_plans(h, i, split), residual=x)
+    oracle = x.double() + swiglu_mlp(*oracle_cast((hn, wg, wu, wd)))
+    check_accuracy("mlp", y, oracle, x + swiglu_mlp(hn, wg, wu, wd))
+
+
+def test_gate_up_act_matches_silu_times_up():
+    x, wg, wu, _, _ = make_inputs(11, 64, 96, 4, "cpu")
+    act = poison(torch.empty(11, 96, dtype=torch.bfloat16))
+    gate_up_act(x, pack_gate_up(wg, wu), out=act, plan=plan_gemv(96, 64, block_k=16, split=2, pair=True))
+    xo, wgo, wuo = oracle_cast((x, wg, wu))
+    oracle = torch.nn.functional.silu(xo @ wgo.T) * (xo @ wuo.T)
+    baseline = torch.nn.functional.silu(x @ wg.T) * (x @ wu.T)
+    check_accuracy("mlp", act, oracle, baseline, output="act")
+
+
+def test_mlp_padding_rows_never_change_valid_rows():
+    m, n = 18, 5
+    x, wg, wu, wd, nw = make_inputs(m, 64, 96, 6, "cpu")
+    plans = cpu_plans(64, 96, 3)
+    ws = GemvWorkspace.create(96, "cpu")
+    base = run_fused(x, wg, wu, wd, nw, plans=plans, workspace=ws).clone()
+    x2 = x.clone()
+    x2[n:] = float("nan")
+    y = run_fused(x2, wg, wu, wd, nw, plans=plans, workspace=ws)
+    check_bitwise("mlp", y[:n], base[:n])
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_mlp_in_place_residual():
+    """The fused model's call: x is input, residual and output at once."""
+    x, wg, wu, wd, nw = make_inputs(9, 64, 128, 7, "cpu")
+    want = run_fused(x, wg, wu, wd, nw)
+    xi = x.clone()
+    y = mlp(xi, pack_gate_up(wg, wu), wd, xi, norm_weight=nw, rstd=rstd_of(x), out=xi)
+    assert y is xi
+    check_bitwise("mlp", y, want)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(x=a["x"].float()), "x must be torch.bfloat16"),
+    (lambda a: a.update(w_gate_up=a["w_gate_up"][:-1]), "expected 2I"),
+    (lambda a: a.update(w_down=a["w_down"][:, :-2].contiguous()), r"w_down has shape"),
+    (lambda a: a.update(residual=a["residual"][:2]), r"residual has shape"),
+    (lambda a: a.update(rstd=None), "norm_weight and rstd go together"),
+    (lambda a: a.update(rstd=torch.ones(4)), r"rstd has shape \(4,\)"),
+])
+def test_mlp_bad_input_raises_typed_error(change, match):
+    x, wg, wu, wd, nw = make_inputs(3, 64, 96, 0, "cpu")
+    args = dict(x=x, w_gate_up=pack_gate_up(wg, wu), w_down=wd, residual=x.clone(), norm_weight=nw,
+                rstd=rstd_of(x))
+    change(args)
+    with pytest.raises(StepContractError, match=match):
+        mlp(args.pop("x"), args.pop("w_gate_up"), args.pop("w_down"), args.pop("residual"), **args)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = {"SmolLM2-135M": (576, 1536), "Llama-3.2-1B": (2048, 8192)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+@settings(max_examples=8)
+@given(m=st.integers(1, 48), seed=st.integers(0, 2 ** 16))
+def test_mlp_gpu_within_2x_baseline_error(device, model, m, seed):
+    h, i = GPU_SHAPES[model]
+    x, wg, wu, wd, nw = make_inputs(m, h, i, seed, device)
+    y = run_fused(x, wg, wu, wd, nw, use_pdl=True)
+    check_normed(x, wg, wu, wd, nw, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+def test_mlp_gpu_bitwise_deterministic_and_row_invariant(device, model):
+    h, i = GPU_SHAPES[model]
+    x, wg, wu, wd, nw = make_inputs(48, h, i, 12, device)
+    ws = GemvWorkspace.create(max(h, i), device)
+    rstd = rstd_of(x)               # one rstd for all runs: the kernel's row invariance, not torch's
+    full = run_fused(x, wg, wu, wd, nw, workspace=ws, use_pdl=True, rstd=rstd).clone()
+    check_bitwise("mlp", run_fused(x, wg, wu, wd, nw, workspace=ws, use_pdl=True, rstd=rstd), full)
+    for m in (1, 6, 16, 17, 33):
+        part = run_fused(x[:m].contiguous(), wg, wu, wd, nw, workspace=ws, use_pdl=True, rstd=rstd[:m].contiguous())
+        check_bitwise("mlp", part, full[:m])
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(0)).to(device)
+    moved = run_fused(x[perm].contiguous(), wg, wu, wd, nw, workspace=ws, use_pdl=True, rstd=rstd[perm].contiguous())
+    check_bitwise("mlp", moved, full[perm], output="out_row_permuted")

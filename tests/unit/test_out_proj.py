@@ -1,0 +1,169 @@
+"""Fused output projection + residual + mlp_norm (lowlat.kernels.out_proj) vs lowlat.reference.out_proj.
+
+CPU: tiny shapes under the Triton interpreter (hypothesis over rows 1..48, split-K forced on and off,
+ragged N and K). GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise determinism and row invariance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowlat.errors import StepContractError
+from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
+from lowlat.kernels.out_proj import out_proj, residual_gemv
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
+from lowlat.reference import out_proj as ref
+
+EPS = 1e-5
+#: (H, Hq*D) pairs: even tiles, ragged N (H % 64 != 0), K not a multiple of the block
+CPU_SHAPES = [(64, 64), (96, 128), (64, 80), (128, 96)]
+
+
+def make_inputs(m: int, h: int, k: int, seed: int, device) -> tuple[torch.Tensor, ...]:
+    """attn [M, K], wo [H, K], residual [M, H], mlp_norm [H], all bf16, fresh random (never zeros)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(generator=g, device=device)
+    attn = torch.randn(m, k, **kw)
+    wo = torch.randn(h, k, **kw) / k ** 0.5
+    x = torch.randn(m, h, **kw)
+    nw = 1.0 + 0.1 * torch.randn(h, **kw)
+    return tuple(t.to(torch.bfloat16) for t in (attn, wo, x, nw))
+
+
+def run_fused(attn, wo, x, nw, *, plan=None, workspace=None, use_pdl=False):
+    """out_proj into poisoned buffers; returns (x, h, rstd)."""
+    m, h = x.shape
+    out = poison(torch.empty_like(x))
+    h_out = poison(torch.empty_like(x))
+    rstd = poison(torch.empty(m, dtype=torch.float32, device=x.device))
+    r = out_proj(attn, wo, x, nw, EPS, out=out, h_out=h_out, rstd_out=rstd, plan=plan, workspace=workspace,
+                 use_pdl=use_pdl)
+    assert r.x is out and r.h is h_out and r.rstd is rstd
+    return r
+
+
+def check_against_reference(attn, wo, x, nw, r) -> None:
+    xo, ho = ref.out_proj(*oracle_cast((attn, wo, x, nw)), EPS)
+    xb, hb = ref.out_proj(attn, wo, x, nw, EPS)
+    check_accuracy("out_proj", r.x, xo, xb, output="x")
+    check_accuracy("out_proj", r.h, ho, hb, output="h")
+    # rstd is of the kernel's own stored x (what the MLP kernel normalises with): float64 oracle on it
+    rstd_o = torch.rsqrt(r.x.double().pow(2).mean(-1) + EPS)
+    rstd_b = torch.rsqrt(r.x.float().pow(2).mean(-1) + EPS)
+    check_accuracy("out_proj", r.rstd, rstd_o, rstd_b, output="rstd", dtype=torch.float32)
+
+
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 1, 2, 3]),
+       seed=st.integers(0, 2 ** 16))
+def test_out_proj_within_2x_baseline_error(m, shape, split, seed):
+    h, k = shape
+    attn, wo, x, nw = make_inputs(m, h, k, seed, "cpu")
+    plan = None if split is None else plan_gemv(h, k, block_k=16, split=split)
+    r = run_fused(attn, wo, x, nw, plan=plan)
+    check_against_reference(attn, wo, x, nw, r)
+
+
+def test_out_proj_in_place_residual_matches_out_of_place():
+    attn, wo, x, nw = make_inputs(7, 96, 128, 1, "cpu")
+    plan = plan_gemv(96, 128, block_k=32, split=2)
+    want = out_proj(attn, wo, x, nw, EPS, plan=plan)
+    xi = x.clone()
+    got = out_proj(attn, wo, xi, nw, EPS, out=xi, plan=plan)
+    assert got.x is xi
+    check_bitwise("out_proj", got.x, want.x, output="x")
+    check_bitwise("out_proj", got.h, want.h, output="h")
+
+
+def test_out_proj_padding_rows_never_change_valid_rows():
+    """Rows are independent: NaN / huge padding rows leave every other row's outputs bitwise unchanged."""
+    m, n = 20, 13
+    attn, wo, x, nw = make_inputs(m, 64, 80, 2, "cpu")
+    ws = GemvWorkspace.create(64, "cpu")
+    plan = plan_gemv(64, 80, block_k=16, split=3)
+    base = run_fused(attn, wo, x, nw, plan=plan, workspace=ws)
+    base = [t.clone() for t in base]
+    attn2, x2 = attn.clone(), x.clone()
+    attn2[n:] = float("nan")
+    x2[n:] = 3e4
+    r = run_fused(attn2, wo, x2, nw, plan=plan, workspace=ws)
+    for name, a, b in zip(("x", "h", "rstd"), r, base):
+        check_bitwise("out_proj", a[:n], b[:n], output=name)
+
+
+def test_residual_gemv_matches_reference_add():
+    """The down-projection variant (no norm): out = residual + a W^T."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(9, 160, generator=g).bfloat16()
+    w = (torch.randn(96, 160, generator=g) / 160 ** 0.5).bfloat16()
+    res = torch.randn(9, 96, generator=g).bfloat16()
+    out = poison(torch.empty_like(res))
+    residual_gemv(a, w, res, out=out, plan=plan_gemv(96, 160, block_k=32, split=3))
+    oracle = res.double() + a.double() @ w.double().T
+    baseline = res + torch.nn.functional.linear(a, w)
+    check_accuracy("residual_gemv", out, oracle, baseline)
+
+
+def test_out_proj_workspace_reused_across_calls_is_deterministic():
+    """Counters return to 0 after each launch: a second call on the same workspace gives the same bits."""
+    attn, wo, x, nw = make_inputs(5, 128, 96, 3, "cpu")
+    ws = GemvWorkspace.create(128, "cpu")
+    plan = plan_gemv(128, 96, block_k=16, split=3)
+    a = [t.clone() for t in run_fused(attn, wo, x, nw, plan=plan, workspace=ws)]
+    assert int(ws.counters.abs().sum()) == 0
+    b = run_fused(attn, wo, x, nw, plan=plan, workspace=ws)
+    for name, u, v in zip(("x", "h", "rstd"), a, b):
+        check_bitwise("out_proj", u, v, output=name)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(attn=torch.randn(3, 64)), "attn must be torch.bfloat16"),
+    (dict(wo=torch.randn(64, 32).bfloat16()), r"wo has shape \(64, 32\)"),
+    (dict(residual=torch.randn(4, 64).bfloat16()), r"residual has shape \(4, 64\)"),
+    (dict(mlp_norm=torch.randn(32).bfloat16()), r"mlp_norm has shape \(32,\)"),
+    (dict(attn=torch.randn(49, 64).bfloat16(), residual=torch.randn(49, 64).bfloat16()), "M=49"),
+    (dict(eps=0.0), "eps=0.0"),
+])
+def test_out_proj_bad_input_raises_typed_error(bad, match):
+    attn, wo, x, nw = make_inputs(3, 64, 64, 0, "cpu")
+    args = dict(attn=attn, wo=wo, residual=x, mlp_norm=nw, eps=EPS)
+    args.update(bad)
+    with pytest.raises(StepContractError, match=match):
+        out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"])
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = {"SmolLM2-135M": (576, 576), "Llama-3.2-1B": (2048, 2048)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+@settings(max_examples=8)
+@given(m=st.integers(1, 48), seed=st.integers(0, 2 ** 16))
+def test_out_proj_gpu_within_2x_baseline_error(device, model, m, seed):
+    h, k = GPU_SHAPES[model]
+    attn, wo, x, nw = make_inputs(m, h, k, seed, device)
+    r = run_fused(attn, wo, x, nw, use_pdl=True)
+    check_against_reference(attn, wo, x, nw, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+def test_out_proj_gpu_bitwise_deterministic_and_row_invariant(device, model):
+    h, k = GPU_SHAPES[model]
+    attn, wo, x, nw = make_inputs(48, h, k, 11, device)
+    ws = GemvWorkspace.create(h, device)
+    full = [t.clone() for t in run_fused(attn, wo, x, nw, workspace=ws, use_pdl=True)]
+    again = run_fused(attn, wo, x, nw, workspace=ws, use_pdl=True)
+    for name, a, b in zip(("x", "h", "rstd"), again, full):
+        check_bitwise("out_proj", a, b, output=name)
+    for m in (1, 6, 16, 17, 33):
+        part = run_fused(attn[:m].contiguous(), wo, x[:m].contiguous(), nw, workspace=ws, use_pdl=True)
+        for name, a, b in zip(("x", "h", "rstd"), part, full):
+            check_bitwise("out_proj", a, b[:m], output=name)
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(0)).to(device)
+    moved = run_fused(attn[perm].contiguous(), wo, x[perm].contiguous(), nw, workspace=ws, use_pdl=True)
+    for name, a, b in zip(("x", "h", "rstd"), moved, full):
+        check_bitwise("out_proj", a, b[perm], output=f"{name}_row_permuted")
