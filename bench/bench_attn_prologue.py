@@ -61,56 +61,54 @@ def main() -> None:
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(ref_attn_prologue, dynamic=True)
+    configs = [(name, m) for name in args.models for m in args.rows]
+    # phases: every fused measurement first, then the references while the budget lasts
+    phases = [("fused", False), ("fused_pdl", False), ("ref_graph", True), ("ref_compile_graph", True)]
     try:
-        for name in args.models:
-            cfg = preset(name)
-            g = torch.Generator().manual_seed(0)
-            lw = random_layer_weights(cfg.replace(intermediate_size=16), generator=g, device=dev)
-            w0, b0 = pack_qkv(lw), pack_qkv_bias(lw)
-            table = rope_table(cfg, MAX_POS, dev)
-            inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
-            hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-            for m in args.rows:
+        for variant, optional in phases:
+            for name, m in configs:
+                cfg = preset(name)
                 nbytes = bytes_moved(cfg, m)
+                base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
+                if optional and budget.left() < 0:
+                    skipped.append({**base, "variant": variant, "why": "time budget spent"})
+                    continue
+                g = torch.Generator().manual_seed(0)
+                lw = random_layer_weights(cfg.replace(intermediate_size=16), generator=g, device=dev)
+                w0, b0 = pack_qkv(lw), pack_qkv_bias(lw)
+                table = rope_table(cfg, MAX_POS, dev)
+                inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
+                hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
                 r = copies_for(nbytes)
                 ws_ = [w0.clone() for _ in range(r)]
                 xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
-                slots = r * m + 1
-                kc = torch.zeros(slots, hkv, d, dtype=torch.bfloat16, device=dev)
+                kc = torch.zeros(r * m + 1, hkv, d, dtype=torch.bfloat16, device=dev)
                 vc = torch.zeros_like(kc)
                 locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
                 pos = torch.randint(0, MAX_POS, (m,), device=dev)
                 qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
                 wsp = make_prologue_workspace(w0, d, m)
-                base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6,
-                        "split_k": wsp.split_k, "grid": [-(-m // 16), w0.shape[0] // d, wsp.split_k]}
-
-                def fused(i, pdl):
-                    return lambda: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i],
-                                                 m, kc, vc, table, cfg=cfg, out_q=qs[i], workspace=wsp, use_pdl=pdl)
-
-                def ref(fn, i):
-                    return lambda: fn(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i], m, kc, vc,
-                                      inv, eps=cfg.rms_eps)
-
-                variants = [("fused", [fused(i, False) for i in range(r)], True),
-                            ("fused_pdl", [fused(i, True) for i in range(r)], True),
-                            ("ref_graph", [ref(ref_attn_prologue, i) for i in range(r)], True),
-                            ("ref_compile_graph", [ref(compiled, i) for i in range(r)], True)]
-                for variant, calls, graph in variants:
-                    if variant.startswith("ref") and budget.left() < 0:
-                        skipped.append({**base, "variant": variant, "why": "time budget spent"})
-                        continue
-                    try:
-                        t = time_calls(calls, graph=graph)
-                    except Exception as e:  # a failed variant is recorded, the rest still run
-                        skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
-                        continue
+                base.update(split_k=wsp.split_k, grid=[-(-m // 16), w0.shape[0] // d, wsp.split_k])
+                if variant.startswith("fused"):
+                    pdl = variant == "fused_pdl"
+                    calls = [lambda i=i: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos,
+                                                       locs[i], m, kc, vc, table, cfg=cfg, out_q=qs[i], workspace=wsp,
+                                                       use_pdl=pdl) for i in range(r)]
+                else:
+                    fn = ref_attn_prologue if variant == "ref_graph" else compiled
+                    calls = [lambda i=i: fn(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i], m,
+                                            kc, vc, inv, eps=cfg.rms_eps) for i in range(r)]
+                try:
+                    t = time_calls(calls, graph=True)
+                except Exception as e:  # a failed variant is recorded, the rest still run
+                    skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
+                    t = None
+                if t is not None:
                     results.append({**base, "variant": variant, **t, "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
                                     "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
                     print(f"{name:14s} M={m:2d} {variant:18s} {t['us_median']:8.2f} us  "
                           f"{results[-1]['GBps']:7.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
-                del ws_, xs, kc, vc, qs
+                del ws_, xs, kc, vc, qs, calls
                 torch.cuda.empty_cache()
     finally:
         write(args.out, payload)

@@ -58,54 +58,51 @@ def main() -> None:
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(paged_attention, dynamic=True)
+    configs = [(name, ctx, m) for name in args.models for ctx in args.ctxs for m in args.rows]
+    # phases: every fused measurement first, then the references while the budget lasts
+    phases = [("fused", False), ("fused_pdl", False), ("ref_eager", True), ("ref_compile", True)]
     try:
-        for name in args.models:
-            cfg = preset(name)
-            hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            for ctx in args.ctxs:
-                for m in args.rows:
-                    nbytes = bytes_moved(hq, hkv, d, m, ctx)
-                    r = copies_for(nbytes)
-                    L = ctx + 1
-                    kc = torch.randn(r * m * L + 1, hkv, d, device=dev).bfloat16()
-                    vc = torch.randn_like(kc)
-                    pts = [torch.arange(1 + i * m * L, 1 + (i + 1) * m * L, dtype=torch.int32, device=dev).view(m, L)
-                           for i in range(r)]
-                    req = torch.arange(m, dtype=torch.int32, device=dev)
-                    pos = torch.full((m,), ctx, dtype=torch.int64, device=dev)
-                    qs = [torch.randn(m, hq, d, device=dev).bfloat16() for _ in range(r)]
-                    outs = [torch.empty_like(q) for q in qs]
-                    ws = make_decode_workspace(m, hq, hkv, d, dev)
-                    base = {"model": name, "rows": m, "ctx": ctx, "bytes": nbytes, "floor_us": nbytes / bw * 1e6,
-                            "num_splits_max": ws.num_splits, "block_n": ws.block_n}
-
-                    def fused(i, pdl):
-                        return lambda: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i], workspace=ws,
-                                                        use_pdl=pdl)
-
-                    def ref(fn, i):
-                        return lambda: fn(qs[i], kc, vc, pts[i], req, pos, m)
-
-                    variants = [("fused", [fused(i, False) for i in range(r)], True),
-                                ("fused_pdl", [fused(i, True) for i in range(r)], True),
-                                ("ref_eager", [ref(paged_attention, i) for i in range(r)], False),
-                                ("ref_compile", [ref(compiled, i) for i in range(r)], False)]
-                    for variant, calls, graph in variants:
-                        if variant.startswith("ref") and budget.left() < 0:
-                            skipped.append({**base, "variant": variant, "why": "time budget spent"})
-                            continue
-                        try:
-                            t = time_calls(calls, graph=graph, replays=30 if graph else 10)
-                        except Exception as e:
-                            skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
-                            continue
-                        results.append({**base, "variant": variant, **t,
-                                        "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
-                                        "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
-                        print(f"{name:14s} ctx={ctx:5d} M={m:2d} {variant:12s} {t['us_median']:9.2f} us "
-                              f"{results[-1]['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
-                    del kc, vc, qs, outs, pts
-                    torch.cuda.empty_cache()
+        for variant, optional in phases:
+            for name, ctx, m in configs:
+                cfg = preset(name)
+                hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+                nbytes = bytes_moved(hq, hkv, d, m, ctx)
+                base = {"model": name, "rows": m, "ctx": ctx, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
+                if optional and budget.left() < 0:
+                    skipped.append({**base, "variant": variant, "why": "time budget spent"})
+                    continue
+                r = copies_for(nbytes)
+                L = ctx + 1
+                kc = torch.randn(r * m * L + 1, hkv, d, device=dev).bfloat16()
+                vc = torch.randn_like(kc)
+                pts = [torch.arange(1 + i * m * L, 1 + (i + 1) * m * L, dtype=torch.int32, device=dev).view(m, L)
+                       for i in range(r)]
+                req = torch.arange(m, dtype=torch.int32, device=dev)
+                pos = torch.full((m,), ctx, dtype=torch.int64, device=dev)
+                qs = [torch.randn(m, hq, d, device=dev).bfloat16() for _ in range(r)]
+                outs = [torch.empty_like(q) for q in qs]
+                ws = make_decode_workspace(m, hq, hkv, d, dev)
+                base.update(num_splits_max=ws.num_splits, block_n=ws.block_n)
+                if variant.startswith("fused"):
+                    pdl = variant == "fused_pdl"
+                    calls = [lambda i=i: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i],
+                                                          workspace=ws, use_pdl=pdl) for i in range(r)]
+                else:
+                    fn = paged_attention if variant == "ref_eager" else compiled
+                    calls = [lambda i=i: fn(qs[i], kc, vc, pts[i], req, pos, m) for i in range(r)]
+                graph = variant.startswith("fused")
+                try:
+                    t = time_calls(calls, graph=graph, replays=30 if graph else 10)
+                except Exception as e:  # a failed variant is recorded, the rest still run
+                    skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
+                    t = None
+                if t is not None:
+                    results.append({**base, "variant": variant, **t, "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
+                                    "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
+                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} {variant:12s} {t['us_median']:9.2f} us "
+                          f"{results[-1]['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
+                del kc, vc, qs, outs, pts, calls
+                torch.cuda.empty_cache()
     finally:
         write(args.out, payload)
 
