@@ -87,9 +87,15 @@ def main(argv=None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     cfg, weights = load_gguf_model()
     prompts = prompt_token_ids(load_tokenizer(), args.prompts)
-    extra = {"tokens_per_request": args.k + 1} if args.backend == "fused" else {}
-    engine = make_engine(args.backend, cfg, weights, device=device, num_slots=16384, max_reqs=64, max_ctx=1024,
-                         **extra)
+    def build(tokens_per_request: int):
+        extra = {"tokens_per_request": tokens_per_request} if args.backend == "fused" else {}
+        return make_engine(args.backend, cfg, weights, device=device, num_slots=16384, max_reqs=64, max_ctx=1024,
+                           **extra)
+
+    # the fused backend is built per step shape: k+1-row verify steps for speculation, 1-row decode
+    # steps for plain decoding (its widths then include 1, 2, 4, ... rather than multiples of k+1)
+    engine = build(args.k + 1)
+    plain_engine = build(1) if args.backend == "fused" and "none" in args.drafters else engine
     model = getattr(engine.backend, "model", None) or getattr(getattr(engine.backend, "fallback", None), "model", None)
     if not isinstance(model, ReferenceModel):
         model = ReferenceModel(cfg, weights.to(device=device))
@@ -121,15 +127,17 @@ def main(argv=None) -> int:
         for c in args.concurrency:
             batch = [prompts[i % len(prompts)] for i in range(c)]
             for name in args.drafters:
-                run_config(engine, drafters[name], batch, min(args.tokens, 8), args.k)      # warm-up
-                st = run_config(engine, drafters[name], batch, args.tokens, args.k)
+                eng = plain_engine if name == "none" else engine
+                run_config(eng, drafters[name], batch, min(args.tokens, 8), args.k)      # warm-up
+                st = run_config(eng, drafters[name], batch, args.tokens, args.k)
                 st.update(concurrency=c, drafter=name, draft_layers=n_layers if name == "layers" else None)
                 results.append(st)
                 print(f"C={c} {name:6s} {st['tok_s_user']:.1f} tok/s/user, P90 ITL {st['p90_itl_ms']:.2f} ms, "
                       f"TTFT {st['mean_ttft_ms']:.1f} ms, accept {st['mean_accept_length']}", flush=True)
         report["results"] = results
         if hasattr(engine.backend, "counts"):
-            report["fused_step_counts"] = dict(engine.backend.counts)
+            report["fused_step_counts"] = {"speculative_engine": dict(engine.backend.counts),
+                                           "plain_engine": dict(plain_engine.backend.counts)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")

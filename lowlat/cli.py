@@ -76,7 +76,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_signoff(args: argparse.Namespace) -> int:
     from lowlat.signoff import run_signoff
 
-    return run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
+    code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
+    if not args.quality:
+        return code
+    from pathlib import Path
+
+    from lowlat.eval.signoff import run_quality_signoff
+
+    report = run_quality_signoff(Path(args.out) / "quality", limit=args.quality_limit,
+                                 backends=args.quality_backends, seed=args.quality_seed,
+                                 tasks=args.quality_tasks, temperature=args.quality_temperature,
+                                 drafter=args.drafter, draft_layers=args.draft_layers, k=args.k, alpha=args.alpha)
+    print(f"[signoff] task quality: {'passed' if report['passed'] else 'FAILED'}; report in "
+          f"{Path(args.out) / 'quality'}/quality_signoff.md", file=sys.stderr)
+    return code if report["passed"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true", help="leave out tests marked slow")
     s.add_argument("--workers", default="auto", help="pytest-xdist workers (0 = in-process)")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    q = s.add_argument_group("task quality (lm-eval tasks: reference plain vs fused + speculative decoding)")
+    q.add_argument("--quality", action="store_true", help="also run the task-quality sign-off (lowlat/eval)")
+    q.add_argument("--quality-limit", type=int, default=200, help="items per task")
+    q.add_argument("--quality-backends", nargs=2, default=None, metavar=("BASELINE", "CANDIDATE"),
+                   help="default: reference fused (fused falls back to reference without a GPU)")
+    q.add_argument("--quality-tasks", nargs="+", default=None)
+    q.add_argument("--quality-seed", type=int, default=1234)
+    q.add_argument("--quality-temperature", type=float, default=0.8)
+    q.add_argument("--drafter", default="layers", choices=["layers", "ngram"])
+    q.add_argument("--draft-layers", type=int, default=None)
+    q.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default 5)")
+    q.add_argument("--alpha", type=float, default=0.01, help="family-wise false-failure rate of the paired tests")
     s.set_defaults(func=cmd_signoff)
 
     for register in _EXTRA_COMMANDS:

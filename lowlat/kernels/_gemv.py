@@ -8,17 +8,18 @@ when BN >= 64, mma.sync for BN = 16 / 32).
 Two ways to stream the weights (a plan picks one; see `GemvPlan`):
 
 * preload (latency regime, small weights: SmolLM2's layers). Each program owns BN rows x one K range
-  and loads all of it into registers at once, as up to three power-of-two pieces (576 = 512 + 64,
-  1536 = 1024 + 512), BEFORE `gdc_wait`: with PDL the loads overlap the previous kernel, so after the
-  wait only the activations (L2-resident) are loaded, then one `tl.dot` per piece and the epilogue.
-  The weights do not depend on the previous kernel; nothing else is read before the wait.
+  and issues the loads of all of it at once, BEFORE `gdc_wait` (a tuple of BK-column tiles, staged
+  through shared memory for the MMA): with PDL the weight loads overlap the previous kernel, so
+  after the wait only the activations (L2-resident, one round trip) are loaded, then one `tl.dot`
+  per chunk and the epilogue. The weights do not depend on the previous kernel; nothing else is
+  read before the wait.
 * stream (bandwidth regime, large weights: LM heads, Llama's MLP). A software-pipelined loop of BK
   chunks (cp.async, `stages` deep); with PDL an optional L2 prefetch of the first `pf_k` columns of
   the program's slice is issued before `gdc_wait` (bounded so the prefetches of many programs cannot
   thrash L2).
 
 Row invariance by construction: rows are processed in blocks of 16 (up to 3 blocks, M <= 48), each
-block its own `tl.dot` with the same instruction shape, and the plan (mode, BN, BK, pieces, split-K)
+block its own `tl.dot` with the same instruction shape, and the plan (mode, BN, BK, split-K)
 is a function of (kind, N, K) only, never of M. So a row's output depends neither on M nor on the
 other rows. Tensor cores are used for every M (a single row is padded to 16): a GEMV is memory-bound,
 the padded MMA costs nothing, and one arithmetic path for all M is what makes the bitwise
@@ -70,13 +71,12 @@ MAX_SPLIT = 8
 TARGET_PROGRAMS = 264
 #: Launches whose weights are at most this many bytes default to the preload (latency) mode.
 LATENCY_BYTES = 16 << 20
-#: Weight bytes one preload program may hold in registers (4 warps up to 32 KB, else 8 warps).
-PRELOAD_MAX_BYTES = 96 << 10
-PRELOAD_4WARP_BYTES = 32 << 10
-#: ... and what the default plan lets it hold (the smallest split within it).
-PRELOAD_DEFAULT_BYTES = 64 << 10
-#: Pieces a preload K range is cut into (powers of two, largest first).
-MAX_PIECES = 3
+#: Weight bytes one preload program may hold (they are staged through shared memory for the MMA).
+PRELOAD_MAX_BYTES = 160 << 10
+#: Weight bytes per program the default preload plan aims for (the smallest split within it).
+PRELOAD_TARGET_BYTES = 32 << 10
+#: Shared memory a preload program may use at three row blocks (weights + x tiles of every chunk).
+PRELOAD_MAX_SMEM = 200 << 10
 #: GEMV kinds, the keys of plans: out_proj (+ RMSNorm statistics), residual (x + a W^T: the fused
 #: step's out_proj and the MLP's down projection), gate_up (pairs of weight rows), lm_head (split 1).
 KINDS = ("out_proj", "residual", "gate_up", "lm_head")
@@ -104,30 +104,16 @@ def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def pieces_of(span: int) -> tuple[int, int, int]:
-    """Cut a K range of `span` columns (a multiple of 16) into <= 3 powers of two, largest first;
-    a remainder that needs more pieces rounds the last one up (its columns past the range are
-    masked). Absent pieces are 0. 576 -> (512, 64, 0); 1536 -> (1024, 512, 0); 960 -> (512, 256, 256)."""
-    out, rem = [], span
-    while rem and len(out) < MAX_PIECES - 1:
-        p = 1 << (rem.bit_length() - 1)
-        out.append(p)
-        rem -= p
-    if rem:
-        out.append(triton.next_power_of_2(rem))
-    out = [max(16, p) for p in out]
-    return tuple(out + [0] * (MAX_PIECES - len(out)))
-
-
 @dataclass(frozen=True)
 class GemvPlan:
     """Tiling of one GEMV of N outputs over K inputs (a function of kind, N and K only).
 
     n_tiles programs along N (bn columns each) x `split` programs along K; split s covers the
     block_k-chunks [s * chunks_per_split, (s + 1) * chunks_per_split) of K, i.e. `span` columns.
-    preload: the span is loaded at once as `pieces` (before the PDL wait); else a pipelined loop of
-    block_k chunks, `stages` deep, after an L2 prefetch of the first `pf_k` columns (0: none; under
-    PDL only). warps: num_warps of the launch. None of stages, warps or pf_k changes the arithmetic.
+    preload: the span is loaded at once, chunk by chunk into a tuple of tiles (before the PDL wait);
+    else a pipelined loop of block_k chunks, `stages` deep, after an L2 prefetch of the first `pf_k`
+    columns (0: none; under PDL only). warps: num_warps of the launch. Either way the chunks are
+    accumulated in K order; none of preload, stages, warps or pf_k changes the arithmetic of a tile.
     """
 
     n: int
@@ -154,10 +140,6 @@ class GemvPlan:
         return self.block_k * self.chunks_per_split
 
     @property
-    def pieces(self) -> tuple[int, int, int]:
-        return pieces_of(self.span)
-
-    @property
     def even_n(self) -> bool:
         return self.n % self.bn == 0
 
@@ -165,8 +147,7 @@ class GemvPlan:
     def even_k(self) -> bool:
         """Every column a program touches lies inside its K range (no K masks needed)."""
         chunks = triton.cdiv(self.k, self.block_k)
-        exact = self.k % self.block_k == 0 and chunks == self.split * self.chunks_per_split
-        return exact and (not self.preload or sum(self.pieces) == self.span)
+        return self.k % self.block_k == 0 and chunks == self.split * self.chunks_per_split
 
     @property
     def prefetch_k(self) -> int:
@@ -182,12 +163,14 @@ class GemvPlan:
         return self.stages if row_blocks == 1 else max(2, self.stages - 1)
 
     def weight_bytes_per_program(self, pair: bool = False) -> int:
-        return (2 if pair else 1) * self.bn * (sum(self.pieces) if self.preload else self.span) * 2
+        return (2 if pair else 1) * self.bn * self.span * 2
+
+    def preload_smem(self, pair: bool = False, row_blocks: int = 3) -> int:
+        """Shared memory a preload program stages: its weight tiles and the x tiles of every chunk."""
+        return self.weight_bytes_per_program(pair) + row_blocks * ROW_BLOCK * self.span * 2
 
     def describe(self) -> dict:
-        d = asdict(self)
-        d.update(n_tiles=self.n_tiles, pieces=list(self.pieces) if self.preload else None)
-        return d
+        return dict(asdict(self), n_tiles=self.n_tiles, programs=self.n_tiles * self.split)
 
 
 def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
@@ -201,9 +184,11 @@ def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
         raise StepContractError(f"warps={p.warps} must be 4 or 8")
     if not p.preload and p.stages < 2:
         raise StepContractError(f"stages={p.stages} must be >= 2")
-    if p.preload and p.weight_bytes_per_program(pair) > PRELOAD_MAX_BYTES:
-        raise StepContractError(f"preload plan holds {p.weight_bytes_per_program(pair)} weight bytes per program "
-                                f"(> {PRELOAD_MAX_BYTES}): raise split or lower bn")
+    if p.preload and (p.weight_bytes_per_program(pair) > PRELOAD_MAX_BYTES
+                      or p.preload_smem(pair) > PRELOAD_MAX_SMEM):
+        raise StepContractError(f"preload plan stages {p.weight_bytes_per_program(pair)} weight bytes and "
+                                f"{p.preload_smem(pair)} shared-memory bytes per program (limits "
+                                f"{PRELOAD_MAX_BYTES}, {PRELOAD_MAX_SMEM}): raise split or lower bn")
     return p
 
 
@@ -236,9 +221,11 @@ def legacy_split(n: int, k: int, block_k: int, bn: int, pair: bool) -> int:
 def default_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) -> GemvPlan:
     """The plan used where `TUNED_PLANS` has no entry.
 
-    Weights of at most LATENCY_BYTES per launch (not lm_head): preload, bn 16, the smallest split
-    that keeps a program's weights within PRELOAD_DEFAULT_BYTES, 4 warps up to 32 KB of weights,
-    else 8.
+    Weights of at most LATENCY_BYTES per launch (not lm_head): preload, bn 64 (wgmma: both operands
+    from shared memory, few registers), 4 warps, the smallest split that keeps a program's weights
+    within PRELOAD_TARGET_BYTES (enough programs to spread the weight reads over the SMs). (Preload
+    with bn 16 / 32, i.e. mma.sync, would avoid split-K, but Triton 3.6 then keeps the weight
+    operands in registers and spills at 2-3 row blocks; narrow tiles go through the stream loop.)
     Larger: stream, bn 64, block_k `default_block_k`, split `legacy_split`, 4 stages, an L2
     prefetch of two chunks per program (bounded: many programs prefetching whole slices of a large
     weight evict each other's lines from L2).
@@ -247,15 +234,13 @@ def default_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) 
     chunks = triton.cdiv(k, block_k)
     wbytes = n * k * 2 * (2 if pair else 1)
     if kind != "lm_head" and wbytes <= LATENCY_BYTES:
-        bn = MIN_BLOCK_N
         for s in range(1, MAX_SPLIT + 1):
             split, cps = _split_for(chunks, s)
-            per = (2 if pair else 1) * bn * sum(pieces_of(block_k * cps)) * 2
-            if per <= PRELOAD_DEFAULT_BYTES or s == MAX_SPLIT:
-                break
-        warps = 4 if per <= PRELOAD_4WARP_BYTES else 8
-        return _check_plan(GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=bn,
-                                    preload=True, warps=warps, stages=1, pf_k=0), pair)
+            plan = GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=BLOCK_N,
+                            preload=True, warps=4, stages=1, pf_k=0)
+            if (plan.weight_bytes_per_program(pair) <= PRELOAD_TARGET_BYTES
+                    and plan.preload_smem(pair) <= PRELOAD_MAX_SMEM) or split == chunks:
+                return _check_plan(plan, pair)
     split = 1 if kind == "lm_head" else legacy_split(n, k, block_k, BLOCK_N, pair)
     split, cps = _split_for(chunks, split)
     return _check_plan(GemvPlan(n=n, k=k, block_k=block_k, split=split, chunks_per_split=cps, bn=BLOCK_N,
@@ -308,11 +293,12 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
               table: dict | None = None) -> GemvPlan:
     """The plan of a GEMV of N outputs over K inputs.
 
-    kind: one of KINDS (default "gate_up" when `pair`, else "residual"); with no field forced, the
-    tuned table's entry for (kind, N, K) if any, else `default_plan`. Any forced field (block_k,
-    split, bn, preload, warps, stages, pf_k) starts from `default_plan` instead and replaces that
-    field; split and chunks are then re-derived so that no split is empty (tests use this to
-    exercise split-K and both modes at tiny shapes). table: a plan table to use instead of
+    kind: one of KINDS (default "gate_up" when `pair`, else "residual"). With no field forced: the
+    tuned table's entry for (kind, N, K) if any, else `default_plan`. Forced fields (block_k, split,
+    bn, preload, warps, stages, pf_k) replace the default plan's; what is not forced is re-derived:
+    the split of a preload plan is the smallest within the preload limits, a stream plan's
+    `legacy_split` (lm_head: always 1); chunks are recounted so that no split is empty. Tests use
+    this to exercise split-K and both modes at tiny shapes. table: a plan table to use instead of
     `tuned_table()`. Raises StepContractError for non-positive shapes or invalid fields.
     """
     if n <= 0 or k <= 0:
@@ -329,37 +315,37 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
             return _check_plan(GemvPlan(n=n, k=k, **entry), pair)
         return default_plan(n, k, kind=kind, pair=pair)
     base = default_plan(n, k, kind=kind, pair=pair)
-    if "preload" in forced and forced["preload"] != base.preload and "bn" not in forced:
-        forced["bn"] = MIN_BLOCK_N if forced["preload"] else BLOCK_N
+    pre = forced.get("preload", base.preload)
     bk = forced.get("block_k", base.block_k)
     if bk < 16 or not _pow2(bk):
         raise StepContractError(f"block_k={bk} must be a power of two >= 16")
+    tile_n = forced.get("bn", base.bn)
+    fields = dict(block_k=bk, bn=tile_n, preload=pre, warps=forced.get("warps", base.warps if pre == base.preload else 4),
+                  stages=forced.get("stages", 1 if pre else max(2, base.stages)),
+                  pf_k=forced.get("pf_k", 0 if pre else (base.pf_k if not base.preload else 2 * bk)))
     chunks = triton.cdiv(k, bk)
     if "split" in forced:
-        sp = forced["split"]
-        if not 1 <= sp <= MAX_SPLIT:
-            raise StepContractError(f"split={sp} must be in 1..{MAX_SPLIT}")
+        if not 1 <= forced["split"] <= MAX_SPLIT:
+            raise StepContractError(f"split={forced['split']} must be in 1..{MAX_SPLIT}")
+        candidates = [forced["split"]]
     elif kind == "lm_head":
-        sp = 1
-    elif forced.get("preload", base.preload):
-        sp = base.split if bk == base.block_k else 1
+        candidates = [1]
+    elif pre:
+        candidates = list(range(1, MAX_SPLIT + 1))
     else:
-        sp = legacy_split(n, k, bk, forced.get("bn", base.bn), pair)
-    sp, cps = _split_for(chunks, sp)
-    fields = dict(asdict(base), block_k=bk, split=sp, chunks_per_split=cps)
-    fields.update({f: v for f, v in forced.items() if f not in ("block_k", "split")})
-    if fields["preload"] and "warps" not in forced:
-        per = (2 if pair else 1) * fields["bn"] * sum(pieces_of(bk * cps)) * 2
-        fields["warps"] = 4 if per <= PRELOAD_4WARP_BYTES else 8
-    if not fields["preload"] and "stages" not in forced:
-        fields["stages"] = max(2, fields["stages"])
-    fields.pop("n"), fields.pop("k")
-    return _check_plan(GemvPlan(n=n, k=k, **fields), pair)
+        candidates = [legacy_split(n, k, bk, tile_n, pair)]
+    for s_want in candidates:
+        sp, cps = _split_for(chunks, s_want)
+        plan = GemvPlan(n=n, k=k, split=sp, chunks_per_split=cps, **fields)
+        if not pre or (plan.weight_bytes_per_program(pair) <= PRELOAD_MAX_BYTES
+                       and plan.preload_smem(pair) <= PRELOAD_MAX_SMEM):
+            break
+    return _check_plan(plan, pair)
 
 
 def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
     """Plans the tuner times for (kind, N, K), labelled, default first, without duplicates or plans
-    that cannot run (preload over PRELOAD_MAX_BYTES, more than ~200 KB of pipelined shared memory)."""
+    that cannot run (preload beyond its limits, more than ~200 KB of pipelined shared memory)."""
     pair = kind == "gate_up"
     out: list[tuple[str, GemvPlan]] = []
 
@@ -369,7 +355,7 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
         except StepContractError:
             return
         if not p.preload:
-            smem = p.stages * ((2 if pair else 1) * p.bn * p.block_k * 2 + 16 * p.block_k * 2)
+            smem = p.stages * ((2 if pair else 1) * p.bn * p.block_k * 2 + ROW_BLOCK * p.block_k * 2)
             if smem > 200 << 10:
                 return
         if all(p != q for _, q in out):
@@ -380,24 +366,21 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
     wbytes = n * k * 2 * (2 if pair else 1)
     kw = dict(kind=kind, pair=pair)
     if kind != "lm_head" and wbytes <= LATENCY_BYTES:
-        add("preload_bn32", lambda: plan_gemv(n, k, preload=True, bn=32, **kw))
-        add("preload_bn16_split2", lambda: plan_gemv(n, k, preload=True, bn=16, split=2, **kw))
-        add("preload_bn64", lambda: plan_gemv(n, k, preload=True, bn=64, split=max(1, min(
-            MAX_SPLIT, 132 // max(1, triton.cdiv(n, 64)))), **kw))
+        add("preload_bn64_split1", lambda: plan_gemv(n, k, preload=True, bn=64, split=1, **kw))
         add("stream_bn16_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=16, split=1, stages=min(
             8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
-    else:
+        add("stream_bn32_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=32, split=1, stages=min(
+            6, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
+    elif kind == "lm_head":
         add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
-        add("stream_bn64_pf2", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=2 * default_block_k(k), **kw))
         add("stream_bn128_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, warps=8, pf_k=0, **kw))
-        add("stream_bn64_st6_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, stages=6, pf_k=0, **kw))
         add("stream_bn64_bk64_st6_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, block_k=64, stages=6, pf_k=0,
                                                           **kw))
+        add("preload_bn64", lambda: plan_gemv(n, k, preload=True, bn=64, **kw))
+    else:
+        add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
         add("stream_bn128_bk64_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, block_k=64, warps=8,
                                                           pf_k=0, **kw))
-        if kind == "lm_head":
-            add("preload_bn32", lambda: plan_gemv(n, k, preload=True, bn=32, **kw))
-            add("preload_bn64_w8", lambda: plan_gemv(n, k, preload=True, bn=64, warps=8, **kw))
     return out
 
 
@@ -459,10 +442,9 @@ def check_plan_for(plan: GemvPlan, n: int, k: int, what: str) -> None:
 
 def launch_constexprs(plan: GemvPlan, nmb: int) -> dict:
     """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks."""
-    p1, p2, p3 = plan.pieces if plan.preload else (16, 0, 0)
     return dict(SPLIT=plan.split, CPS=plan.chunks_per_split, BN=plan.bn, BK=plan.block_k, NUM_MB=nmb,
                 EVEN_N=plan.even_n, EVEN_K=plan.even_k, PF_K=plan.prefetch_k, PRELOAD=plan.preload,
-                P1=p1, P2=p2, P3=p3, num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
+                num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
 
 
 def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Tensor:
@@ -623,9 +605,8 @@ def gemv_loop(w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, N, n0, k_begin, K,
 
 
 @triton.jit
-def _load_w_piece(w_ptr, stride_wn, rn, nmask, kb, k_end, P: tl.constexpr, EVEN_N: tl.constexpr,
-                  EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
-    rk = kb + tl.arange(0, P)
+def _load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                  UPCAST: tl.constexpr):
     ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
     if EVEN_N and EVEN_K:
         w = tl.load(ptrs)
@@ -637,124 +618,109 @@ def _load_w_piece(w_ptr, stride_wn, rn, nmask, kb, k_end, P: tl.constexpr, EVEN_
 
 
 @triton.jit
-def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, P1: tl.constexpr,
-                    P2: tl.constexpr, P3: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """Preload mode: weight rows n0..n0+BN over columns [k_begin, k_end) as pieces wa [BN, P1],
-    wb [BN, P2], wc [BN, P3] (P2 / P3 = 0: absent; they then repeat wa and are never used). Issues
-    every load at once; call before `gdc_wait` (weights never depend on the previous kernel)."""
+def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, BK: tl.constexpr,
+                    CPS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Preload mode: weight rows n0..n0+BN over the program's CPS chunks of BK columns from k_begin
+    (columns >= k_end masked unless EVEN_K), as a tuple of CPS tiles [BN, BK]. Every load is issued at
+    once; call it before `gdc_wait` (weights never depend on the previous kernel)."""
     rn = n0 + tl.arange(0, BN)
     nmask = rn < N
-    wa = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin, k_end, P1, EVEN_N, EVEN_K, UPCAST)
-    wb = wa
-    wc = wa
-    if P2 > 0:
-        wb = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin + P1, k_end, P2, EVEN_N, EVEN_K, UPCAST)
-    if P3 > 0:
-        wc = _load_w_piece(w_ptr, stride_wn, rn, nmask, k_begin + P1 + P2, k_end, P3, EVEN_N, EVEN_K,
-                           UPCAST)
-    return wa, wb, wc
+    ws = ()
+    for c in tl.static_range(CPS):
+        rk = k_begin + c * BK + tl.arange(0, BK)
+        ws = ws + (_load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N, EVEN_K, UPCAST),)
+    return ws
 
 
 @triton.jit
-def _load_x_piece(x_ptr, stride_xm, m0, M, kb, k_end, P: tl.constexpr, EVEN_K: tl.constexpr):
+def _load_x_chunks(x_ptr, stride_xm, m0, M, k_begin, k_end, BK: tl.constexpr, CPS: tl.constexpr,
+                   EVEN_K: tl.constexpr):
+    """Raw x^T tiles [BK, 16] (bf16) of rows m0..m0+15 over the CPS chunks, as a tuple."""
     rm = m0 + tl.arange(0, 16)
-    rk = kb + tl.arange(0, P)
-    if EVEN_K:
-        msk = (rm < M)[None, :]
-    else:
-        msk = (rk < k_end)[:, None] & (rm < M)[None, :]
-    return tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=msk, other=0.0)
-
-
-@triton.jit
-def _load_x_pieces(x_ptr, stride_xm, m0, M, k_begin, k_end, P1: tl.constexpr, P2: tl.constexpr,
-                   P3: tl.constexpr, EVEN_K: tl.constexpr):
-    xa = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin, k_end, P1, EVEN_K)
-    xb = xa
-    xc = xa
-    if P2 > 0:
-        xb = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin + P1, k_end, P2, EVEN_K)
-    if P3 > 0:
-        xc = _load_x_piece(x_ptr, stride_xm, m0, M, k_begin + P1 + P2, k_end, P3, EVEN_K)
-    return xa, xb, xc
-
-
-@triton.jit
-def _load_nw_piece(nw_ptr, kb, k_end, P: tl.constexpr, XMODE: tl.constexpr, EVEN_K: tl.constexpr):
-    rk = kb + tl.arange(0, P)
-    nw = tl.zeros((P,), dtype=tl.float32)
-    if XMODE != 0:
+    xs = ()
+    for c in tl.static_range(CPS):
+        rk = k_begin + c * BK + tl.arange(0, BK)
         if EVEN_K:
-            nw = tl.load(nw_ptr + rk).to(tl.float32)
+            msk = (rm < M)[None, :]
         else:
-            nw = tl.load(nw_ptr + rk, mask=rk < k_end, other=0.0).to(tl.float32)
-    return nw
+            msk = (rk < k_end)[:, None] & (rm < M)[None, :]
+        xs = xs + (tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=msk, other=0.0),)
+    return xs
 
 
 @triton.jit
-def _piece_dots(w, v, xa, xb, xc, nw, r0, r1, r2, a0, a1, a2, b0, b1, b2, s0, s1, s2,
-                NUM_MB: tl.constexpr, TWO_W: tl.constexpr, XMODE: tl.constexpr, UPCAST: tl.constexpr):
-    """One weight piece (w, and v for TWO_W) against the same columns of every row block's x tile."""
-    o0, q0 = prep_x(xa, nw, r0, XMODE, UPCAST)
-    a0 = mma(w, o0, a0, UPCAST)
-    if TWO_W:
-        b0 = mma(v, o0, b0, UPCAST)
-    s0 += q0
-    if NUM_MB > 1:
-        o1, q1 = prep_x(xb, nw, r1, XMODE, UPCAST)
-        a1 = mma(w, o1, a1, UPCAST)
-        if TWO_W:
-            b1 = mma(v, o1, b1, UPCAST)
-        s1 += q1
-    if NUM_MB > 2:
-        o2, q2 = prep_x(xc, nw, r2, XMODE, UPCAST)
-        a2 = mma(w, o2, a2, UPCAST)
-        if TWO_W:
-            b2 = mma(v, o2, b2, UPCAST)
-        s2 += q2
-    return a0, a1, a2, b0, b1, b2, s0, s1, s2
+def _load_nw_chunks(nw_ptr, k_begin, k_end, BK: tl.constexpr, CPS: tl.constexpr, XMODE: tl.constexpr,
+                    EVEN_K: tl.constexpr):
+    nws = ()
+    for c in tl.static_range(CPS):
+        rk = k_begin + c * BK + tl.arange(0, BK)
+        nw = tl.zeros((BK,), dtype=tl.float32)
+        if XMODE != 0:
+            if EVEN_K:
+                nw = tl.load(nw_ptr + rk).to(tl.float32)
+            else:
+                nw = tl.load(nw_ptr + rk, mask=rk < k_end, other=0.0).to(tl.float32)
+        nws = nws + (nw,)
+    return nws
 
 
 @triton.jit
-def preload_product(wa, wb, wc, va, vb, vc, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2,
-                    BN: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, NUM_MB: tl.constexpr,
+def _sum_squares(xs, CPS: tl.constexpr):
+    """Per-row sum of squares of x over the chunks of a row block, chunk by chunk in K order."""
+    ss = tl.zeros((16,), dtype=tl.float32)
+    for c in tl.static_range(CPS):
+        xf = xs[c].to(tl.float32)
+        ss += tl.sum(xf * xf, axis=0)
+    return ss
+
+
+@triton.jit
+def _chunk_dots(ws, vs, xs, nws, rstd, a, b, CPS: tl.constexpr, TWO_W: tl.constexpr, XMODE: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """One row block: a += W x^T (and b += V x^T with TWO_W) chunk by chunk in K order."""
+    for c in tl.static_range(CPS):
+        op, q = prep_x(xs[c], nws[c], rstd, XMODE, UPCAST)
+        a = mma(ws[c], op, a, UPCAST)
+        if TWO_W:
+            b = mma(vs[c], op, b, UPCAST)
+    return a, b
+
+
+@triton.jit
+def _row_block(ws, vs, nws, x_ptr, stride_xm, m0, M, k_begin, k_end, rstd, BN: tl.constexpr, BK: tl.constexpr,
+               CPS: tl.constexpr, TWO_W: tl.constexpr, XMODE: tl.constexpr, EVEN_K: tl.constexpr,
+               UPCAST: tl.constexpr):
+    xs = _load_x_chunks(x_ptr, stride_xm, m0, M, k_begin, k_end, BK, CPS, EVEN_K)
+    ss = tl.zeros((16,), dtype=tl.float32)
+    if XMODE == 2:          # the statistic first: it uses every chunk, so all the loads issue together
+        ss = _sum_squares(xs, CPS)
+    a = tl.zeros((BN, 16), dtype=tl.float32)
+    b = tl.zeros((BN, 16), dtype=tl.float32)
+    a, b = _chunk_dots(ws, vs, xs, nws, rstd, a, b, CPS, TWO_W, XMODE, UPCAST)
+    return a, b, ss
+
+
+@triton.jit
+def preload_product(ws, vs, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2,
+                    BN: tl.constexpr, BK: tl.constexpr, CPS: tl.constexpr, NUM_MB: tl.constexpr,
                     TWO_W: tl.constexpr, XMODE: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
-    """Preload mode, after `gdc_wait`: the preloaded weight pieces (wa, wb, wc; with TWO_W also
-    va, vb, vc) times x over [k_begin, k_end). Every activation load (all pieces of all row blocks)
-    is issued before the first dot, so the activations cost one round trip. The pieces are
-    accumulated in K order, as the stream loop does. Returns what `gemv_loop` returns."""
-    x0a, x0b, x0c = _load_x_pieces(x_ptr, stride_xm, 0, M, k_begin, k_end, P1, P2, P3, EVEN_K)
-    x1a, x1b, x1c = x0a, x0b, x0c
-    x2a, x2b, x2c = x0a, x0b, x0c
+    """Preload mode, after `gdc_wait`: the preloaded weight chunks `ws` (and `vs` with TWO_W) times x
+    over the program's K range, row block by row block. A row block's activation loads (all chunks)
+    are issued before its first dot, so they cost one round trip; with XMODE 2 its sum of squares is
+    taken over the raw chunks first, in chunk order. Chunks are accumulated in K order, as the stream
+    loop does. Returns what `gemv_loop` returns."""
+    nws = _load_nw_chunks(nw_ptr, k_begin, k_end, BK, CPS, XMODE, EVEN_K)
+    z = tl.zeros((BN, 16), dtype=tl.float32)
+    zs = tl.zeros((16,), dtype=tl.float32)
+    a1, a2, b1, b2, s1, s2 = z, z, z, z, zs, zs
+    a0, b0, s0 = _row_block(ws, vs, nws, x_ptr, stride_xm, 0, M, k_begin, k_end, r0, BN, BK, CPS, TWO_W, XMODE,
+                            EVEN_K, UPCAST)
     if NUM_MB > 1:
-        x1a, x1b, x1c = _load_x_pieces(x_ptr, stride_xm, 16, M, k_begin, k_end, P1, P2, P3, EVEN_K)
+        a1, b1, s1 = _row_block(ws, vs, nws, x_ptr, stride_xm, 16, M, k_begin, k_end, r1, BN, BK, CPS, TWO_W,
+                                XMODE, EVEN_K, UPCAST)
     if NUM_MB > 2:
-        x2a, x2b, x2c = _load_x_pieces(x_ptr, stride_xm, 32, M, k_begin, k_end, P1, P2, P3, EVEN_K)
-    nwa = _load_nw_piece(nw_ptr, k_begin, k_end, P1, XMODE, EVEN_K)
-    nwb = nwa
-    nwc = nwa
-    if P2 > 0:
-        nwb = _load_nw_piece(nw_ptr, k_begin + P1, k_end, P2, XMODE, EVEN_K)
-    if P3 > 0:
-        nwc = _load_nw_piece(nw_ptr, k_begin + P1 + P2, k_end, P3, XMODE, EVEN_K)
-    a0 = tl.zeros((BN, 16), dtype=tl.float32)
-    a1 = tl.zeros((BN, 16), dtype=tl.float32)
-    a2 = tl.zeros((BN, 16), dtype=tl.float32)
-    b0 = tl.zeros((BN, 16), dtype=tl.float32)
-    b1 = tl.zeros((BN, 16), dtype=tl.float32)
-    b2 = tl.zeros((BN, 16), dtype=tl.float32)
-    s0 = tl.zeros((16,), dtype=tl.float32)
-    s1 = tl.zeros((16,), dtype=tl.float32)
-    s2 = tl.zeros((16,), dtype=tl.float32)
-    a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wa, va, x0a, x1a, x2a, nwa, r0, r1, r2, a0, a1, a2, b0, b1,
-                                                     b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
-    if P2 > 0:
-        a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wb, vb, x0b, x1b, x2b, nwb, r0, r1, r2, a0, a1, a2, b0,
-                                                         b1, b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
-    if P3 > 0:
-        a0, a1, a2, b0, b1, b2, s0, s1, s2 = _piece_dots(wc, vc, x0c, x1c, x2c, nwc, r0, r1, r2, a0, a1, a2, b0,
-                                                         b1, b2, s0, s1, s2, NUM_MB, TWO_W, XMODE, UPCAST)
+        a2, b2, s2 = _row_block(ws, vs, nws, x_ptr, stride_xm, 32, M, k_begin, k_end, r2, BN, BK, CPS, TWO_W,
+                                XMODE, EVEN_K, UPCAST)
     return a0, a1, a2, b0, b1, b2, s0, s1, s2
 
 

@@ -74,11 +74,11 @@ def _lm_head_kernel(
         keys_ptr, cnt_ptr, M, V, K, n_tiles, eps,
         SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CPS: tl.constexpr, NUM_MB: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
-        P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     n0 = pid * BN
     if PRELOAD:                                       # the vocabulary rows into registers before the wait
-        wa, wb, wc = preload_weights(w_ptr, stride_wn, n0, V, 0, K, BN, P1, P2, P3, EVEN_N, EVEN_K, UPCAST)
+        ws = preload_weights(w_ptr, stride_wn, n0, V, 0, K, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, V, 0, K, BN, PF_K)
     if USE_PDL:
@@ -88,8 +88,7 @@ def _lm_head_kernel(
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = preload_product(
-            wa, wb, wc, wa, wb, wc, x_ptr, stride_xm, M, 0, K, nw_ptr, z, z, z,
-            BN, P1, P2, P3, NUM_MB, False, 2, EVEN_K, UPCAST)
+            ws, ws, x_ptr, stride_xm, M, 0, K, nw_ptr, z, z, z, BN, BK, CPS, NUM_MB, False, 2, EVEN_K, UPCAST)
     else:
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
             w_ptr, 0, stride_wn, x_ptr, stride_xm, M, V, n0, 0, K, nw_ptr, z, z, z,

@@ -90,8 +90,7 @@ def _gate_up_kernel(
         M, I, K, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr,
-        PRELOAD: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+        PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     """act[:, n0:n0+BN] = silu(h Wg^T) * (h Wu^T) for this program's columns.
 
     NORM 0: h = x.  NORM 1: h = rms_norm(x) on load with the given rstd (reference rounding order).
@@ -105,10 +104,9 @@ def _gate_up_kernel(
     k_end = tl.minimum(k_begin + CPS * BK, K)
     w2_off = I * stride_wn
     if PRELOAD:                                       # gate and up weights into registers before the wait
-        ga, gb, gc = preload_weights(w_ptr, stride_wn, n0, I, k_begin, k_end, BN, P1, P2, P3, EVEN_N, EVEN_K,
-                                     UPCAST)
-        ua, ub, uc = preload_weights(w_ptr + w2_off, stride_wn, n0, I, k_begin, k_end, BN, P1, P2, P3, EVEN_N,
-                                     EVEN_K, UPCAST)
+        gws = preload_weights(w_ptr, stride_wn, n0, I, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
+        uws = preload_weights(w_ptr + w2_off, stride_wn, n0, I, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K,
+                              UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, I, k_begin, K, BN, PF_K)
         prefetch_l2(w_ptr + w2_off, stride_wn, n0, I, k_begin, K, BN, PF_K)
@@ -121,8 +119,8 @@ def _gate_up_kernel(
     XMODE: tl.constexpr = NORM
     if PRELOAD:
         g0, g1, g2, u0, u1, u2, s0, s1, s2 = preload_product(
-            ga, gb, gc, ua, ub, uc, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2,
-            BN, P1, P2, P3, NUM_MB, True, XMODE, EVEN_K, UPCAST)
+            gws, uws, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1, r2, BN, BK, CPS, NUM_MB, True, XMODE,
+            EVEN_K, UPCAST)
     else:
         g0, g1, g2, u0, u1, u2, s0, s1, s2 = gemv_loop(
             w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, I, n0, k_begin, K, nw_ptr, r0, r1, r2,

@@ -92,7 +92,7 @@ def _residual_gemv_kernel(
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
-        P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -100,27 +100,26 @@ def _residual_gemv_kernel(
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
     if PRELOAD:                                       # weights into registers before the wait
-        wa, wb, wc = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, P1, P2, P3, EVEN_N, EVEN_K,
-                                     UPCAST)
+        ws = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    r0 = tl.zeros((BN, 16), dtype=tl.float32)
-    r1 = tl.zeros((BN, 16), dtype=tl.float32)
-    r2 = tl.zeros((BN, 16), dtype=tl.float32)
-    if SPLIT == 1:                                    # residual loads in flight with the activations'
-        r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
-        if NUM_MB > 1:
-            r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
-        if NUM_MB > 2:
-            r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
+    # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
+    # a tile is written only after all its splits arrived, so an in-place residual is safe)
+    r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
+    r1 = r0
+    r2 = r0
+    if NUM_MB > 1:
+        r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
+    if NUM_MB > 2:
+        r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = preload_product(
-            wa, wb, wc, wa, wb, wc, a_ptr, stride_am, M, k_begin, k_end, nw_ptr, z, z, z,
-            BN, P1, P2, P3, NUM_MB, False, 0, EVEN_K, UPCAST)
+            ws, ws, a_ptr, stride_am, M, k_begin, k_end, nw_ptr, z, z, z, BN, BK, CPS, NUM_MB, False, 0, EVEN_K,
+            UPCAST)
     else:
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
             w_ptr, 0, stride_wn, a_ptr, stride_am, M, N, n0, k_begin, K, nw_ptr, z, z, z,
@@ -138,13 +137,10 @@ def _residual_gemv_kernel(
         finished = arrived == SPLIT - 1
         if finished:
             a0 = sum_partials(ws_ptr, 0, N, MP, n0, 0, BN, SPLIT, 1)
-            r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
             if NUM_MB > 1:
                 a1 = sum_partials(ws_ptr, 0, N, MP, n0, 16, BN, SPLIT, 1)
-                r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
             if NUM_MB > 2:
                 a2 = sum_partials(ws_ptr, 0, N, MP, n0, 32, BN, SPLIT, 1)
-                r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if finished:
         _finish_tile(a0, r0, 0, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)

@@ -1,7 +1,7 @@
 """Compile lowlat's GEMV kernels for sm_90 without a GPU (Triton's bundled ptxas), and report what the
 machine code uses: tensor cores (wgmma or mma.sync), cp.async pipelining, griddepcontrol (PDL),
-L2 prefetches, registers, spills, and whether a preload kernel issues its weight loads before the
-PDL wait.
+L2 prefetches, registers, spills (local memory in the PTX or a ptxas stack frame), shared memory,
+and whether a preload kernel issues its weight loads before the PDL wait.
 
     python -m lowlat.kernels.sm90_check [--quick]   # needs TRITON_INTERPRET unset (the compiled path)
 
@@ -40,30 +40,31 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
                           options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": pdl})
 
 
-def _registers(cubin: bytes) -> int | None:
-    """Registers per thread from the cubin (Triton's bundled cuobjdump), None when unavailable."""
+def _resources(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers per thread, stack bytes per thread: ptxas spills) from the cubin, via Triton's
+    bundled cuobjdump; (None, None) when it is unavailable."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
-        return None
+        return None, None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+)", out)
-    return int(m.group(1)) if m else None
+    reg, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
+    return (int(reg.group(1)) if reg else None), (int(stack.group(1)) if stack else None)
 
 
 def _report(name: str, c, t: float, *, preload: bool) -> dict:
     ptx = c.asm["ptx"]
     wait = ptx.find("griddepcontrol.wait")
     first_ld = ptx.find("ld.global")
-    info = {"kernel": name, "compile_s": round(t, 2), "shared_bytes": c.metadata.shared,
-            "registers": _registers(c.asm["cubin"]),
+    regs, stack = _resources(c.asm["cubin"])
+    info = {"kernel": name, "compile_s": round(t, 2), "shared_bytes": c.metadata.shared, "registers": regs,
             "tensor_cores": "wgmma" in ptx or "mma.sync" in ptx, "wgmma": "wgmma" in ptx,
             "cp_async": "cp.async" in ptx, "griddepcontrol": wait >= 0, "prefetch": "prefetch.global.L2" in ptx,
-            "local_memory": ".local" in ptx,
+            "local_memory": ".local" in ptx or bool(stack),
             "loads_before_wait": (0 <= first_ld < wait) if preload and wait >= 0 else None}
     print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
     return info

@@ -66,6 +66,54 @@ def test_out_proj_within_2x_baseline_error(m, shape, split, seed):
     check_against_reference(attn, wo, x, nw, r)
 
 
+#: tile plans of both modes (see lowlat.kernels._gemv): preload (weights loaded before the PDL wait)
+#: and stream (pipelined chunk loop), narrow (mma.sync) and wide (wgmma on the GPU) tiles, split-K
+PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=16),
+              dict(preload=False, bn=32), dict(preload=False, bn=64)]
+
+
+@settings(max_examples=10)
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
+       split=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2 ** 16))
+def test_out_proj_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
+    h, k = shape
+    attn, wo, x, nw = make_inputs(m, h, k, seed, "cpu")
+    r = run_fused(attn, wo, x, nw, plan=plan_gemv(h, k, kind="out_proj", block_k=16, split=split, **mode))
+    check_against_reference(attn, wo, x, nw, r)
+
+
+@settings(max_examples=10)
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
+       split=st.sampled_from([None, 1, 3]), seed=st.integers(0, 2 ** 16))
+def test_residual_gemv_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
+    """The fused step's output projection: out = residual + attn Wo^T, in place as the step runs it."""
+    h, k = shape
+    attn, wo, x, _ = make_inputs(m, h, k, seed, "cpu")
+    plan = plan_gemv(h, k, kind="residual", block_k=16, split=split, **mode)
+    xi = poison(torch.empty_like(x))
+    xi.copy_(x)
+    out = residual_gemv(attn, wo, xi, out=xi, plan=plan)
+    assert out is xi
+    check_accuracy("residual_gemv", out, x.double() + attn.double() @ wo.double().T,
+                   x + torch.nn.functional.linear(attn, wo))
+
+
+def test_residual_gemv_rows_independent_across_modes_and_widths():
+    """A row's output is bitwise the same whatever M (1, 16, 17, 33) and whatever the other rows
+    hold; checked for a preload and a stream plan with split-K."""
+    attn, wo, x, _ = make_inputs(40, 64, 96, 21, "cpu")
+    for mode in (dict(preload=True, bn=64), dict(preload=False, bn=16)):
+        plan = plan_gemv(64, 96, kind="residual", block_k=16, split=2, **mode)
+        full = residual_gemv(attn, wo, x, plan=plan)
+        for m in (1, 16, 17, 33):
+            a2 = attn[:m].clone()
+            a2[1:] = float("nan")                    # the other rows never leak into row 0
+            part = residual_gemv(a2, wo, x[:m].contiguous(), plan=plan)
+            check_bitwise("residual_gemv", part[:1], full[:1], output=f"row0_m{m}")
+            part = residual_gemv(attn[:m].contiguous(), wo, x[:m].contiguous(), plan=plan)
+            check_bitwise("residual_gemv", part, full[:m], output=f"rows_m{m}")
+
+
 def test_out_proj_in_place_residual_matches_out_of_place():
     attn, wo, x, nw = make_inputs(7, 96, 128, 1, "cpu")
     plan = plan_gemv(96, 128, block_k=32, split=2)
@@ -124,6 +172,7 @@ def test_out_proj_workspace_reused_across_calls_is_deterministic():
     (dict(residual=torch.randn(4, 64).bfloat16()), r"residual has shape \(4, 64\)"),
     (dict(mlp_norm=torch.randn(32).bfloat16()), r"mlp_norm has shape \(32,\)"),
     (dict(attn=torch.randn(49, 64).bfloat16(), residual=torch.randn(49, 64).bfloat16()), "M=49"),
+    (dict(plan=plan_gemv(64, 32)), r"plan is for N=64, K=32; wo is N=64, K=64"),
     (dict(eps=0.0), "eps=0.0"),
 ])
 def test_out_proj_bad_input_raises_typed_error(bad, match):
@@ -131,7 +180,7 @@ def test_out_proj_bad_input_raises_typed_error(bad, match):
     args = dict(attn=attn, wo=wo, residual=x, mlp_norm=nw, eps=EPS)
     args.update(bad)
     with pytest.raises(StepContractError, match=match):
-        out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"])
+        out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"], plan=args.get("plan"))
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -167,3 +216,25 @@ def test_out_proj_gpu_bitwise_deterministic_and_row_invariant(device, model):
     moved = run_fused(attn[perm].contiguous(), wo, x[perm].contiguous(), nw, workspace=ws, use_pdl=True)
     for name, a, b in zip(("x", "h", "rstd"), moved, full):
         check_bitwise("out_proj", a, b[perm], output=f"{name}_row_permuted")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+def test_residual_gemv_gpu_bitwise_deterministic_row_invariant_and_within_policy(device, model):
+    """The fused step's output projection (kind "residual" plans, PDL, in place)."""
+    h, k = GPU_SHAPES[model]
+    attn, wo, x, _ = make_inputs(48, h, k, 17, device)
+    ws = GemvWorkspace.create(h, device)
+
+    def run(a, r):
+        out = poison(torch.empty_like(r))
+        out.copy_(r)
+        return residual_gemv(a, wo, out, out=out, workspace=ws, use_pdl=True)
+
+    full = run(attn, x).clone()
+    check_accuracy("residual_gemv", full, x.double() + attn.double() @ wo.double().T,
+                   x + torch.nn.functional.linear(attn, wo))
+    check_bitwise("residual_gemv", run(attn, x), full, output="rerun")
+    for m in (1, 6, 16, 17, 33):
+        check_bitwise("residual_gemv", run(attn[:m].contiguous(), x[:m].contiguous()), full[:m], output=f"m{m}")
+    assert int(ws.counters.abs().sum()) == 0

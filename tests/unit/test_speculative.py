@@ -7,6 +7,8 @@ this module (restored afterwards) so xdist workers do not oversubscribe the core
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -128,6 +130,7 @@ def test_rollback_leaves_earlier_kv_entries_untouched(engine, prompts):
             dec = SpeculativeDecoder(engine, drafter, k=5)
             st = SpecState(req=req, pending=first, history=list(prompts[1]) + [first])
             req.output_ids.append(first)
+            req.token_times.append(time.perf_counter())
             dec._iteration([(0, st)], None, None)
             emitted = st.accept_lengths[-1]
             assert pool.seq_lens[req.req_pool_idx] == n + emitted

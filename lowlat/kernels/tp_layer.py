@@ -1,0 +1,280 @@
+"""TP epilogue kernels of the tensor-parallel fused decoder layer (Triton; Hopper and the CPU interpreter).
+
+Matches the two reductions of `lowlat.reference.tp.tp_decoder_layer` (Megatron-style TP, Shoeybi et
+al. 2019) together with the residual adds and the FFN's RMSNorm around them:
+
+    partial_r = bf16( a_r W_r^T )                          rank r's partial GEMV, fp32 accumulation
+    s         = bf16( ((p_0 + p_1) + ...) + p_{N-1} )      `ordered_sum`: fp32, rank order 0..N-1
+    x'        = bf16( x + s )                              residual add (reference: bf16 x + bf16 s)
+    h         = mlp_norm * bf16( x' * rstd ),  rstd = 1 / sqrt(mean(x'^2) + eps)     (optional)
+
+Two kernels per reduction, each a grid over ALL emulated ranks (rank = a program_id axis):
+
+1. `partial_gemv_push`: program (column tile, rank r) computes its [M, BN] tile of a_r W_r^T and,
+   in its epilogue, pushes the bf16 tile into slot [parity][r] of every rank's receive buffer
+   (`lowlat.comm.ordered_reduce.push_to_peers`) and publishes the tag `epoch << 20 | tile` into
+   every rank's flag [parity][r][tile] (`publish`). It never waits.
+2. `reduce_residual_norm`: program (row block, rank r) walks the column tiles in order; per tile it
+   waits for the N flags of that tile (`wait_flags`: acquire loads, deadline on `%globaltimer`, abort
+   word), sums the slots in rank order in fp32 (`ordered_sum_tile`), rounds, adds the residual, stores
+   x' and accumulates the rows' sums of squares; with the norm it then writes h from its own x'.
+
+So the reduction of tile t starts as soon as every rank pushed tile t (per-tile waits, no grid
+barrier). The waiting kernel is a separate launch after the pushing one: it only waits for flags of
+kernels launched before it (on every rank), so it needs no co-residency with the GEMV and cannot
+deadlock however blocks are scheduled; under the CPU interpreter (programs run one after another)
+the same launch order is what makes it work. On a GPU without PDL the reduction therefore overlaps
+the GEMV only across ranks (a rank's reduce starts while slower peers still compute), not within one
+rank's stream.
+
+Deadline and abort are the comm layer's (lowlat/comm/README.md): a waiter whose deadline expires
+writes the abort word (epoch, stage, rank, missing peer) into every rank's control block; programs
+that see a word of this step's epoch, or of `abort_floor` (the layer's first collective), or later,
+stop and write nothing more; the host reads the words after the layer and raises
+`CollectiveTimeout`.
+
+Glossary: M rows (1..48), H hidden (N of the output projections), K per-rank input width
+(Hq/N * D for the output projection, I/N for the down projection), N ranks (world).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lowlat.comm.fault import FaultKind
+from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, interpreting, ordered_sum_tile,
+                                        publish, push_to_peers, round_to, wait_flags)
+from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._gemv import mma
+
+#: columns per tile: the comm layer's smallest tile, so tile ids stay within its flag array
+BLOCK_N = MIN_BLOCK_H
+#: K per GEMV step
+BLOCK_K = 64
+#: rows per program of the reduce kernel
+REDUCE_ROWS = 16
+NUM_WARPS = 8
+REDUCE_WARPS = 4
+MAX_ROWS = 48
+#: the faults the TP layer's push epilogue injects (LATE needs per-rank delays: not implemented here)
+SUPPORTED_FAULTS = (FaultKind.NONE, FaultKind.NEVER, FaultKind.EXIT, FaultKind.WRONG_EPOCH)
+
+
+@triton.jit
+def _partial_gemv_push_kernel(
+        a_ptr, stride_ar, stride_am, w_ptr, stride_wr, stride_wn,
+        data_ptrs, ctrl_ptrs, epoch_ptr, M, slot_elems, max_tiles, fault_rank,
+        N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
+        WORLD: tl.constexpr, WORLD_P2: tl.constexpr, SCOPE: tl.constexpr, FAULT: tl.constexpr,
+        UPCAST: tl.constexpr):
+    """Program (tile, rank): bf16(a[rank] @ W[rank][tile cols]^T) pushed to every rank + tagged flag."""
+    tile = tl.program_id(0)
+    rank = tl.program_id(1)
+    epoch = tl.load(epoch_ptr)
+    parity = epoch % 2
+    rn = tile * BN + tl.arange(0, BN)
+    nmask = rn < N
+    rm = tl.arange(0, BM)
+    mmask = rm < M
+    a_base = a_ptr + rank * stride_ar
+    w_base = w_ptr + rank * stride_wr
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        kmask = rk < K
+        w = tl.load(w_base + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(a_base + rm[None, :] * stride_am + rk[:, None], mask=kmask[:, None] & mmask[None, :], other=0.0)
+        if UPCAST:                  # the interpreter's bf16 arithmetic is wrong: fp32 right after the load
+            w = w.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = mma(w, x, acc, UPCAST)
+    part = round_to(acc, tl.bfloat16)
+    active = rank >= 0
+    if FAULT == 1:      # never arrives
+        active = rank != fault_rank
+    if FAULT == 3:      # exits mid-step: only its first half of tiles runs
+        active = (rank != fault_rank) | (tile < tl.num_programs(0) // 2)
+    tag = (epoch << 20) | tile.to(tl.int64)
+    if FAULT == 4:      # publishes the previous epoch's tag
+        tag = tl.where(rank == fault_rank, ((epoch - 1) << 20) | tile.to(tl.int64), tag)
+    offs = rm[None, :] * N + rn[:, None]          # [row][col] inside a slot of [max_rows][H]
+    push_to_peers(part, offs, nmask[:, None] & mmask[None, :] & active, data_ptrs, rank, parity, slot_elems,
+                  WORLD, tl.bfloat16)
+    publish(ctrl_ptrs, rank, tile, tag, parity, max_tiles, active, False, WORLD, WORLD_P2, SCOPE)
+
+
+@triton.jit
+def _reduce_residual_norm_kernel(
+        res_ptr, stride_rr, stride_rm, out_ptr, stride_or, stride_om, h_ptr, stride_hr, stride_hm, nw_ptr,
+        data_ptrs, ctrl_ptrs, epoch_ptr, abort_floor, M, slot_elems, max_tiles, stage, deadline_ns,
+        spin_limit, eps,
+        N: tl.constexpr, N_TILES: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+        WORLD: tl.constexpr, WORLD_P2: tl.constexpr, POLL: tl.constexpr, SCOPE: tl.constexpr,
+        USE_ASM: tl.constexpr, USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr, NORM: tl.constexpr):
+    """Program (row block, rank): per tile wait, rank-ordered sum, + residual -> out; then h (NORM)."""
+    rb = tl.program_id(0)
+    rank = tl.program_id(1)
+    epoch = tl.load(epoch_ptr)
+    parity = epoch % 2
+    my_data = tl.load(data_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
+    my_ctrl = tl.load(ctrl_ptrs + rank).to(tl.pointer_type(tl.int64))
+    rm = rb * BM + tl.arange(0, BM)
+    mmask = rm < M
+    # an earlier collective of this layer was aborted: its inputs are not valid, stop now
+    a = tl.load(my_ctrl, volatile=True)
+    state = tl.where((a >> 32) >= abort_floor, 2, 0)
+    deadline_at = tl.zeros([], dtype=tl.int64)
+    ss = tl.zeros((BM,), dtype=tl.float32)
+    for t in range(N_TILES):
+        tag = (epoch << 20) | t
+        flag_base = my_ctrl + 16 + parity * WORLD * max_tiles + t
+        state, deadline_at, missing = wait_flags(
+            flag_base, tag, max_tiles, my_ctrl, epoch, state, deadline_at, deadline_ns, spin_limit,
+            WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
+        abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state == 1, WORLD, WORLD_P2, SCOPE)
+        tl.debug_barrier()
+        cols = t * BN + tl.arange(0, BN)
+        mask = mmask[:, None] & (cols < N)[None, :]
+        ok = mask & (state == 0)
+        acc = ordered_sum_tile(my_data, rm[:, None] * N + cols[None, :], ok, parity, slot_elems, WORLD,
+                               tl.bfloat16)
+        s = round_to(acc, tl.bfloat16).to(tl.float32)
+        r = tl.load(res_ptr + rank * stride_rr + rm[:, None] * stride_rm + cols[None, :], mask=ok, other=0.0)
+        xn = round_to(r.to(tl.float32) + s, tl.bfloat16)
+        tl.store(out_ptr + rank * stride_or + rm[:, None] * stride_om + cols[None, :], xn, mask=ok)
+        xf = tl.where(ok, xn.to(tl.float32), 0.0)
+        ss += tl.sum(xf * xf, axis=1)
+    if NORM:
+        tl.debug_barrier()
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / N + eps))
+        for t in range(N_TILES):
+            cols = t * BN + tl.arange(0, BN)
+            cm = cols < N
+            ok = mmask[:, None] & cm[None, :] & (state == 0)
+            xv = tl.load(out_ptr + rank * stride_or + rm[:, None] * stride_om + cols[None, :], mask=ok, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+            w = tl.load(nw_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+            y = round_to(xv * rstd[:, None], tl.bfloat16).to(tl.float32)
+            tl.store(h_ptr + rank * stride_hr + rm[:, None] * stride_hm + cols[None, :],
+                     round_to(w[None, :] * y, tl.bfloat16), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------- host
+def _check(name: str, t: torch.Tensor, shape: tuple, device: torch.device) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise StepContractError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    if t.dtype != torch.bfloat16:
+        raise StepContractError(f"{name} must be bfloat16, got {t.dtype}")
+    if t.device != device:
+        raise StepContractError(f"{name} is on {t.device}, the group's buffers on {device}")
+    if t.stride(-1) != 1:
+        raise StepContractError(f"{name} must be contiguous in its last dim, strides {t.stride()}")
+
+
+def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, fault_kind: FaultKind = FaultKind.NONE,
+                      fault_rank: int = 0) -> int:
+    """Every rank's partial GEMV with the push epilogue, one launch over all N emulated ranks.
+
+    Parameters:
+        bufs   the group's receive buffers / control blocks (`EmulatedGroup.bufs`); its device epoch
+               must already be bumped for this collective
+        a      [N, M, K] bf16: rank r's activations a[r] (attention output or SwiGLU activation)
+        w      [N, H, K] bf16: rank r's weight shard (columns of Wo / W_down), row-major
+        fault_kind / fault_rank  injected fault (NEVER, EXIT, WRONG_EPOCH; NONE costs nothing)
+    Effect: slot [epoch % 2][r] of every rank's receive buffer holds bf16(a[r] W[r]^T) [M, H], and
+    flag [epoch % 2][r][tile] of every rank holds `epoch << 20 | tile`. Returns the number of tiles.
+    Raises StepContractError (shapes, dtypes, devices, M), UnsupportedConfigError (fault kind).
+    """
+    n = bufs.world
+    if a.dim() != 3 or w.dim() != 3:
+        raise StepContractError(f"a [N, M, K] and w [N, H, K] expected, got {list(a.shape)} and {list(w.shape)}")
+    m, k = a.shape[1], a.shape[2]
+    if not 1 <= m <= bufs.max_rows:
+        raise StepContractError(f"rows M={m} must be in 1..max_rows={bufs.max_rows}")
+    dev = bufs.data_ptrs.device
+    _check("a", a, (n, m, k), dev)
+    _check("w", w, (n, bufs.hidden, k), dev)
+    if bufs.dtype != torch.bfloat16:
+        raise UnsupportedConfigError("group dtype", bufs.dtype, "the TP layer reduces bf16 partials")
+    if fault_kind not in SUPPORTED_FAULTS:
+        raise UnsupportedConfigError("fault", fault_kind.name, f"the TP layer injects {[f.name for f in SUPPORTED_FAULTS]}")
+    n_tiles = triton.cdiv(bufs.hidden, BLOCK_N)
+    bm = max(16, triton.next_power_of_2(m))
+    _partial_gemv_push_kernel[(n_tiles, n)](
+        a, a.stride(0), a.stride(1), w, w.stride(0), w.stride(1),
+        bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, m, bufs.slot_elems, bufs.max_tiles, fault_rank,
+        N=bufs.hidden, K=k, BN=BLOCK_N, BK=BLOCK_K, BM=bm, WORLD=n, WORLD_P2=max(2, triton.next_power_of_2(n)),
+        SCOPE=bufs.scope, FAULT=int(fault_kind), UPCAST=interpreting(), num_warps=NUM_WARPS)
+    return n_tiles
+
+
+def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch.Tensor, *, stage: int,
+                         abort_floor: int, deadline_ns: int, spin_limit: int = 64,
+                         norm_weight: torch.Tensor | None = None, eps: float | None = None,
+                         h_out: torch.Tensor | None = None, use_deadline: bool = True) -> None:
+    """Wait per tile for every rank's pushed partial, sum in rank order, add the residual, normalise.
+
+    Parameters:
+        bufs         the group's buffers (same epoch as the `partial_gemv_push` launched before)
+        residual     [N, M, H] bf16: each rank's copy of the residual stream x
+        out          [N, M, H] bf16: x' = bf16(x + ordered_sum(partials)); must not alias residual
+                     (an aborted step leaves the residual untouched)
+        stage        stage id written into the abort word (names via the group's stage_names)
+        abort_floor  epoch of the layer's first collective: an abort word of that epoch or later
+                     makes every program stop before waiting (inputs of an aborted stage are garbage)
+        deadline_ns  deadline of each wait (ns, GPU); spin_limit: the interpreter's, in spins
+        norm_weight  [H] bf16 with eps > 0 and h_out [N, M, H] bf16: also h = rms_norm(x', norm_weight)
+                     with the reference's rounding order; all three None: no norm
+    Mutates out (and h_out) on ranks whose waits succeeded; aborts are left in the control blocks
+    for the host to read (`EmulatedGroup.status`). Raises StepContractError for bad tensors.
+    """
+    n, hdim = bufs.world, bufs.hidden
+    dev = bufs.data_ptrs.device
+    if residual.dim() != 3:
+        raise StepContractError(f"residual must be [N, M, H], got {list(residual.shape)}")
+    m = residual.shape[1]
+    if not 1 <= m <= bufs.max_rows:
+        raise StepContractError(f"rows M={m} must be in 1..max_rows={bufs.max_rows}")
+    _check("residual", residual, (n, m, hdim), dev)
+    _check("out", out, (n, m, hdim), dev)
+    if out.data_ptr() == residual.data_ptr():
+        raise StepContractError("out must not alias residual (an aborted step must leave x untouched)")
+    norm = norm_weight is not None
+    if norm != (h_out is not None) or norm != (eps is not None):
+        raise StepContractError("norm_weight, eps and h_out go together (all or none)")
+    if norm:
+        _check("norm_weight", norm_weight, (hdim,), dev)
+        _check("h_out", h_out, (n, m, hdim), dev)
+        if not eps > 0:
+            raise StepContractError(f"eps={eps} must be > 0")
+    h = h_out if norm else out
+    interp = interpreting()
+    _reduce_residual_norm_kernel[(triton.cdiv(m, REDUCE_ROWS), n)](
+        residual, residual.stride(0), residual.stride(1), out, out.stride(0), out.stride(1),
+        h, h.stride(0), h.stride(1), norm_weight if norm else residual,
+        bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, abort_floor, m, bufs.slot_elems, bufs.max_tiles, stage,
+        deadline_ns, spin_limit, float(eps) if norm else 0.0,
+        N=hdim, N_TILES=triton.cdiv(hdim, BLOCK_N), BN=BLOCK_N, BM=REDUCE_ROWS, WORLD=n,
+        WORLD_P2=max(2, triton.next_power_of_2(n)), POLL=32 * REDUCE_WARPS, SCOPE=bufs.scope, USE_ASM=not interp,
+        USE_DEADLINE=use_deadline, ABORT_EVERY=8, NORM=norm, num_warps=REDUCE_WARPS)
+
+
+def sm90_compile_specs(hidden: int, k: int, world: int, rows: int, *, fault: FaultKind = FaultKind.NONE,
+                       norm: bool = True) -> dict[str, dict]:
+    """Arguments for `tests/unit/compile_sm90.py` (kernel name -> spec) compiling both kernels for
+    sm_90 exactly as the launchers configure them for (H, K, N, M)."""
+    p2 = max(2, triton.next_power_of_2(world))
+    i64 = "*i64"
+    push = {"constexprs": dict(N=hidden, K=k, BN=BLOCK_N, BK=BLOCK_K, BM=max(16, triton.next_power_of_2(rows)),
+                               WORLD=world, WORLD_P2=p2, SCOPE="gpu", FAULT=int(fault), UPCAST=False),
+            "pointers": {"a_ptr": "*bf16", "w_ptr": "*bf16", "data_ptrs": i64, "ctrl_ptrs": i64, "epoch_ptr": i64},
+            "num_warps": NUM_WARPS}
+    red = {"constexprs": dict(N=hidden, N_TILES=triton.cdiv(hidden, BLOCK_N), BN=BLOCK_N, BM=REDUCE_ROWS, WORLD=world,
+                              WORLD_P2=p2, POLL=32 * REDUCE_WARPS, SCOPE="gpu", USE_ASM=True, USE_DEADLINE=True,
+                              ABORT_EVERY=8, NORM=norm),
+           "pointers": {"res_ptr": "*bf16", "out_ptr": "*bf16", "h_ptr": "*bf16", "nw_ptr": "*bf16",
+                        "data_ptrs": i64, "ctrl_ptrs": i64, "epoch_ptr": i64},
+           "scalars": {"deadline_ns": "i64", "eps": "fp32", "abort_floor": "i64"}, "num_warps": REDUCE_WARPS}
+    return {"_partial_gemv_push_kernel": push, "_reduce_residual_norm_kernel": red}

@@ -1,0 +1,237 @@
+"""The TP-sharded fused decoder layer on emulated ranks (lowlat.runtime.tp_fused_layer, kernels in
+lowlat/kernels/tp_layer.py) vs the TP-1 reference layer (lowlat.reference.layer.decoder_layer).
+
+CPU (Triton interpreter, tiny shapes; push and waiting reduce are separate launches): world 2, 3, 4
+within the numerics policy against the float64 oracle, bitwise identical on every rank and run to
+run, KV writes where the reference writes them; a rank that never arrives (or publishes a stale
+epoch) raises `CollectiveTimeout` on every rank and the next step is correct; bad inputs refused;
+both kernels compile for sm_90. GPU (`gpu`): SmolLM2-135M's layer shape at world 3 and
+Llama-3.2-1B's at world 2 and 4 (random weights), rows 1..48, and the fault within deadline + margin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lowlat.comm.fault import Fault, FaultKind
+from lowlat.config import preset
+from lowlat.errors import CollectiveTimeout, StepContractError, UnsupportedConfigError
+from lowlat.comm.emulated import EmulatedGroup
+from lowlat.comm.testing import make_partials
+from lowlat.kernels.tp_layer import partial_gemv_push, reduce_residual_norm, sm90_compile_specs
+from lowlat.numerics import check_accuracy, check_bitwise, poison
+from lowlat.reference.layer import decoder_layer
+from lowlat.reference.rms_norm import rms_norm
+from lowlat.reference.tp import ordered_sum
+from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
+from lowlat.runtime.tp_fused_layer import TPFusedLayer, gather_kv_cache, shard_kv_cache
+from lowlat.testing import random_step, tiny_config
+from lowlat.weights import random_layer_weights
+
+OP = "tp_layer"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny_tp(world: int):
+    """Smallest shape the fused kernels take, two column tiles (H 256), one KV head per rank."""
+    return tiny_config(hidden_size=256, num_heads=2 * world, num_kv_heads=world, head_dim=32,
+                       intermediate_size=96, num_layers=1)
+
+
+def make_case(cfg, seed: int, ctx_lens, new_rows, pad_to=None, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    lw = random_layer_weights(cfg, generator=g)
+    case = random_step(ctx_lens=ctx_lens, new_rows=new_rows, num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, generator=g, pad_to=pad_to)
+    x = torch.randn(case.step.num_rows, cfg.hidden_size, generator=g).to(torch.bfloat16)
+    return lw, case, x
+
+
+def references(cfg, lw, case, x):
+    """(oracle float64, baseline bf16) outputs and K caches of the TP-1 reference layer (on CPU)."""
+    step = case.step.to("cpu")
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    cos, sin = rope_cos_sin(step.positions, inv, torch.bfloat16)
+    kb, vb = case.k_cache.cpu().clone(), case.v_cache.cpu().clone()
+    base = decoder_layer(cfg, lw, x.cpu(), step, kb, vb, cos, sin)
+    cos64, sin64 = rope_cos_sin(step.positions, inv, torch.float64)
+    k64, v64 = case.k_cache.cpu().double(), case.v_cache.cpu().double()
+    oracle = decoder_layer(cfg, lw.map(lambda t: t.double()), x.cpu().double(), step, k64, v64, cos64, sin64)
+    return oracle, base, (k64, v64), (kb, vb)
+
+
+def run_tp(layer, case, x, device):
+    kc = shard_kv_cache(case.k_cache.to(device), layer.world)
+    vc = shard_kv_cache(case.v_cache.to(device), layer.world)
+    out = poison(torch.empty(layer.world, case.step.num_rows, layer.cfg.hidden_size, dtype=torch.bfloat16,
+                             device=device))
+    layer.forward(x.to(device), case.step.to(device), kc, vc, out=out)
+    return out, gather_kv_cache(kc), gather_kv_cache(vc)
+
+
+def check_layer(cfg, lw, case, x, out, kc, vc):
+    """Every rank within the policy vs the TP-1 oracle, ranks bitwise equal, KV writes checked."""
+    oracle, base, (k64, v64), (kb, vb) = references(cfg, lw, case, x)
+    out = out.cpu()
+    for r in range(out.shape[0]):
+        check_accuracy(OP, out[r], oracle, base)
+        check_bitwise(OP, out[r], out[0], output="every_rank")
+    n = case.step.num_valid_rows
+    loc = case.step.out_cache_loc[:n].long().cpu()
+    check_accuracy(OP, kc.cpu()[loc], k64[loc], kb[loc], output="k_cache")
+    check_accuracy(OP, vc.cpu()[loc], v64[loc], vb[loc], output="v_cache")
+    untouched = torch.ones(kc.shape[0], dtype=torch.bool)
+    untouched[loc] = False
+    check_bitwise(OP, kc.cpu()[untouched].nan_to_num(7.0), case.k_cache.cpu()[untouched].nan_to_num(7.0),
+                  output="k_cache_untouched")
+
+
+# ------------------------------------------------------------------------------------------- CPU
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_tp_fused_layer_equals_tp1_reference_and_is_bitwise_identical_on_every_rank(world):
+    """Decode + verify rows with padding; two runs bitwise equal (fresh caches each)."""
+    cfg = tiny_tp(world)
+    lw, case, x = make_case(cfg, 10 + world, [5, 0, 3], [1, 2, 1], pad_to=6)
+    layer = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=8)
+    out, kc, vc = run_tp(layer, case, x, "cpu")
+    check_layer(cfg, lw, case, x, out, kc, vc)
+    again, _, _ = run_tp(layer, case, x, "cpu")
+    check_bitwise(OP, again, out, output="run_to_run")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_push_epilogue_and_per_tile_reduce_equal_ordered_sum_bitwise(world):
+    """The two TP kernels alone: partials with cancelling pairs (so any other sum order changes bits,
+    world >= 3) produced by an exact GEMV (W = identity), pushed by the GEMV epilogue, reduced per
+    tile: out = bf16(x + ordered_sum(partials)) bitwise on every rank, h within the policy of
+    rms_norm(out)."""
+    m, hdim, dev = 5, 256, torch.device("cpu")
+    group = EmulatedGroup(world, hdim, max_rows=8, device=dev, deadline=1.0)
+    eye = torch.eye(hdim, dtype=torch.bfloat16).expand(world, -1, -1).contiguous()
+    nw = (1 + 0.1 * torch.randn(hdim)).to(torch.bfloat16)
+    for call in range(2):                                   # both parities of the slots / flags
+        parts = make_partials(world, m, hdim, seed=100 * world + call)
+        res = torch.randn(world, m, hdim).to(torch.bfloat16)
+        out, h = poison(torch.empty_like(res)), poison(torch.empty_like(res))
+        group.epoch += 1
+        group.bufs.epoch.add_(1)
+        partial_gemv_push(group.bufs, parts, eye)
+        reduce_residual_norm(group.bufs, res, out, stage=1, abort_floor=group.epoch, deadline_ns=group.deadline.ns,
+                             norm_weight=nw, eps=1e-6, h_out=h)
+        group.check()
+        s = ordered_sum(list(parts))
+        for r in range(world):
+            check_bitwise(OP, out[r], res[r] + s, output="reduce_bitwise")
+            check_accuracy(OP, h[r], rms_norm(out[r].double(), nw.double(), 1e-6), rms_norm(out[r], nw, 1e-6),
+                           output="h")
+
+
+@pytest.mark.parametrize("kind,stage", [(FaultKind.NEVER, "out_proj all-reduce"),
+                                        (FaultKind.WRONG_EPOCH, "down_proj all-reduce")])
+def test_rank_that_never_arrives_raises_on_every_rank_and_next_step_is_correct(kind, stage):
+    """World 3: rank 1's push is withheld (or tagged with the previous epoch) in one collective;
+    every rank raises CollectiveTimeout naming the stage and rank 1; x is untouched; the next step
+    (no reset) equals a fault-free layer's bitwise and is within the policy."""
+    world = 3
+    cfg = tiny_tp(world)
+    lw, case, x = make_case(cfg, 7, [4, 2], [1, 1])
+    # collective 1 = out-proj reduction of step 1, collective 4 = down-proj reduction of step 2
+    fire = 3 if kind == FaultKind.NEVER else 4
+    layer = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4,
+                         fault=Fault(kind, rank=1, step=fire), spin_limit=16)
+    clean = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4)
+    run_tp(layer, case, x, "cpu")                       # step 1: collectives 1, 2 (no fault)
+    x_before = x.clone()
+    with pytest.raises(CollectiveTimeout) as ei:
+        run_tp(layer, case, x, "cpu")                   # step 2: collectives 3, 4
+    err = ei.value
+    assert err.stage == stage and err.missing_peer == 1, str(err)
+    assert [e is not None for e in err.per_rank] == [True] * world, err.per_rank
+    assert all(e.stage == stage for e in err.per_rank)
+    check_bitwise(OP, x, x_before, output="input_untouched_after_abort")
+    out, kc, vc = run_tp(layer, case, x, "cpu")         # step 3: correct, no reset
+    want, _, _ = run_tp(clean, case, x, "cpu")
+    check_bitwise(OP, out, want, output="after_fault")
+    check_layer(cfg, lw, case, x, out, kc, vc)
+
+
+def test_refuses_bad_configs_and_inputs_before_any_launch():
+    cfg = tiny_tp(2)
+    lw, case, x = make_case(cfg, 1, [2], [1])
+    with pytest.raises(UnsupportedConfigError, match="tp_size"):
+        TPFusedLayer(cfg, lw, 3, device="cpu")
+    with pytest.raises(UnsupportedConfigError, match="fault"):
+        TPFusedLayer(cfg, lw, 2, device="cpu", fault=Fault(FaultKind.LATE, rank=0, delay_s=0.01))
+    layer = TPFusedLayer(cfg, lw, 2, device="cpu", max_rows=4)
+    kc, vc = shard_kv_cache(case.k_cache, 2), shard_kv_cache(case.v_cache, 2)
+    epoch = layer.group.epoch
+    with pytest.raises(StepContractError, match=r"x must be"):
+        layer.forward(x[:, :128].contiguous(), case.step, kc, vc)
+    with pytest.raises(StepContractError, match="one K and one V cache per rank"):
+        layer.forward(x, case.step, kc[:1], vc)
+    x3 = x.unsqueeze(0).expand(2, -1, -1).contiguous()
+    with pytest.raises(StepContractError, match="alias"):
+        layer.forward(x3, case.step, kc, vc, out=x3)
+    assert layer.group.epoch == epoch, "a refused call must not run a collective"
+    check_bitwise(OP, kc[0].nan_to_num(7.0), shard_kv_cache(case.k_cache, 2)[0].nan_to_num(7.0),
+                  output="kv_untouched_after_refusal")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-side sm_90 compile check; the GPU runs the kernels")
+@pytest.mark.parametrize("hidden,k,world,rows,fault", [(576, 192, 3, 1, FaultKind.NONE),
+                                                       (2048, 4096, 4, 48, FaultKind.NEVER),
+                                                       (2048, 1024, 2, 8, FaultKind.WRONG_EPOCH)])
+def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, fault):
+    for name, spec in sm90_compile_specs(hidden, k, world, rows, fault=fault).items():
+        env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "unit", "compile_sm90.py"),
+                               f"lowlat.kernels.tp_layer:{name}", json.dumps([spec])],
+                              env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        info = json.loads(proc.stdout.strip().splitlines()[-1])[0]
+        assert info["ok"] and info["spill_bytes"] == 0, (name, info)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = [("SmolLM2-135M", 3), ("Llama-3.2-1B", 2), ("Llama-3.2-1B", 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,world", GPU_SHAPES)
+@pytest.mark.parametrize("ctx_lens,new_rows,pad_to", [([37], [1], None), ([300, 0, 17, 5, 64, 2], [1] * 6, 8),
+                                                      ([120, 33, 9], [16, 16, 16], None)])
+def test_gpu_tp_fused_layer_real_shapes(device, name, world, ctx_lens, new_rows, pad_to):
+    cfg = preset(name)
+    lw, case, x = make_case(cfg, world, ctx_lens, new_rows, pad_to=pad_to)
+    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=5.0)
+    out, kc, vc = run_tp(layer, case, x, device)
+    torch.cuda.synchronize(device)
+    check_layer(cfg, lw, case, x, out, kc, vc)
+    for _ in range(3):
+        again, _, _ = run_tp(layer, case, x, device)
+        check_bitwise(OP, again.cpu(), out.cpu(), output="run_to_run")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_gpu_never_arrives_raises_within_deadline_and_next_step_correct(device):
+    cfg, world, deadline = preset("SmolLM2-135M"), 3, 0.25
+    lw, case, x = make_case(cfg, 5, [40, 3], [1, 1])
+    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=deadline,
+                         fault=Fault(FaultKind.NEVER, rank=2, step=1))
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout) as ei:
+        run_tp(layer, case, x, device)
+    took = time.monotonic() - t0
+    assert ei.value.missing_peer == 2 and all(e is not None for e in ei.value.per_rank)
+    # margin: one deadline per waiting row block, launches and the host's read of the abort words
+    assert took < 2 * deadline + 5.0, f"took {took:.2f} s for a {deadline} s deadline"
+    out, kc, vc = run_tp(layer, case, x, device)
+    check_layer(cfg, lw, case, x, out, kc, vc)
