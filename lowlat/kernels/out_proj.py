@@ -99,7 +99,7 @@ def _residual_gemv_kernel(
     n0 = pid_n * BN
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
-    if PRELOAD:                                       # weights into registers before the wait
+    if PRELOAD:                                       # weight loads issued before the wait
         ws = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)

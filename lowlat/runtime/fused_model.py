@@ -267,9 +267,25 @@ class FusedModel:
         self._graphs[bufs.width] = g
         g.replay()
 
-    def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True) -> None:
-        """The launches of one step on the static buffers of one width (the layers alone when not
-        `include_lm_head`: benchmarks time one layer that way)."""
+    def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
+        """x += attn Wo^T, then x += FFN(rms_norm(x)): three launches (dense) or out_proj + MoE."""
+        cfg, pdl, w, x = self.cfg, self.use_pdl, bufs.width, bufs.x
+        if L.moe is None:
+            residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
+                        workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
+            residual_gemv(bufs.act, L.w_down, x, out=x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
+        else:
+            out_proj(attn.view(w, -1), L.wo, x, L.mlp_norm, cfg.rms_eps, out=x, h_out=bufs.h,
+                     rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
+
+    def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True,
+             parts: frozenset = frozenset(("attention", "ffn"))) -> None:
+        """The launches of one step on the static buffers of one width. Benchmarks time pieces of
+        it: the layers alone (not `include_lm_head`), or only some launches of every layer (`parts`:
+        "attention" = attn_prologue + decode_attention, "ffn" = out_proj + MLP / MoE); a step
+        without all parts computes nothing meaningful."""
         from lowlat.kernels.attn_prologue import attn_prologue
         from lowlat.kernels.decode_attention import decode_attention
 
@@ -278,23 +294,17 @@ class FusedModel:
         torch.index_select(self.embed, 0, bufs.input_ids, out=x)
         page_table = self._page_table[:w]
         for i, L in enumerate(self.layers):
+            if "attention" not in parts:
+                if "ffn" in parts:
+                    self._ffn(L, bufs, bufs.attn)
+                continue
             q = attn_prologue(x, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                               bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
                                     out=bufs.attn, workspace=self.dec_ws, use_pdl=pdl)
-            if L.moe is None:
-                residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o,
-                              use_pdl=pdl)
-                gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
-                            workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
-                residual_gemv(bufs.act, L.w_down, x, out=x, workspace=self.gemv_ws, plan=self.plan_down,
-                              use_pdl=pdl)
-            else:
-                out_proj(attn.view(w, -1), L.wo, x, L.mlp_norm, cfg.rms_eps, out=x, h_out=bufs.h,
-                         rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
-                self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws,
-                                      use_pdl=pdl)
+            if "ffn" in parts:
+                self._ffn(L, bufs, attn)
         if include_lm_head:
             lm_head(x, self.final_norm, self.lm_head_w, bufs.nvalid, cfg.rms_eps, logits_out=bufs.logits,
                     tokens_out=bufs.tokens, workspace=self.gemv_ws, plan=self.plan_lm, use_pdl=pdl)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import GemvWorkspace
+from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.lm_head import lm_head
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
 from lowlat.reference import lm_head as ref
@@ -65,6 +65,22 @@ def test_lm_head_within_2x_baseline_error(m, shape, pad, seed):
     check_against_reference(x, nw, w, nvalid, r)
 
 
+@settings(max_examples=8)
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), pad=st.integers(0, 5),
+       mode=st.sampled_from([dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=32),
+                             dict(preload=False, bn=128)]),
+       block_k=st.sampled_from([16, 32]), seed=st.integers(0, 2 ** 16))
+def test_lm_head_every_plan_mode_within_2x_baseline_error(m, shape, pad, mode, block_k, seed):
+    h, v = shape
+    x, nw, w = make_inputs(m, h, v, seed, "cpu")
+    nvalid = max(1, m - pad)
+    logits = poison(torch.empty(m, v, dtype=torch.float32))
+    tokens = poison(torch.empty(m, dtype=torch.int64))
+    r = lm_head(x, nw, w, nvalid, EPS, logits_out=logits, tokens_out=tokens,
+                plan=plan_gemv(v, h, kind="lm_head", block_k=block_k, **mode))
+    check_against_reference(x, nw, w, nvalid, r)
+
+
 @pytest.mark.parametrize("tied", [(5, 7), (5, 200), (63, 64), (3, 129, 250)])
 def test_lm_head_ties_go_to_the_lowest_token_id(tied):
     """Identical weight rows give bitwise-equal maximal logits; the lowest id must win, whether the
@@ -100,6 +116,8 @@ def test_lm_head_device_valid_rows_and_repeated_calls():
     (lambda a: a.update(num_valid_rows=0), "num_valid_rows=0"),
     (lambda a: a.update(num_valid_rows=torch.tensor([2])), "num_valid_rows tensor must be one int32"),
     (lambda a: a.update(eps=-1.0), "eps=-1.0"),
+    (lambda a: a.update(plan=plan_gemv(128, 32, kind="lm_head")),
+     "plan is for N=128, K=32, split=1; lm_head needs N=128, K=64"),
 ])
 def test_lm_head_bad_input_raises_typed_error(change, match):
     x, nw, w = make_inputs(3, 64, 128, 0, "cpu")

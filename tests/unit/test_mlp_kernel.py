@@ -89,6 +89,45 @@ def test_mlp_given_h_within_2x_baseline_error(m, shape, split, seed):
     check_accuracy("mlp", y, oracle, x + swiglu_mlp(hn, wg, wu, wd))
 
 
+PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=16),
+              dict(preload=False, bn=64)]
+
+
+@settings(max_examples=10)
+@given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
+       split=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2 ** 16))
+def test_mlp_in_kernel_norm_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
+    """As the fused step runs it: rstd computed in the gate/up kernel from eps (factored RMSNorm; with
+    split-K the splits' sums of squares are added in split order), any tile plan."""
+    h, i = shape
+    x, wg, wu, wd, nw = make_inputs(m, h, i, seed, "cpu")
+    plans = (plan_gemv(i, h, kind="gate_up", block_k=16, split=split, **mode),
+             plan_gemv(h, i, kind="residual", block_k=16, split=split, **mode))
+    out = poison(torch.empty_like(x))
+    act = poison(torch.empty(m, i, dtype=torch.bfloat16))
+    ws = GemvWorkspace.create(max(h, i), "cpu")
+    y = mlp(x, pack_gate_up(wg, wu), wd, x, norm_weight=nw, eps=EPS, out=out, act=act, plans=plans, workspace=ws)
+    assert y is out
+    check_normed(x, wg, wu, wd, nw, y)
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def test_gate_up_in_kernel_norm_rows_independent():
+    """In-kernel rstd: a row's act is bitwise the same whatever M and whatever the other rows hold."""
+    x, wg, wu, _, nw = make_inputs(40, 64, 96, 22, "cpu")
+    wgu = pack_gate_up(wg, wu)
+    for mode in (dict(preload=True, bn=64), dict(preload=False, bn=16)):
+        plan = plan_gemv(96, 64, kind="gate_up", block_k=16, split=2, **mode)
+        full = gate_up_act(x, wgu, norm_weight=nw, eps=EPS, plan=plan)
+        for m in (1, 17, 33):
+            x2 = x[:m].clone()
+            x2[1:] = 3e4
+            check_bitwise("mlp", gate_up_act(x2, wgu, norm_weight=nw, eps=EPS, plan=plan)[:1], full[:1],
+                          output=f"act_row0_m{m}")
+            check_bitwise("mlp", gate_up_act(x[:m].contiguous(), wgu, norm_weight=nw, eps=EPS, plan=plan),
+                          full[:m], output=f"act_m{m}")
+
+
 def test_gate_up_act_matches_silu_times_up():
     x, wg, wu, _, _ = make_inputs(11, 64, 96, 4, "cpu")
     act = poison(torch.empty(11, 96, dtype=torch.bfloat16))
@@ -129,6 +168,9 @@ def test_mlp_in_place_residual():
     (lambda a: a.update(residual=a["residual"][:2]), r"residual has shape"),
     (lambda a: a.update(rstd=None), "norm_weight and rstd go together"),
     (lambda a: a.update(rstd=torch.ones(4)), r"rstd has shape \(4,\)"),
+    (lambda a: a.update(eps=EPS), "give rstd or eps with norm_weight, not both"),
+    (lambda a: a.update(rstd=None, eps=0.0), "eps=0.0 must be > 0"),
+    (lambda a: a.update(norm_weight=None, rstd=None, eps=EPS), "eps given without norm_weight"),
 ])
 def test_mlp_bad_input_raises_typed_error(change, match):
     x, wg, wu, wd, nw = make_inputs(3, 64, 96, 0, "cpu")
@@ -169,3 +211,26 @@ def test_mlp_gpu_bitwise_deterministic_and_row_invariant(device, model):
     perm = torch.randperm(48, generator=torch.Generator().manual_seed(0)).to(device)
     moved = run_fused(x[perm].contiguous(), wg, wu, wd, nw, workspace=ws, use_pdl=True, rstd=rstd[perm].contiguous())
     check_bitwise("mlp", moved, full[perm], output="out_row_permuted")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", list(GPU_SHAPES))
+def test_mlp_in_kernel_norm_gpu_bitwise_row_invariant_and_within_policy(device, model):
+    """As the fused step runs it (rstd computed in the gate/up kernel, default plans, PDL)."""
+    h, i = GPU_SHAPES[model]
+    x, wg, wu, wd, nw = make_inputs(48, h, i, 23, device)
+    wgu = pack_gate_up(wg, wu)
+    ws = GemvWorkspace.create(max(h, i), device)
+
+    def run(xx):
+        return mlp(xx, wgu, wd, xx, norm_weight=nw, eps=EPS, out=poison(torch.empty_like(xx)), workspace=ws,
+                   use_pdl=True)
+
+    full = run(x).clone()
+    check_normed(x, wg, wu, wd, nw, full)
+    check_bitwise("mlp", run(x), full, output="rerun")
+    for m in (1, 6, 16, 17, 33):
+        check_bitwise("mlp", run(x[:m].contiguous()), full[:m], output=f"m{m}")
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(1)).to(device)
+    check_bitwise("mlp", run(x[perm].contiguous()), full[perm], output="row_permuted")
+    assert int(ws.counters.abs().sum()) == 0

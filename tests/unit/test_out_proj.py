@@ -90,12 +90,12 @@ def test_residual_gemv_every_plan_mode_within_2x_baseline_error(m, shape, mode, 
     h, k = shape
     attn, wo, x, _ = make_inputs(m, h, k, seed, "cpu")
     plan = plan_gemv(h, k, kind="residual", block_k=16, split=split, **mode)
-    xi = poison(torch.empty_like(x))
-    xi.copy_(x)
-    out = residual_gemv(attn, wo, xi, out=xi, plan=plan)
-    assert out is xi
+    out = residual_gemv(attn, wo, x, out=poison(torch.empty_like(x)), plan=plan)
     check_accuracy("residual_gemv", out, x.double() + attn.double() @ wo.double().T,
                    x + torch.nn.functional.linear(attn, wo))
+    xi = x.clone()
+    assert residual_gemv(attn, wo, xi, out=xi, plan=plan) is xi
+    check_bitwise("residual_gemv", xi, out, output="in_place")
 
 
 def test_residual_gemv_rows_independent_across_modes_and_widths():
@@ -227,14 +227,15 @@ def test_residual_gemv_gpu_bitwise_deterministic_row_invariant_and_within_policy
     ws = GemvWorkspace.create(h, device)
 
     def run(a, r):
-        out = poison(torch.empty_like(r))
-        out.copy_(r)
-        return residual_gemv(a, wo, out, out=out, workspace=ws, use_pdl=True)
+        return residual_gemv(a, wo, r, out=poison(torch.empty_like(r)), workspace=ws, use_pdl=True)
 
     full = run(attn, x).clone()
     check_accuracy("residual_gemv", full, x.double() + attn.double() @ wo.double().T,
                    x + torch.nn.functional.linear(attn, wo))
     check_bitwise("residual_gemv", run(attn, x), full, output="rerun")
+    xi = x.clone()
+    residual_gemv(attn, wo, xi, out=xi, workspace=ws, use_pdl=True)        # in place, as the step runs it
+    check_bitwise("residual_gemv", xi, full, output="in_place")
     for m in (1, 6, 16, 17, 33):
         check_bitwise("residual_gemv", run(attn[:m].contiguous(), x[:m].contiguous()), full[:m], output=f"m{m}")
     assert int(ws.counters.abs().sum()) == 0

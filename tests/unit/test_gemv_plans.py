@@ -1,0 +1,112 @@
+"""Tile plans of the fused GEMVs (lowlat.kernels._gemv): what `plan_gemv` returns for the fused step's
+shapes, the tuned table and its JSON override, forced fields, refusals, and the tuner's candidates —
+each one correct (numerics policy at 48 rows, rows bitwise independent of the row-block count) under
+the interpreter at tiny shapes, checked by the same `lowlat.bench._GemvCase.check` the GPU tuner uses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from lowlat.bench import _GemvCase
+from lowlat.config import preset
+from lowlat.errors import StepContractError
+from lowlat.kernels import _gemv
+from lowlat.kernels._gemv import (MAX_SPLIT, GemvPlan, candidate_plans, default_plan, legacy_plan, plan_gemv,
+                                  plans_from_json)
+
+
+def step_shapes(model: str):
+    cfg = preset(model)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return [("residual", h, cfg.q_size), ("out_proj", h, cfg.q_size), ("gate_up", i, h), ("residual", h, i),
+            ("lm_head", cfg.vocab_size, h)]
+
+
+@pytest.mark.parametrize("model", ["SmolLM2-135M", "Llama-3.2-1B", "Qwen2.5-0.5B"])
+def test_default_plans_of_step_shapes_are_valid_and_cover_k(model):
+    for kind, n, k in step_shapes(model):
+        p = plan_gemv(n, k, kind=kind, table={})
+        assert p == default_plan(n, k, kind=kind, pair=kind == "gate_up")
+        assert 1 <= p.split <= MAX_SPLIT and p.split * p.span >= k > (p.split - 1) * p.span
+        assert (p.split == 1) if kind == "lm_head" else True
+        if p.preload:
+            assert p.weight_bytes_per_program(kind == "gate_up") <= _gemv.PRELOAD_MAX_BYTES
+            assert p.preload_smem(kind == "gate_up") <= _gemv.PRELOAD_MAX_SMEM
+
+
+def test_plan_is_a_function_of_kind_n_k_only():
+    a = plan_gemv(1536, 576, kind="gate_up")
+    b = plan_gemv(1536, 576, kind="gate_up")
+    assert a == b and a == plan_gemv(1536, 576, pair=True)
+    assert plan_gemv(576, 576, kind="lm_head").split == 1
+
+
+def test_tuned_table_and_json_override(tmp_path, monkeypatch):
+    base = default_plan(576, 576, kind="residual")
+    other = GemvPlan(n=576, k=576, block_k=64, split=1, chunks_per_split=9, bn=16, preload=False, warps=4, stages=8,
+                     pf_k=1024)
+    fields = {f: v for f, v in asdict(other).items() if f not in ("n", "k")}
+    assert plan_gemv(576, 576, kind="residual", table={("residual", 576, 576): fields}) == other
+    assert plan_gemv(576, 576, kind="out_proj", table={("residual", 576, 576): fields}) != other   # keyed by kind
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps([dict(kind="residual", n=576, k=576, plan=other.describe())]))
+    assert plans_from_json(json.loads(path.read_text())) == {("residual", 576, 576): fields}
+    monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(path))
+    assert plan_gemv(576, 576, kind="residual") == other
+    assert plan_gemv(576, 576, kind="residual", split=2) != other          # forced fields bypass the table
+    monkeypatch.delenv("LOWLAT_GEMV_PLANS")
+    assert plan_gemv(576, 576, kind="residual") == plan_gemv(576, 576, kind="residual", table=_gemv.TUNED_PLANS)
+    assert plan_gemv(576, 576, kind="residual", table={}) == base
+
+
+def test_forced_fields_rederive_split_and_stay_valid():
+    p = plan_gemv(576, 1536, kind="residual", preload=True, bn=64)
+    assert p.preload and p.bn == 64 and p.weight_bytes_per_program() <= _gemv.PRELOAD_MAX_BYTES
+    assert p.preload_smem() <= _gemv.PRELOAD_MAX_SMEM
+    q = plan_gemv(576, 1536, kind="residual", preload=False, bn=16, split=1, stages=8)
+    assert not q.preload and q.split == 1 and q.chunks_per_split == 12 and q.stages == 8
+    r = plan_gemv(100, 80, block_k=16, split=3)
+    assert r.split == 3 and r.split * r.span >= 80
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(bn=48), "bn=48"),
+    (dict(split=MAX_SPLIT + 1), "split=9"),
+    (dict(block_k=24), "block_k=24"),
+    (dict(kind="attention"), "kind 'attention'"),
+    (dict(warps=2), "warps=2"),
+])
+def test_bad_plan_fields_raise_typed_error(bad, match):
+    with pytest.raises(StepContractError, match=match):
+        plan_gemv(576, 576, **bad)
+    with pytest.raises(StepContractError, match="N=0"):
+        plan_gemv(0, 576)
+
+
+@pytest.mark.parametrize("model", ["SmolLM2-135M", "Llama-3.2-1B"])
+def test_candidates_start_with_default_include_legacy_and_are_distinct(model):
+    for kind, n, k in step_shapes(model):
+        if kind == "out_proj":
+            continue
+        cands = candidate_plans(kind, n, k)
+        labels = [lbl for lbl, _ in cands]
+        assert labels[0] == "default" and cands[0][1] == default_plan(n, k, kind=kind, pair=kind == "gate_up")
+        assert "legacy" in labels or legacy_plan(n, k, kind=kind, pair=kind == "gate_up") == cands[0][1]
+        plans = [p for _, p in cands]
+        assert len(set(plans)) == len(plans) >= 3
+        assert all(p.split == 1 for p in plans) if kind == "lm_head" else True
+
+
+@pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("gate_up", 80, 64), ("lm_head", 200, 64)])
+def test_every_candidate_passes_the_tuners_check_on_cpu(kind, n, k):
+    """The tuner's correctness gate (policy at 48 rows, rows bitwise independent of row blocks) on
+    every candidate plan of a tiny shape, under the interpreter."""
+    case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+    cands = candidate_plans(kind, n, k)
+    assert len(cands) >= 3
+    for label, plan in cands:
+        case.check(plan, rows=20, small=3)
