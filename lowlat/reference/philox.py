@@ -55,7 +55,9 @@ def philox4x32(c0, c1, c2, c3, k0, k1, n_rounds: int = N_ROUNDS):
     """Philox4x32 on int64 tensors holding uint32 values (broadcasting); returns four such tensors.
 
     Bit-identical to `triton.language.philox_impl` on uint32 inputs."""
-    c0, c1, c2, c3, k0, k1 = (torch.as_tensor(v, dtype=torch.int64) & MASK32 for v in (c0, c1, c2, c3, k0, k1))
+    args = (c0, c1, c2, c3, k0, k1)
+    dev = next((v.device for v in args if isinstance(v, torch.Tensor) and v.device.type != "cpu"), "cpu")
+    c0, c1, c2, c3, k0, k1 = (torch.as_tensor(v, dtype=torch.int64, device=dev) & MASK32 for v in args)
     c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(c0, c1, c2, c3, k0, k1)
     for _ in range(n_rounds):
         hi_b, lo_b = _umul32(c2, PHILOX_ROUND_B)
