@@ -49,6 +49,17 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch intra-op thread for a whole test module, restored afterwards: small CPU ops (Philox
+    int64 math, the SmolLM2 reference model) run faster on one thread on a shared CI machine, and xdist
+    workers do not oversubscribe the cores. Use: pytestmark = pytest.mark.usefixtures("one_torch_thread")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """This worker's device: a GPU (round-robin over xdist workers) when present, else the CPU."""

@@ -20,15 +20,16 @@ lowlat.reference.tp.ordered_sum.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from a checkout, installed or not
+
+from lowlat.benchmarking import copy_bandwidth, time_launches, versions, write_json  # noqa: E402
 
 WORLDS = (2, 4, 8)
 ROWS = (1, 6, 8, 16, 48)
@@ -37,54 +38,9 @@ DEADLINE_CASES = [(r, h) for r in (1, 48) for h in (576, 8192)]
 STEPS, REPLAYS = 20, 25
 
 
-def versions() -> dict:
-    import triton
-
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(["python", "bench/" + Path(sys.argv[0]).name] + sys.argv[1:])}
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth (bytes read + written per s), 1 GiB, median of 10."""
-    a = torch.empty(2 ** 29, dtype=torch.int16, device="cuda")
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(12):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return 2 * a.numel() * 2 / statistics.median(times[2:])
-
-
 def graph_time_us(fn, steps: int = STEPS, replays: int = REPLAYS) -> float:
     """Median time of one fn() call (µs): a CUDA graph of `steps` calls, replayed `replays` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(steps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / steps)
-    return statistics.median(times)
+    return time_launches(lambda _: fn(), steps, iters=replays, warmup=1)["us_median"]
 
 
 def bench_case(world: int, rows: int, hidden: int, use_deadline: bool, bw: float) -> dict:
@@ -156,14 +112,14 @@ def main() -> None:
             report["errors"].append(f"world={w} rows={r} hidden={h} deadline={dl}: {type(e).__name__}: {e}")
             print(report["errors"][-1], flush=True)
         if a.out:
-            a.out.write_text(json.dumps(report, indent=1))
+            write_json(a.out, report)
     with_dl = {(c["world"], c["rows"], c["hidden"]): c["us_per_call"] for c in report["cases"] if c["use_deadline"]}
     report["deadline_cost_us"] = [
         {"world": c["world"], "rows": c["rows"], "hidden": c["hidden"],
          "with": with_dl.get((c["world"], c["rows"], c["hidden"])), "without": c["us_per_call"]}
         for c in report["cases"] if not c["use_deadline"]]
     if a.out:
-        a.out.write_text(json.dumps(report, indent=1))
+        write_json(a.out, report)
     print(json.dumps({"epoch_bump_us": report["epoch_bump_us"], "deadline_cost_us": report["deadline_cost_us"],
                       "errors": report["errors"]}, indent=1))
 

@@ -6,7 +6,7 @@ For SmolLM2-135M and Llama-3.2-1B shapes (lowlat.config.preset) at rows 1, 6, 8,
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
-Floor = bytes / measured copy bandwidth. Writes JSON to --out (bench/_attn_timing.py has the method).
+Floor = bytes / measured copy bandwidth. Writes JSON to --out (lowlat/benchmarking.py has the method).
 
     python bench/bench_attn_prologue.py --out bench/results/attn_prologue_h200.json
 """
@@ -20,11 +20,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _attn_timing import (Budget, copies_for, copy_bandwidth, environment, exit_on_sigterm,  # noqa: E402
-                          time_calls, write)
-
+from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
+                                 time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv,  # noqa: E402
                                           pack_qkv_bias, rope_table)
@@ -57,7 +55,7 @@ def main() -> None:
     dev = torch.device("cuda")
     bw = copy_bandwidth()
     results, skipped = [], []
-    payload = {"bench": "attn_prologue", **environment(), "copy_bandwidth_GBps": bw / 1e9,
+    payload = {"bench": "attn_prologue", **versions(), "copy_bandwidth_GBps": bw / 1e9,
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(ref_attn_prologue, dynamic=True)
@@ -79,7 +77,7 @@ def main() -> None:
                 table = rope_table(cfg, MAX_POS, dev)
                 inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
                 hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-                r = copies_for(nbytes)
+                r = rotation_copies(nbytes)
                 ws_ = [w0.clone() for _ in range(r)]
                 xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
                 kc = torch.zeros(r * m + 1, hkv, d, dtype=torch.bfloat16, device=dev)
@@ -98,20 +96,14 @@ def main() -> None:
                     fn = ref_attn_prologue if variant == "ref_graph" else compiled
                     calls = [lambda i=i: fn(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i], m,
                                             kc, vc, inv, eps=cfg.rms_eps) for i in range(r)]
-                try:
-                    t = time_calls(calls, graph=True)
-                except Exception as e:  # a failed variant is recorded, the rest still run
-                    skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
-                    t = None
+                t = time_variant(calls, base, variant, results, skipped, graph=True)
                 if t is not None:
-                    results.append({**base, "variant": variant, **t, "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
-                                    "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
                     print(f"{name:14s} M={m:2d} {variant:18s} {t['us_median']:8.2f} us  "
-                          f"{results[-1]['GBps']:7.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
+                          f"{t['GBps']:7.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del ws_, xs, kc, vc, qs, calls
                 torch.cuda.empty_cache()
     finally:
-        write(args.out, payload)
+        write_json(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _attn_timing import (Budget, copies_for, copy_bandwidth, environment, exit_on_sigterm,  # noqa: E402
-                          time_calls, write)
-
+from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
+                                 time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace  # noqa: E402
 from lowlat.reference.attention import paged_attention  # noqa: E402
@@ -54,7 +52,7 @@ def main() -> None:
     dev = torch.device("cuda")
     bw = copy_bandwidth()
     results, skipped = [], []
-    payload = {"bench": "decode_attention", **environment(), "copy_bandwidth_GBps": bw / 1e9,
+    payload = {"bench": "decode_attention", **versions(), "copy_bandwidth_GBps": bw / 1e9,
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(paged_attention, dynamic=True)
@@ -71,7 +69,7 @@ def main() -> None:
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
-                r = copies_for(nbytes)
+                r = rotation_copies(nbytes)
                 L = ctx + 1
                 kc = torch.randn(r * m * L + 1, hkv, d, device=dev).bfloat16()
                 vc = torch.randn_like(kc)
@@ -91,20 +89,14 @@ def main() -> None:
                     fn = paged_attention if variant == "ref_eager" else compiled
                     calls = [lambda i=i: fn(qs[i], kc, vc, pts[i], req, pos, m) for i in range(r)]
                 graph = variant.startswith("fused")
-                try:
-                    t = time_calls(calls, graph=graph, replays=30 if graph else 10)
-                except Exception as e:  # a failed variant is recorded, the rest still run
-                    skipped.append({**base, "variant": variant, "why": f"{type(e).__name__}: {e}"[:300]})
-                    t = None
+                t = time_variant(calls, base, variant, results, skipped, graph=graph, iters=30 if graph else 10)
                 if t is not None:
-                    results.append({**base, "variant": variant, **t, "GBps": nbytes / (t["us_median"] * 1e-6) / 1e9,
-                                    "pct_of_floor": 100 * base["floor_us"] / t["us_median"]})
                     print(f"{name:14s} ctx={ctx:5d} M={m:2d} {variant:12s} {t['us_median']:9.2f} us "
-                          f"{results[-1]['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
+                          f"{t['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del kc, vc, qs, outs, pts, calls
                 torch.cuda.empty_cache()
     finally:
-        write(args.out, payload)
+        write_json(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -22,32 +22,23 @@ device-to-device copy bandwidth (read + write). The target (issue 5) is fused >=
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from a checkout, installed or not
+
+from lowlat.benchmarking import (L2_BYTES, copy_bandwidth, rotation_copies, time_launches, versions,  # noqa: E402
+                                 write_json)
 
 CONFIGS = {
     "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
     "temperature": dict(temperature=1.0, top_k=0, top_p=1.0),
     "top_k_top_p": dict(temperature=0.8, top_k=50, top_p=0.9),
 }
-L2_BYTES = 50 * 2 ** 20
-
-
-def versions() -> dict:
-    import triton
-
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(["python", "bench/" + Path(sys.argv[0]).name] + sys.argv[1:])}
 
 
 def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: torch.Tensor) -> torch.Tensor:
@@ -73,66 +64,14 @@ def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: 
     return torch.multinomial(probs, 1)[:, 0]
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting read + write (median of 20 copies of 1 GiB)."""
-    n = 2 ** 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(22):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return 2 * n / statistics.median(times[2:])
-
-
 def time_graph(fn, rot: int, iters: int) -> float:
     """Median µs per call of fn(i) (i = 0..rot-1), captured as one CUDA graph of rot calls."""
-    for i in range(rot):                       # compile / warm up outside the capture
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(rot):
-            fn(i)
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(rot):
-                fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / rot)
-    return statistics.median(times)
+    return time_launches(fn, rot, iters=iters)["us_median"]
 
 
 def time_eager(fn, rot: int, iters: int) -> float:
     """Median µs per call of fn(i) without a graph (fallback when a variant cannot be captured)."""
-    for i in range(rot):
-        fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for i in range(rot):
-            fn(i)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / rot)
-    return statistics.median(times)
+    return time_launches(fn, rot, graph=False, iters=iters, warmup=0)["us_median"]
 
 
 def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: float, sweep: bool) -> list[dict]:
@@ -236,7 +175,7 @@ def main(argv=None) -> int:
     if not args.out:
         ap.error("--out is required")
     v, hd = args.vocab, args.hidden
-    rot = max(2, -(-3 * L2_BYTES // (v * hd * 2)))          # copies of W together >= 3x L2
+    rot = rotation_copies(v * hd * 2, target_bytes=3 * L2_BYTES, max_copies=2**31)   # copies of W together >= 3x L2
     g = torch.Generator(device="cuda").manual_seed(0)
     weights = [(torch.randn(v, hd, generator=g, device="cuda") * hd ** -0.5 * 4).bfloat16() for _ in range(rot)]
     hs = [torch.randn(max(args.rows), hd, generator=g, device="cuda").bfloat16() for _ in range(rot)]
@@ -246,8 +185,7 @@ def main(argv=None) -> int:
         results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, args.sweep))
     doc = {**versions(), "copy_bandwidth_TBps": round(bw / 1e12, 3), "rotation": rot, "iters": args.iters,
            "target": "fused >= 2x faster than torch (issue 5)", "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc)
     print("wrote", args.out)
     return 0
 

@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
-import platform
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
-
+from lowlat.benchmarking import (capture_graph, copy_bandwidth, event_times_us, summarize_us,  # noqa: E402
+                                 versions, write_json)
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels import moe as kmoe  # noqa: E402
 from lowlat.reference.moe import moe as ref_moe  # noqa: E402
@@ -54,47 +50,15 @@ def moe_layer_weights(cfg, device, seed: int) -> LayerWeights:
                         expert_down=lin(e, h, ie))
 
 
-def copy_bandwidth(device, nbytes: int = 2**30, iters: int = 20) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    e.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * iters / (s.elapsed_time(e) * 1e-3)
-
-
 def time_replays(fn, flush: torch.Tensor | None, iters: int) -> dict:
     """Per-call µs (CUDA events), an L2 flush before each call when flush is given."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        if flush is not None:
-            flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-    return {"median_us": statistics.median(us), "p10_us": us[len(us) // 10], "p90_us": us[(9 * len(us)) // 10]}
+    t = summarize_us(event_times_us(fn, iters=iters, flush=flush, sync_each=False))
+    return {"median_us": t["us_median"], "p10_us": t["us_p10"], "p90_us": t["us_p90"]}
 
 
 def capture(h, x, lw, cfg, ws, out, use_pdl, config):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws, use_pdl=use_pdl, config=config)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws, use_pdl=use_pdl, config=config)
-    return graph
+    return capture_graph(lambda _: kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws,
+                                                    use_pdl=use_pdl, config=config), 1)
 
 
 def sweep_configs(base: kmoe.MoEKernelConfig):
@@ -172,18 +136,13 @@ def main(argv=None) -> int:
     report = {
         "bench": "moe", "model": cfg.name,
         "shape": {"hidden": hidden, "experts": e, "top_k": cfg.top_k, "moe_intermediate": ie},
-        "device": torch.cuda.get_device_name(device),
-        "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-                     "python": platform.python_version()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        **versions(),
         "copy_bandwidth_tbps": bw / 1e12,
         "kernel_config": dataclasses.asdict(base_cfg),
         "timing": f"median of {args.iters} CUDA-graph replays, each after a {FLUSH_BYTES >> 20} MB L2 flush",
         "results": results,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
     return 0
 

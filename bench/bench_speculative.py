@@ -18,9 +18,6 @@ comment says which rule applied).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
 import statistics
 import sys
 import time
@@ -28,14 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # run from a checkout, installed or not
 
-def _versions() -> dict:
-    import triton
-
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
+from lowlat.benchmarking import versions, write_json  # noqa: E402
 
 
 def _sync() -> None:
@@ -101,7 +93,7 @@ def main(argv=None) -> int:
         model = ReferenceModel(cfg, weights.to(device=device))
     if args.backend == "fused" and hasattr(engine.backend, "report"):
         print(engine.backend.report(), flush=True)
-    report = {**_versions(), "model": cfg.name, "backend": args.backend, "k": args.k, "tokens": args.tokens,
+    report = {**versions(), "model": cfg.name, "backend": args.backend, "k": args.k, "tokens": args.tokens,
               "prompts": len(prompts)}
 
     if args.sweep_layers is not None:
@@ -138,8 +130,7 @@ def main(argv=None) -> int:
         if hasattr(engine.backend, "counts"):
             report["fused_step_counts"] = {"speculative_engine": dict(engine.backend.counts),
                                            "plain_engine": dict(plain_engine.backend.counts)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
     return 0
 

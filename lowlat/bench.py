@@ -422,17 +422,19 @@ class _GemvCase:
 
 
 def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: str | None, *,
-              rows_list=(1, 6)) -> list[dict]:
+              rows_list=(1, 6), only: set | None = None) -> list[dict]:
     """Time every candidate plan (`lowlat.kernels._gemv.candidate_plans`) of each GEMV shape of the
     first model's fused step and of the later models' GEMVs with more than 8 MB of weights, as the
     step runs them (PDL-chained launches over rotating weight copies, rows 1 and 6); keep the fastest
     (sum over rows_list) among those that pass `_GemvCase.check`.
-    Writes the chosen plans as JSON (the format of $LOWLAT_GEMV_PLANS / `plans_from_json`) to
-    plans_out and points $LOWLAT_GEMV_PLANS at it, so later sections of this run use them."""
+    only: a set of (kind, N, K) to tune (None: all of the above; others keep their current plans).
+    Writes the chosen plans as JSON (the format of $LOWLAT_GEMV_PLANS / `plans_from_json`), followed
+    by the current table's entries of the shapes not tuned, to plans_out and points
+    $LOWLAT_GEMV_PLANS at it, so later sections of this run use them."""
     import torch
 
     from lowlat.config import preset
-    from lowlat.kernels._gemv import candidate_plans
+    from lowlat.kernels._gemv import GemvPlan, candidate_plans, tuned_table
 
     shapes = []
     for j, model in enumerate(models):
@@ -445,7 +447,7 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: st
             todo = sorted([t for t in todo if t[1] * t[2] * (4 if t[0] == "gate_up" else 2) > 8 << 20],
                           key=lambda t: -t[1] * t[2])           # largest first
         for kind, n, k in todo:
-            if all((kind, n, k) != t[1:4] for t in shapes):
+            if all((kind, n, k) != t[1:4] for t in shapes) and (only is None or (kind, n, k) in only):
                 shapes.append((model, kind, n, k, cfg.rms_eps))
     chosen: list[dict] = []
     for model, kind, n, k, eps in shapes:
@@ -487,9 +489,13 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: st
         torch.cuda.empty_cache()
     rec.doc["tuned_plans"] = chosen
     rec.save()
+    table = list(chosen)              # shapes not tuned here keep their current plans in the written table
+    for (kind, n, k), fields in tuned_table().items():
+        if all((kind, n, k) != (e["kind"], e["n"], e["k"]) for e in chosen):
+            table.append(dict(kind=kind, n=n, k=k, label="kept", plan=GemvPlan(n=n, k=k, **fields).describe()))
     if plans_out:
         with open(plans_out, "w") as f:
-            json.dump(chosen, f, indent=1)
+            json.dump(table, f, indent=1)
         os.environ["LOWLAT_GEMV_PLANS"] = plans_out
     return chosen
 
@@ -732,7 +738,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[bench] tune GEMV plans ({budget.left():.0f} s left)", flush=True)
         tb = _Budget(min(args.tune_budget_s, budget.left()))
         try:
-            tune_gemv(models, dev, bw, rec, tb, args.plans_out or (args.out + ".plans.json" if args.out else None))
+            tune_gemv(models, dev, bw, rec, tb, args.plans_out or (args.out + ".plans.json" if args.out else None),
+                      only=_parse_shapes(args.tune_shapes))
         except Exception as e:                                              # noqa: BLE001 - recorded
             rec.error("tune", e)
         torch.cuda.empty_cache()
@@ -790,6 +797,21 @@ def _print_table(doc: dict) -> None:
         print(f"[bench] {len(doc['errors'])} errors: " + "; ".join(e["where"] for e in doc["errors"]))
 
 
+def _parse_shapes(text: str | None) -> set | None:
+    """--tune-shapes "lm_head:49152x576,residual:2048x8192" -> {(kind, N, K)}; None when empty."""
+    if not text:
+        return None
+    out = set()
+    for item in text.split(","):
+        try:
+            kind, nk = item.strip().split(":")
+            n, k = nk.lower().split("x")
+            out.add((kind, int(n), int(k)))
+        except ValueError:
+            raise SystemExit(f"--tune-shapes: {item!r} is not KIND:NxK") from None
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="JSON path (rewritten after every entry)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated presets")
@@ -800,6 +822,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune-budget-s", type=float, default=120.0, help="most seconds the tune section may take")
     p.add_argument("--plans-out", default=None,
                    help="JSON path for the tuned GEMV plans (default <out>.plans.json); the rest of the run uses them")
+    p.add_argument("--tune-shapes", default=None,
+                   help="tune only these GEMV shapes, KIND:NxK comma-separated (e.g. lm_head:49152x576)")
 
 
 def add_subparser(sub) -> None:

@@ -43,22 +43,9 @@ DEFAULTS: dict[torch.dtype, Tolerance] = {
 #: per-(op, output) overrides, each with its reason
 OVERRIDES: dict[tuple[str, str], Tolerance] = {
     ("model", "logits_vs_transformers"): Tolerance(
-        0.0, 1e-4, 1e-4,
-        "same bf16 weights, both run in fp32: only fp32 summation order differs; 1e-4 of the largest "
-        "logit bounds that after 30 layers (measured max ~2e-5 relative)"),
-    ("out_proj", "rstd"): Tolerance(
-        2.0, 2.0 ** -16, 1e-9,
-        "rstd of the kernel's own bf16 x, checked against float64 on that x: an fp32 sum of H <= 8192 "
-        "squares in tile order (not torch's order) errs up to ~H * 2^-24 relative, i.e. below 2^-11; "
-        "2^-16 of the largest rstd covers the sqrt / division roundings and the measured ~sqrt(H) growth"),
-    ("rejection_sampling", "exact_distribution"): Tolerance(
-        0.0, 1e-12, 1e-15,
-        "an identity of exact arithmetic (speculative sampling's output distribution == p) evaluated in "
-        "float64 over at most a few hundred terms: only float64 rounding remains"),
-    ("philox", "exponential"): Tolerance(
-        0.0, 2.0 ** -50, 0.0,
-        "-log(u) of bitwise-identical float64 uniforms: numpy (Triton interpreter), libdevice (GPU) and torch "
-        "may round the float64 log differently by an ulp"),
+        0.0, 1e-5, 1e-4,
+        "same bf16 weights, both run in fp32: only fp32 summation order differs; measured max 7.5e-5 "
+        "absolute (logits up to ~40) over 3 prompts x 21 steps, so 1e-5 of the largest logit + 1e-4"),
     ("tp_layer", "out"): Tolerance(
         2.0, 2.0 ** -8, 1e-6,
         "TP partials are rounded to bf16 before the rank-ordered fp32 sum: one extra bf16 rounding per "

@@ -44,6 +44,14 @@ prefetch, bn 128 with 8 warps: 20.6 us); Llama-3.2-1B's 525 MB LM head went from
 (bk 64, 6 stages, no prefetch); SmolLM2's 0.66 MB output projection from 3.3 us (bn 64, split-K 5)
 to 2.1 us (bn 16, no split, all nine chunks in flight).
 
+Second tuning round (bench/results/perf2_step_h200.json, `_wide_candidates`), predictions vs measured:
+SmolLM2's LM head with bn 128 runs faster with 4 warps than 8 (19.1 vs 20.5 us; predicted slower: one
+warpgroup issues both m64 halves and leaves room for more programs); stages 3 (to let the next
+PDL launch's programs co-reside and prefetch) was slower (22.4 us), stages 5 too (23.4 us), and a
+whole-slice prefetch thrashed L2 again (49 us). Llama's down projection [2048, 8192] did not move:
+the default (bn 64, bk 128, split 8, 4 stages, pf 256) stays fastest at 11.8 us; stages 3 was
+14.4-16.8 us, stages 5 12.3 us, bk 256 12.7 us, split 4 12.7 us, bn 32 15.4 us, bn 128 13.4 us.
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
@@ -279,16 +287,18 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # SmolLM2-135M: default, 3.33 us at 1 row
     ('residual', 576, 1536): dict(
         block_k=128, split=6, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
-    # SmolLM2-135M: stream_bn128_w8_pf0, 20.56 us at 1 row (default plan 24.17 us)
+    # SmolLM2-135M: w_bn128_bk64_w4_st4_pf0, 19.10 us at 1 row (was stream_bn128_w8_pf0: 20.51 us in the
+    # same run; default plan 24.08 us); bench/results/perf2_step_h200.json
     ('lm_head', 49152, 576): dict(
-        block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=8, stages=4, pf_k=0),
+        block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=4, stages=4, pf_k=0),
     # Llama-3.2-1B: stream_bn64_bk64_st6_pf0, 134.14 us at 1 row (default plan 159.12 us)
     ('lm_head', 128256, 2048): dict(
         block_k=64, split=1, chunks_per_split=32, bn=64, preload=False, warps=4, stages=6, pf_k=0),
     # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
     ('gate_up', 8192, 2048): dict(
         block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
-    # Llama-3.2-1B: default, 11.83 us at 1 row
+    # Llama-3.2-1B: default, 11.83 us at 1 row (still the fastest of 13 candidates in perf2_step_h200.json:
+    # 11.79 us; shallower / deeper pipelines, bk 64 / 256, bn 32 / 128, split 4 all slower)
     ('residual', 2048, 8192): dict(
         block_k=128, split=8, chunks_per_split=8, bn=64, preload=False, warps=4, stages=4, pf_k=256),
 }
@@ -415,7 +425,45 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
         add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
         add("stream_bn128_bk64_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, block_k=64, warps=8,
                                                           pf_k=0, **kw))
+    add("tuned", lambda: plan_gemv(n, k, **kw))              # the committed table's plan, timed in the same run
+    if wbytes > LATENCY_BYTES:
+        for label, fields in _wide_candidates(kind):
+            add(label, lambda f=fields: plan_gemv(n, k, **f, **kw))
     return out
+
+
+def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
+    """Extra stream-mode plans the tuner times for weights above LATENCY_BYTES (bandwidth regime).
+
+    Shallower pipelines (stages 3) leave room on each SM for the next PDL-chained launch's programs,
+    which then issue their L2 prefetch (pf_k) before `gdc_wait` while this launch drains; deeper ones
+    keep more bytes in flight per program. lm_head: bn 128 with 4 or 8 warps, block_k 64 / 128.
+    Others (split-K GEMVs such as Llama's down projection, K = 8192): bn 32 / 64 / 128, block_k
+    64 / 128 / 256, split 4 / 8.
+    """
+    def f(bn, bk, warps, stages, pf_k, split=None):
+        d = dict(preload=False, bn=bn, block_k=bk, warps=warps, stages=stages, pf_k=pf_k)
+        if split is not None:
+            d["split"] = split
+        return d
+    if kind == "lm_head":
+        return [("w_bn128_bk64_w8_st3_pf0", f(128, 64, 8, 3, 0)),
+                ("w_bn128_bk64_w8_st3_pf128", f(128, 64, 8, 3, 128)),
+                ("w_bn128_bk64_w8_st3_pfall", f(128, 64, 8, 3, 1024)),
+                ("w_bn128_bk64_w8_st4_pf64", f(128, 64, 8, 4, 64)),
+                ("w_bn128_bk64_w8_st5_pf0", f(128, 64, 8, 5, 0)),
+                ("w_bn128_bk128_w8_st2_pf0", f(128, 128, 8, 2, 0)),
+                ("w_bn128_bk64_w4_st4_pf0", f(128, 64, 4, 4, 0)),
+                ("w_bn64_bk64_w4_st3_pfall", f(64, 64, 4, 3, 1024))]
+    return [("w_bn64_bk128_s8_st3_pf256", f(64, 128, 4, 3, 256, 8)),
+            ("w_bn64_bk128_s8_st3_pfall", f(64, 128, 4, 3, 1024, 8)),
+            ("w_bn64_bk128_s8_st3_pf0", f(64, 128, 4, 3, 0, 8)),
+            ("w_bn64_bk128_s8_st5_pf256", f(64, 128, 4, 5, 256, 8)),
+            ("w_bn64_bk256_s8_st2_pf256", f(64, 256, 4, 2, 256, 8)),
+            ("w_bn64_bk64_s8_st6_pf256", f(64, 64, 4, 6, 256, 8)),
+            ("w_bn128_bk128_w8_s8_st3_pf256", f(128, 128, 8, 3, 256, 8)),
+            ("w_bn32_bk128_s8_st4_pf256", f(32, 128, 4, 4, 256, 8)),
+            ("w_bn64_bk128_s4_st4_pf256", f(64, 128, 4, 4, 256, 4))]
 
 
 @dataclass

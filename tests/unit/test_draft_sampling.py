@@ -26,13 +26,7 @@ from sampling_stats import ALPHA, fits, token_counts
 SENTINEL = -(2 ** 40)
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """Small int64 torch ops (Philox) are far faster on one intra-op thread on a shared CI machine."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")     # Philox int64 ops: one thread is faster
 
 
 # ------------------------------------------------------------------------------------------ inputs

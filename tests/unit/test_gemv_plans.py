@@ -110,3 +110,37 @@ def test_every_candidate_passes_the_tuners_check_on_cpu(kind, n, k):
     assert len(cands) >= 3
     for label, plan in cands:
         case.check(plan, rows=20, small=3)
+
+
+def test_wide_candidates_cover_the_bandwidth_shapes_and_are_valid():
+    """The extra stream plans timed for weights above LATENCY_BYTES (SmolLM2's LM head, Llama's down
+    projection): present, distinct, within the shared-memory bound, lm_head always split 1."""
+    for kind, n, k in [("lm_head", 49152, 576), ("residual", 2048, 8192)]:
+        cands = candidate_plans(kind, n, k)
+        labels = [lbl for lbl, _ in cands]
+        assert sum(lbl.startswith("w_") for lbl in labels) >= 6
+        plans = [p for _, p in cands]
+        assert len(set(plans)) == len(plans)
+        for p in plans:
+            assert p.split * p.span >= k > (p.split - 1) * p.span
+            assert (p.split == 1) if kind == "lm_head" else p.split <= MAX_SPLIT
+    assert not any(lbl.startswith("w_") for lbl, _ in candidate_plans("residual", 576, 1536))   # latency regime
+
+
+@pytest.mark.parametrize("kind, n, k", [("lm_head", 300, 96), ("residual", 96, 512)])
+def test_wide_candidate_fields_pass_the_tuners_check_on_cpu(kind, n, k):
+    """The wide candidates' tilings (bn 32..128, block_k 64..256, split 4 / 8, masked K) forced on a
+    tiny shape pass the tuner's correctness gate under the interpreter."""
+    case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+    for label, fields in _gemv._wide_candidates(kind):
+        case.check(plan_gemv(n, k, kind=kind, **fields), rows=20, small=3)
+
+
+def test_tune_shapes_argument_parses_kind_n_k():
+    from lowlat.bench import _parse_shapes
+
+    assert _parse_shapes(None) is None and _parse_shapes("") is None
+    assert _parse_shapes("lm_head:49152x576, residual:2048X8192") == {("lm_head", 49152, 576),
+                                                                      ("residual", 2048, 8192)}
+    with pytest.raises(SystemExit, match="KIND:NxK"):
+        _parse_shapes("lm_head-49152")

@@ -23,14 +23,7 @@ from sampling_stats import ALPHA, fits, g_test, token_counts
 SENTINEL = -(2 ** 40)      # poison for int outputs (-1 is a legitimate emitted value)
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """These tests run many small int64 ops (Philox in torch): one intra-op thread is much faster than
-    several on a shared CI machine (OpenMP threads spin when cores are busy). Restored afterwards."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")     # Philox int64 ops: one thread is faster
 
 
 # ---------------------------------------------------------------------------------------------- cases

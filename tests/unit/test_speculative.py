@@ -26,13 +26,7 @@ NEW_TOKENS = 16
 #: which exercises the residual path)
 TEST_DRAFT_LAYERS = 6
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,118 @@
+"""lowlat.benchmarking, the timing utilities every benchmark shares: the CPU-checkable parts here (copy
+counts for a cold L2, percentile summary, provenance, JSON output, budget); the CUDA timing itself on
+the GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from lowlat import benchmarking as bm
+
+
+def test_importing_does_not_touch_cuda():
+    import subprocess
+
+    code = ("import sys, lowlat.benchmarking; "
+            "assert 'triton' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("nbytes, kw, want", [
+    (1, {}, 512),                                          # tiny launch: capped at max_copies
+    (10 * 2**20, {}, 20),                                  # 200 MiB / 10 MiB
+    (10 * 2**20 + 1, {}, 20),                              # rounds up only past a whole copy
+    (3 * 2**20, {"target_bytes": 10 * 2**20}, 4),          # ceil(10 / 3)
+    (2**30, {}, 2),                                        # bigger than the target: still >= 2 copies
+    (2**30, {"min_copies": 1}, 1),
+    (2**20, {"target_bytes": 192 << 20, "min_copies": 1, "max_copies": 256}, 192),
+    (0, {"max_copies": 7}, 7),                             # 0 bytes does not divide by zero
+])
+def test_rotation_copies_reach_the_target_bytes_within_bounds(nbytes, kw, want):
+    got = bm.rotation_copies(nbytes, **kw)
+    assert got == want
+    lo, hi = kw.get("min_copies", 2), kw.get("max_copies", 512)
+    assert lo <= got <= hi
+    if lo < got < hi:                                      # not clipped: one pass covers the target
+        assert got * nbytes >= kw.get("target_bytes", 4 * bm.L2_BYTES) > (got - 1) * nbytes
+
+
+def test_summarize_us_orders_percentiles():
+    g = torch.Generator().manual_seed(1)
+    times = (torch.rand(101, generator=g) * 50 + 1).tolist()
+    s = bm.summarize_us(times)
+    srt = sorted(times)
+    assert s["samples"] == 101
+    assert s["us_median"] == srt[50]
+    assert s["us_p10"] == srt[10] and s["us_p90"] == srt[90]
+    assert s["us_p10"] <= s["us_median"] <= s["us_p90"]
+
+
+def test_versions_names_device_versions_date_and_command():
+    v = bm.versions()
+    for key in ("device", "torch", "triton", "python", "date", "command"):
+        assert v[key], key
+    assert v["torch"] == torch.__version__
+    assert v["date"].endswith("+00:00")                   # UTC
+    if hasattr(sys, "orig_argv"):                          # Python >= 3.10: the command line as typed
+        assert v["command"] == " ".join(sys.orig_argv)
+    else:
+        assert v["command"].endswith(" ".join(sys.argv))
+
+
+def test_write_json_creates_parents_and_round_trips(tmp_path, capsys):
+    path = tmp_path / "a" / "b.json"
+    doc = {"x": 1.5, "rows": [1, 6]}
+    bm.write_json(path, doc)
+    assert json.loads(path.read_text()) == doc
+    bm.write_json(None, doc)                               # no path: printed
+    assert json.loads(capsys.readouterr().out) == doc
+
+
+def test_budget_counts_down():
+    assert 0 < bm.Budget(60).left() <= 60
+    assert bm.Budget(-1).left() < 0
+
+
+def test_time_variant_records_a_failed_variant_as_skipped_and_goes_on():
+    def boom():
+        raise ValueError("no such tile 7")
+
+    results, skipped = [], []
+    base = {"model": "m", "rows": 6, "bytes": 100, "floor_us": 1.0}
+    assert bm.time_variant([boom, boom], base, "fused", results, skipped) is None
+    assert results == []
+    assert skipped == [{**base, "variant": "fused", "why": "ValueError: no such tile 7"}]
+
+
+@pytest.mark.gpu
+def test_gpu_timing_counts_every_launch_per_copy(device):
+    """time_launches runs each launch in every replay (graph and eager), divides by the copies, and
+    copy_bandwidth gives a positive, finite rate."""
+    n, iters = 4, 5
+    counters = torch.zeros(n, dtype=torch.int64, device=device)
+
+    def launch(i):
+        counters[i].add_(1)
+
+    for graph in (True, False):
+        counters.zero_()
+        t = bm.time_launches(launch, n, graph=graph, iters=iters, warmup=2)
+        torch.cuda.synchronize()
+        # graph: an eager pass + a side-stream pass + warm-up + timed replays (the capture runs nothing)
+        want = (2 + 2 + iters) if graph else (1 + 2 + iters)
+        assert counters.tolist() == [want] * n
+        assert t["copies"] == n and t["cuda_graph"] is graph and t["samples"] == iters
+        assert 0 < t["us_p10"] <= t["us_median"] <= t["us_p90"]
+    results, skipped = [], []
+    base = {"bytes": 8 * n, "floor_us": 1.0}
+    e = bm.time_variant([lambda i=i: launch(i) for i in range(n)], base, "v", results, skipped, iters=iters)
+    assert skipped == [] and results == [e] and e["variant"] == "v"
+    assert e["GBps"] == 8 * n / (e["us_median"] * 1e-6) / 1e9           # the same formula: exact
+    assert e["pct_of_floor"] == 100 * 1.0 / e["us_median"]
+    bw = bm.copy_bandwidth(device, nbytes=64 << 20, iters=5)
+    assert 1e9 < bw < 1e14
