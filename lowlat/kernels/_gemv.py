@@ -52,6 +52,19 @@ whole-slice prefetch thrashed L2 again (49 us). Llama's down projection [2048, 8
 the default (bn 64, bk 128, split 8, 4 stages, pf 256) stays fastest at 11.8 us; stages 3 was
 14.4-16.8 us, stages 5 12.3 us, bk 256 12.7 us, split 4 12.7 us, bn 32 15.4 us, bn 128 13.4 us.
 
+Third round on the down projection (bench/results/perf3_step_h200.json; tried and reverted), predicted
+vs measured. (1) Split-K partials written / read only for the rows m < M that exist (masked, same
+[slot, n, m] layout; a [slot, m, n] layout spilled SmolLM2's preload gate/up at 3 row blocks):
+predicted -0.1..-0.4 us at 1 row (the finisher reads 8 x 256 B instead of 8 x 4 KB); measured the
+default plan at 12.62 us at 1 row and 14.27 us at 6 rows (round two: 11.79 / 12.12; the LM head,
+which has no partials, moved 135.5 -> 137.6 us in the same run), slower at both row counts; the likely
+cause (not verified in the PTX) is that a per-row mask with a runtime M prevents 16-byte vector stores
+and loads of the partial tiles. (2) Split-K
+16 (MAX_SPLIT 16, finisher loading 8 partials at a time): predicted one wave of 512 programs at 2-3
+stages starting the weight stream sooner; measured 16.3-17.6 us at 1 row for stages 2 / 3 / 4 and
+block_k 64 / 128 (more programs per SM, each with a short K range: more partial traffic and tail, no
+faster ramp). No plan beat 12.6 us there; the split-8 default remains.
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
@@ -807,21 +820,32 @@ def preload_product(ws, vs, x_ptr, stride_xm, M, k_begin, k_end, nw_ptr, r0, r1,
 
 
 @triton.jit
-def store_partial(ws_ptr, acc, slot, N, MP: tl.constexpr, n0, m0, BN: tl.constexpr):
-    """ws[slot, n, m] = acc[n - n0, m - m0] for a [BN, 16] tile (workspace rows of MP = 16*NUM_MB)."""
+def store_partial(ws_ptr, acc, slot, N, MP: tl.constexpr, n0, m0, BN: tl.constexpr, EVEN_N: tl.constexpr):
+    """ws[slot, n, m] = acc[n - n0, m - m0] for a [BN, 16] tile (workspace rows of MP = 16*NUM_MB). Unless
+    EVEN_N, only the columns n < N: a last tile past N would otherwise write its (zero) columns into the
+    next slot, over another split's (or gate/up's up) partial of tile 0."""
     rn = n0 + tl.arange(0, BN)
     rm = m0 + tl.arange(0, 16)
-    tl.store(ws_ptr + slot * N * MP + rn[:, None] * MP + rm[None, :], acc)
+    ptrs = ws_ptr + slot * N * MP + rn[:, None] * MP + rm[None, :]
+    if EVEN_N:
+        tl.store(ptrs, acc)
+    else:
+        tl.store(ptrs, acc, mask=(rn < N)[:, None])
 
 
 @triton.jit
 def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constexpr, SPLIT: tl.constexpr,
-                 SLOT_STRIDE: tl.constexpr):
-    """sum over s = 0..SPLIT-1, in that order, of ws[first_slot + s * SLOT_STRIDE, tile] (read from L2)."""
+                 SLOT_STRIDE: tl.constexpr, EVEN_N: tl.constexpr):
+    """sum over s = 0..SPLIT-1, in that order, of ws[first_slot + s * SLOT_STRIDE, tile] (read from L2;
+    unless EVEN_N, columns n >= N, never written, read as 0)."""
     rn = n0 + tl.arange(0, BN)
     rm = m0 + tl.arange(0, 16)
     offs = rn[:, None] * MP + rm[None, :]
     tot = tl.zeros((BN, 16), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
-        tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, cache_modifier=".cg")
+        if EVEN_N:
+            tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, cache_modifier=".cg")
+        else:
+            tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, mask=(rn < N)[:, None],
+                           other=0.0, cache_modifier=".cg")
     return tot

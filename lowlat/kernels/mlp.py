@@ -128,36 +128,36 @@ def _gate_up_kernel(
     MP: tl.constexpr = 16 * NUM_MB
     finished = True
     if SPLIT > 1:
-        store_partial(ws_ptr, g0, 2 * pid_k, I, MP, n0, 0, BN)
-        store_partial(ws_ptr, u0, 2 * pid_k + 1, I, MP, n0, 0, BN)
+        store_partial(ws_ptr, g0, 2 * pid_k, I, MP, n0, 0, BN, EVEN_N)
+        store_partial(ws_ptr, u0, 2 * pid_k + 1, I, MP, n0, 0, BN, EVEN_N)
         if NORM == 2:
             _split_ss(sss_ptr, s0, pid_n, pid_k, 0, SPLIT)
         if NUM_MB > 1:
-            store_partial(ws_ptr, g1, 2 * pid_k, I, MP, n0, 16, BN)
-            store_partial(ws_ptr, u1, 2 * pid_k + 1, I, MP, n0, 16, BN)
+            store_partial(ws_ptr, g1, 2 * pid_k, I, MP, n0, 16, BN, EVEN_N)
+            store_partial(ws_ptr, u1, 2 * pid_k + 1, I, MP, n0, 16, BN, EVEN_N)
             if NORM == 2:
                 _split_ss(sss_ptr, s1, pid_n, pid_k, 16, SPLIT)
         if NUM_MB > 2:
-            store_partial(ws_ptr, g2, 2 * pid_k, I, MP, n0, 32, BN)
-            store_partial(ws_ptr, u2, 2 * pid_k + 1, I, MP, n0, 32, BN)
+            store_partial(ws_ptr, g2, 2 * pid_k, I, MP, n0, 32, BN, EVEN_N)
+            store_partial(ws_ptr, u2, 2 * pid_k + 1, I, MP, n0, 32, BN, EVEN_N)
             if NORM == 2:
                 _split_ss(sss_ptr, s2, pid_n, pid_k, 32, SPLIT)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         finished = arrived == SPLIT - 1
         if finished:
-            g0 = sum_partials(ws_ptr, 0, I, MP, n0, 0, BN, SPLIT, 2)
-            u0 = sum_partials(ws_ptr, 1, I, MP, n0, 0, BN, SPLIT, 2)
+            g0 = sum_partials(ws_ptr, 0, I, MP, n0, 0, BN, SPLIT, 2, EVEN_N)
+            u0 = sum_partials(ws_ptr, 1, I, MP, n0, 0, BN, SPLIT, 2, EVEN_N)
             if NORM == 2:
                 s0 = _sum_split_ss(sss_ptr, pid_n, 0, SPLIT)
             if NUM_MB > 1:
-                g1 = sum_partials(ws_ptr, 0, I, MP, n0, 16, BN, SPLIT, 2)
-                u1 = sum_partials(ws_ptr, 1, I, MP, n0, 16, BN, SPLIT, 2)
+                g1 = sum_partials(ws_ptr, 0, I, MP, n0, 16, BN, SPLIT, 2, EVEN_N)
+                u1 = sum_partials(ws_ptr, 1, I, MP, n0, 16, BN, SPLIT, 2, EVEN_N)
                 if NORM == 2:
                     s1 = _sum_split_ss(sss_ptr, pid_n, 16, SPLIT)
             if NUM_MB > 2:
-                g2 = sum_partials(ws_ptr, 0, I, MP, n0, 32, BN, SPLIT, 2)
-                u2 = sum_partials(ws_ptr, 1, I, MP, n0, 32, BN, SPLIT, 2)
+                g2 = sum_partials(ws_ptr, 0, I, MP, n0, 32, BN, SPLIT, 2, EVEN_N)
+                u2 = sum_partials(ws_ptr, 1, I, MP, n0, 32, BN, SPLIT, 2, EVEN_N)
                 if NORM == 2:
                     s2 = _sum_split_ss(sss_ptr, pid_n, 32, SPLIT)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)

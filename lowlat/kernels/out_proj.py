@@ -127,20 +127,20 @@ def _residual_gemv_kernel(
     MP: tl.constexpr = 16 * NUM_MB
     finished = True
     if SPLIT > 1:
-        store_partial(ws_ptr, a0, pid_k, N, MP, n0, 0, BN)
+        store_partial(ws_ptr, a0, pid_k, N, MP, n0, 0, BN, EVEN_N)
         if NUM_MB > 1:
-            store_partial(ws_ptr, a1, pid_k, N, MP, n0, 16, BN)
+            store_partial(ws_ptr, a1, pid_k, N, MP, n0, 16, BN, EVEN_N)
         if NUM_MB > 2:
-            store_partial(ws_ptr, a2, pid_k, N, MP, n0, 32, BN)
+            store_partial(ws_ptr, a2, pid_k, N, MP, n0, 32, BN, EVEN_N)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         finished = arrived == SPLIT - 1
         if finished:
-            a0 = sum_partials(ws_ptr, 0, N, MP, n0, 0, BN, SPLIT, 1)
+            a0 = sum_partials(ws_ptr, 0, N, MP, n0, 0, BN, SPLIT, 1, EVEN_N)
             if NUM_MB > 1:
-                a1 = sum_partials(ws_ptr, 0, N, MP, n0, 16, BN, SPLIT, 1)
+                a1 = sum_partials(ws_ptr, 0, N, MP, n0, 16, BN, SPLIT, 1, EVEN_N)
             if NUM_MB > 2:
-                a2 = sum_partials(ws_ptr, 0, N, MP, n0, 32, BN, SPLIT, 1)
+                a2 = sum_partials(ws_ptr, 0, N, MP, n0, 32, BN, SPLIT, 1, EVEN_N)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if finished:
         _finish_tile(a0, r0, 0, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)

@@ -136,6 +136,16 @@ def test_wide_candidate_fields_pass_the_tuners_check_on_cpu(kind, n, k):
         case.check(plan_gemv(n, k, kind=kind, **fields), rows=20, small=3)
 
 
+@pytest.mark.parametrize("kind, n, k", [("residual", 96, 128), ("gate_up", 80, 128)])
+def test_max_split_with_a_partial_last_tile_passes_the_tuners_check_on_cpu(kind, n, k):
+    """Split-K MAX_SPLIT with N not a multiple of bn (the last tile's partials are stored and read only
+    for the columns n < N, so nothing lands in the next slot): within the policy at 20 rows and the
+    first 3 rows bitwise equal to a 3-row (one row block) launch, under the interpreter."""
+    p = plan_gemv(n, k, kind=kind, preload=False, bn=64, block_k=16, split=MAX_SPLIT)
+    assert p.split == MAX_SPLIT and not p.even_n
+    _GemvCase(kind, n, k, 1e-5, "cpu", copies=1).check(p, rows=20, small=3)
+
+
 def test_tune_shapes_argument_parses_kind_n_k():
     from lowlat.bench import _parse_shapes
 
