@@ -39,28 +39,19 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
-import statistics
 import sys
-import time
 import traceback
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
+
+from lowlat.benchmarking import Budget, copy_bandwidth, graph_time_us, replay_time_us, rotation_copies
 
 DEFAULT_MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
 DEFAULT_ROWS = (1, 6, 8, 16, 48)
 SECTIONS = ("tune", "copy", "kernels", "step", "compiled", "moe")
 ROTATE_BYTES = 192 << 20          # weight bytes one timing graph cycles through (> 3x the H200's L2)
 MIN_LAUNCHES = 8
-
-
-class _Budget:
-    def __init__(self, seconds: float) -> None:
-        self.t0, self.seconds = time.perf_counter(), seconds
-
-    def left(self) -> float:
-        return self.seconds - (time.perf_counter() - self.t0)
 
 
 class _Recorder:
@@ -104,63 +95,6 @@ class _Recorder:
 
 
 # ------------------------------------------------------------------------------------------ timing
-def _graph_time_us(launch: Callable[[int], Any], n_launch: int, *, iters: int = 15, warmup: int = 2) -> float:
-    """Median µs per launch of a CUDA graph holding launch(0..n_launch-1)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(n_launch):           # compile / warm up outside the capture
-            launch(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n_launch):
-            launch(i)
-    return _replay_time_us(g, iters=iters, warmup=warmup) / n_launch
-
-
-def _replay_time_us(g, *, iters: int = 15, warmup: int = 2) -> float:
-    import torch
-
-    for _ in range(warmup):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth_GBps(device) -> float:
-    """Device-to-device copy of 1 GiB, counting bytes read + written (median of 20)."""
-    import torch
-
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        dst.copy_(src)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e-3)
-    del src, dst
-    return 2 * n / statistics.median(times) / 1e9
-
-
 # ------------------------------------------------------------------------------------------ weights
 def random_weights_on_device(cfg, device, *, seed: int = 0):
     """Random weights of cfg's shape generated on the device (std 1/sqrt(fan_in), norms ~1)."""
@@ -205,11 +139,11 @@ def _nbytes(*ts) -> int:
 
 
 def _copies(nbytes: int) -> int:
-    return max(1, min(256, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+    return rotation_copies(nbytes, target_bytes=ROTATE_BYTES, min_copies=1, max_copies=256)
 
 
 # ------------------------------------------------------------------------------------------ kernels
-def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget: _Budget, *,
+def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget: Budget, *,
                   variants=("fused", "fused_write_h", "reference_graph")) -> None:
     """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it: out_proj
     is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
@@ -243,7 +177,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
             rec.skip(where, "time budget")
             return
         try:
-            us = _graph_time_us(fns[variant], n_launch)
+            us = graph_time_us(fns[variant], n_launch)
             rec.add(section="kernels", model=model, op=op, rows=rows, variant=variant, us=us, bytes=nbytes,
                     floor_us=nbytes / (bw * 1e9) * 1e6, launches_per_graph=n_launch)
         except Exception as e:                                   # noqa: BLE001 - recorded, run goes on
@@ -421,7 +355,7 @@ class _GemvCase:
             torch.cuda.synchronize()
 
 
-def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: str | None, *,
+def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str | None, *,
               rows_list=(1, 6), only: set | None = None) -> list[dict]:
     """Time every candidate plan (`lowlat.kernels._gemv.candidate_plans`) of each GEMV shape of the
     first model's fused step and of the later models' GEMVs with more than 8 MB of weights, as the
@@ -467,7 +401,7 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: _Budget, plans_out: st
                 break
             try:
                 case.check(plan)
-                us = {r: _graph_time_us(lambda i, r=r: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
+                us = {r: graph_time_us(lambda i, r=r: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
                       for r in rows_list}
             except Exception as e:                                          # noqa: BLE001 - candidate dropped
                 rec.error(f"{where}/{label}", e)
@@ -586,7 +520,7 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool):
     return step
 
 
-def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: _Budget, *,
+def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *,
                compiled: bool, fused: bool = True, eager_reference: bool = True, breakdown: bool = True) -> None:
     """The whole decode step per width: fused (plus, with `breakdown`, graphs of the layers alone, of
     only their attention launches and of only their FFN launches: op decode_step_part, per_layer_us),
@@ -614,7 +548,7 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
             try:
                 case = _DecodeCase(cfg, rows, ctx, device, KV)
                 fm.forward(case.step, KV)                                   # eager run + capture
-                us = _replay_time_us(fm._graphs[rows], iters=20, warmup=3)
+                us = replay_time_us(fm._graphs[rows], iters=20, warmup=3)
                 nbytes = _step_bytes(cfg, weights, rows, ctx)
                 rec.add(section="step", model=model, op="decode_step", rows=rows, ctx=ctx, variant="fused", us=us,
                         bytes=nbytes, floor_us=nbytes / (bw * 1e9) * 1e6, pdl=fm.use_pdl)
@@ -627,7 +561,7 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                                            ("fused_attention_only", ("attention",), False),
                                            ("fused_ffn_only", ("ffn",), False)):
                     try:
-                        t = _graph_time_us(lambda _, p=frozenset(parts), lm=lm: fm._run(
+                        t = graph_time_us(lambda _, p=frozenset(parts), lm=lm: fm._run(
                             bufs, KV.k_caches, KV.v_caches, include_lm_head=lm, parts=p), 1, iters=20)
                         rec.add(section="step", model=model, op="decode_step_part", rows=rows, ctx=ctx,
                                 variant=variant, us=t, per_layer_us=round(t / cfg.num_layers, 2))
@@ -652,7 +586,7 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                 continue
             try:
                 case = _DecodeCase(cfg, rows, ctx, device, KV)
-                us = _graph_time_us(lambda _: step(case), 1, iters=20)
+                us = graph_time_us(lambda _: step(case), 1, iters=20)
                 nbytes = _step_bytes(cfg, weights, rows, ctx)
                 rec.add(section="step", model=model, op="decode_step", rows=rows, ctx=ctx, variant=variant, us=us,
                         bytes=nbytes, floor_us=nbytes / (bw * 1e9) * 1e6)
@@ -660,7 +594,7 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                 rec.error(where, e)
 
 
-def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: _Budget) -> None:
+def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget) -> None:
     """One Qwen3-30B-A3B layer (attention + MoE) through FusedModel, LM head excluded."""
     import torch
 
@@ -690,7 +624,7 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: _Bu
             fm.forward(case.step, KV)
             bufs = fm._bufs[rows]
             active = int(fm.moe_ws.bitmap[:rows].bool().any(0).sum())
-            us = _graph_time_us(lambda _: fm._run(bufs, KV.k_caches, KV.v_caches, include_lm_head=False), 1, iters=20)
+            us = graph_time_us(lambda _: fm._run(bufs, KV.k_caches, KV.v_caches, include_lm_head=False), 1, iters=20)
             nbytes = attn_bytes + active * expert_bytes + rows * (ctx + 2) * 2 * cfg.kv_size * 2 + 4 * rows * cfg.hidden_size
             rec.add(section="moe", model=model, op="layer", rows=rows, ctx=ctx, variant="fused", us=us, bytes=nbytes,
                     floor_us=nbytes / (bw * 1e9) * 1e6, active_experts=active)
@@ -725,9 +659,9 @@ def run(args: argparse.Namespace) -> int:
         method=("CUDA-graph replays timed with CUDA events, median; per-kernel graphs rotate over >= 192 MB of "
                 "weight copies (cold L2); floor = bytes / measured copy bandwidth (read + write)"))
     rec = _Recorder(args.out, meta)
-    budget = _Budget(args.budget_s)
+    budget = Budget(args.budget_s)
     print(f"[bench] {props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    bw = copy_bandwidth_GBps(dev)
+    bw = copy_bandwidth(dev) / 1e9
     rec.doc["copy_bandwidth_GBps"] = round(bw, 1)
     print(f"[bench] copy bandwidth {bw:.0f} GB/s (read + write)", flush=True)
     rec.save()
@@ -736,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
 
     if "tune" in sections:
         print(f"[bench] tune GEMV plans ({budget.left():.0f} s left)", flush=True)
-        tb = _Budget(min(args.tune_budget_s, budget.left()))
+        tb = Budget(min(args.tune_budget_s, budget.left()))
         try:
             tune_gemv(models, dev, bw, rec, tb, args.plans_out or (args.out + ".plans.json" if args.out else None),
                       only=_parse_shapes(args.tune_shapes))

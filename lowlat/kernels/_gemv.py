@@ -84,6 +84,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import to_bf16  # noqa: F401  (fp32 -> bf16, RNE; integer ops when interpreting)
 
 #: The largest number of rows a GEMV here takes (three row blocks of 16).
 MAX_ROWS = 48
@@ -566,18 +567,6 @@ def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.
     ptrs = tl.where(ok, w_ptr + rn[:, None] * stride_wn + rk[None, :], w_ptr)
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
-
-
-@triton.jit
-def to_bf16(x, UPCAST: tl.constexpr):
-    """fp32 -> bf16, round to nearest even. Under the interpreter (UPCAST) with integer ops: its own
-    fp32 -> bf16 cast does not round to nearest even."""
-    if UPCAST:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-        return b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(tl.bfloat16)
 
 
 @triton.jit
