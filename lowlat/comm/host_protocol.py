@@ -234,11 +234,15 @@ def _child(fn: Callable, rank: int, world: int, host: str, port: int, timeout_s:
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = 60.0,
-              start_method: str = "fork") -> list[RankOutcome]:
+              start_method: str = "spawn") -> list[RankOutcome]:
     """Run fn(rank, world, *args) in `world` processes joined in a gloo group (TCPStore on
     127.0.0.1, served by this process). Returns one `RankOutcome` per rank, in rank order. A process
     still alive after timeout_s is killed (by its handle) and reported hung: nothing outlives this
-    call. fn's return value must be picklable; fork (default) keeps start-up fast on CPU.
+    call. fn (module level) and its return value must be picklable.
+
+    start_method "spawn" (default): a fresh interpreter per rank. "fork" starts faster but forks a
+    parent that already runs threads (torch's pools, pytest-xdist's execnet): in CI that left ranks
+    deadlocked at start-up now and then, so it is for single-threaded parents only.
     """
     import multiprocessing as mp
 
