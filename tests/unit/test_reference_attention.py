@@ -67,18 +67,22 @@ def test_padding_rows_change_no_valid_output_and_write_no_real_slot(ctxs, pad, s
                        pad_to=len(ctxs) + pad)
     m, n = case.step.num_rows, case.step.num_valid_rows
     q, kn, vn = _qkv(m, 2, g)
-    q[n:], kn[n:], vn[n:] = 1e4, float("nan"), float("nan")     # hostile padding rows
+    q[n:], kn[n:], vn[n:] = 1e4, 1e4, -1e4          # hostile padding rows: finite, visible if stored
     out, kc, vc = _attend(case, q, kn, vn)
     unpadded = random_step(ctx_lens=ctxs, new_rows=rows, num_kv_heads=HKV, head_dim=D,
                            generator=torch.Generator().manual_seed(seed))
     ref, _, _ = _attend(unpadded, q[:n], kn[:n], vn[:n])
     check_bitwise("paged_attention", out[:n], ref, output="padding_invariance")
     assert torch.equal(out[n:], torch.zeros_like(out[n:])), "padding rows must output 0"
-    written = torch.zeros(kc.shape[0], dtype=torch.bool)
-    written[case.step.out_cache_loc[:n].long()] = True
-    before = case.k_cache[~written]
-    assert torch.equal(kc[~written].isnan(), before.isnan()) and torch.equal(
-        kc[~written].nan_to_num(), before.nan_to_num()), "a padding row wrote a KV slot"
+    loc = case.step.out_cache_loc[:n].long()
+    check_bitwise("write_kv", kc[loc], kn[:n], output="k_at_out_cache_loc")
+    check_bitwise("write_kv", vc[loc], vn[:n], output="v_at_out_cache_loc")
+    untouched = torch.ones(kc.shape[0], dtype=torch.bool)
+    untouched[loc] = False
+    untouched[0] = False                              # the dummy slot: padding rows may write it
+    for new, old in ((kc, case.k_cache), (vc, case.v_cache)):
+        assert torch.equal(new[untouched].nan_to_num(7.0), old[untouched].nan_to_num(7.0)), \
+            "a KV slot other than the valid rows' and the dummy slot was written"
 
 
 def test_unowned_nan_slots_are_never_read():
