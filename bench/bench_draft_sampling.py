@@ -1,13 +1,16 @@
 """Draft sampling span: the single-launch Triton kernel vs the separate PyTorch ops it replaces.
 
     python bench/bench_draft_sampling.py --out bench/results/draft_sampling_h200.json
-        [--rows 1 2 4 6 8] [--vocab 49152] [--hidden 576] [--iters 200] [--sweep]
+        [--rows 1 2 4 6 8] [--vocab 49152] [--hidden 576] [--iters 200] [--no-pdl]
+        [--sweep [--sweep-configs greedy ...] [--sweep-rows 1 8]]
     python bench/bench_draft_sampling.py --smoke        # tiny shapes on the CPU interpreter: the script runs
 
 One draft position of R rows (SmolLM2-135M's LM head: V = 49152, H = 576, bf16):
   fused          lowlat.kernels.draft_sampling.draft_sample_into: GEMV + temperature + top-k/top-p + sample
-                 (q recorded as logits + per-row stats), one launch;
-  fused+q        the same plus DraftSample.probs() (dense q [R, V], as verification reads it);
+                 (q recorded as logits + per-row stats), one launch (row-vectorised epilogue, bn 128);
+  fused_pdl      the same launched with PDL (programmatic dependent launch; consecutive launches overlap
+                 their launch latency), as it runs inside the fused decode step;
+  fused+q        fused plus DraftSample.probs() (dense q [R, V], as verification reads it);
   torch          matmul -> float -> / T -> softmax (greedy: argmax) or topk -> softmax -> top-p mask (cumsum)
                  -> renormalise -> multinomial, plus the dense q scatter: the PyTorch ops the kernel replaces.
 Configurations: greedy; temperature 1.0 (no filter); T 0.8 + top-k 50 + top-p 0.9.
@@ -16,7 +19,11 @@ Every variant is captured in a CUDA graph of ROT launches on ROT different copie
 beyond the 50 MB L2, so every launch streams its weights from HBM); the time per launch is the median
 over replays / ROT. The HBM floor is bytes that must move (W + h + logits written) / the measured
 device-to-device copy bandwidth (read + write). The target (issue 5) is fused >= 2x faster than torch.
---sweep also times the kernel's launch parameters (block_v, num_warps, num_stages) at every row count.
+--sweep also times launch-parameter variants (SWEEP: block_v / num_warps / num_stages / maxnreg for greedy,
+row_chunk / group / maxnreg / num_warps for top_k_top_p) for --sweep-configs (default greedy) at --sweep-rows
+(default 1 and 8); every entry records whether its tokens (same_tokens) and all outputs (same_outputs: tokens,
+lse, cut, logits) equal the default launch's, bitwise (block_v changes the tile partition of the sum-exp, so
+lse may differ in the last bits there; tokens must not).
 """
 
 from __future__ import annotations
@@ -64,6 +71,24 @@ def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: 
     return torch.multinomial(probs, 1)[:, 0]
 
 
+#: launch parameters --sweep times per config (each a compile per row count's NR; keep the total small).
+#: Defaults: block_v 128, num_warps 4, num_stages 4, maxnreg 168 (4 warps), group 8, row_chunk 4 at k_cap 64.
+SWEEP = {
+    "greedy": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
+               ((128, 4, 3), (128, 4, 5), (64, 4, 4), (64, 4, 5), (256, 4, 3), (256, 4, 4), (256, 8, 3),
+                (256, 8, 4), (128, 8, 4))] + [dict(maxnreg=None), dict(maxnreg=128)],
+    "temperature": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
+                    ((128, 4, 3), (64, 4, 4), (256, 4, 3), (256, 8, 4))],
+    "top_k_top_p": [dict(row_chunk=rc, group=g) for rc, g in ((8, 8), (8, 4), (4, 4), (4, 16), (2, 8), (1, 8))]
+                   + [dict(maxnreg=None), dict(maxnreg=None, row_chunk=8), dict(num_warps=8),
+                      dict(num_warps=8, row_chunk=8), dict(block_v=256, num_warps=8)],
+}
+
+
+def snapshot(o) -> tuple:
+    return tuple(t.clone() for t in (o.tokens, o.lse, o.cut_value, o.cut_id, o.logits))
+
+
 def time_graph(fn, rot: int, iters: int) -> float:
     """Median µs per call of fn(i) (i = 0..rot-1), captured as one CUDA graph of rot calls."""
     return time_launches(fn, rot, iters=iters)["us_median"]
@@ -74,7 +99,10 @@ def time_eager(fn, rot: int, iters: int) -> float:
     return time_launches(fn, rot, graph=False, iters=iters, warmup=0)["us_median"]
 
 
-def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: float, sweep: bool) -> list[dict]:
+def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: float, sweep=(),
+               pdl: bool = True) -> list[dict]:
+    """Every config at r rows (see the module docstring); `sweep`: the configs whose launch parameters
+    are also swept at this row count."""
     from lowlat.kernels import draft_sampling as ds
 
     dev = weights[0].device
@@ -87,7 +115,7 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         topk = torch.full((r,), cfg["top_k"], dtype=torch.int32, device=dev)
         topp = torch.full((r,), cfg["top_p"], dtype=torch.float32, device=dev)
         k_cap = ds.k_cap_for(cfg["top_k"]) if cfg["temperature"] > 0 else 0
-        need_noise = cfg["temperature"] > 0
+        need_noise = cfg["temperature"] > 0 and cfg["top_k"] == 0      # per-token Gumbel noise: rows without top-k
         outs = [ds.empty_draft_sample(r, v, dev) for _ in range(rot)]
 
         def fused(i, **launch):
@@ -103,8 +131,19 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         def unfused(i):
             torch_draft_step(hs[i][:r], weights[i], cfg["temperature"], cfg["top_k"], cfg["top_p"], qd[i])
 
+        def try_time(fn, n_iters=iters):
+            try:
+                return round(time_graph(fn, rot, n_iters), 2)
+            except Exception as exc:                       # record, go on (one GPU run must give everything)
+                torch.cuda.synchronize()
+                return f"error: {type(exc).__name__}: {str(exc)[:160]}"
+
         t_fused = time_graph(fused, rot, iters)
         t_fused_q = time_graph(fused_q, rot, iters)
+        ref = [snapshot(o) for o in outs] if name in sweep else None     # the default launch's outputs
+        extra = {}
+        if pdl:
+            extra["fused_pdl_us"] = try_time(lambda i: fused(i, use_pdl=True))
         torch_mode = "cuda_graph"
         try:
             t_torch = time_graph(unfused, rot, iters)
@@ -113,26 +152,27 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
             torch.cuda.synchronize()
             t_torch = time_eager(unfused, rot, iters)
         floor_us = bytes_moved / bw * 1e6
-        rec = {"rows": r, "config": name, **cfg, "vocab": v, "hidden": hd,
-               "fused_us": round(t_fused, 2), "fused_plus_dense_q_us": round(t_fused_q, 2),
+        rec = {"rows": r, "config": name, **cfg, "vocab": v, "hidden": hd, "k_cap": k_cap, "need_noise": need_noise,
+               "fused_us": round(t_fused, 2), **extra, "fused_plus_dense_q_us": round(t_fused_q, 2),
                "torch_us": round(t_torch, 2), "torch_timing": torch_mode, "speedup": round(t_torch / t_fused, 2),
                "speedup_with_dense_q": round(t_torch / t_fused_q, 2),
                "bytes": bytes_moved, "hbm_floor_us": round(floor_us, 2),
                "fused_pct_of_floor": round(100 * floor_us / t_fused, 1),
                "fused_GBps": round(bytes_moved / t_fused / 1e3, 1)}
-        if sweep:
+        if name in sweep:
             rec["sweep"] = []
-            for block_v in (64, 128):
-                for num_warps in (4, 8):
-                    for num_stages in (2, 3, 4):
-                        try:
-                            t = time_graph(lambda i: fused(i, block_v=block_v, num_warps=num_warps,
-                                                           num_stages=num_stages), rot, max(20, iters // 4))
-                            rec["sweep"].append({"block_v": block_v, "num_warps": num_warps,
-                                                 "num_stages": num_stages, "us": round(t, 2)})
-                        except Exception as exc:          # e.g. out of shared memory: record, go on
-                            rec["sweep"].append({"block_v": block_v, "num_warps": num_warps,
-                                                 "num_stages": num_stages, "error": repr(exc)[:200]})
+            for launch in SWEEP[name]:
+                for o in outs:
+                    o.tokens.fill_(-2)
+                t = try_time(lambda i: fused(i, **launch), max(20, iters // 4))
+                key = "us" if isinstance(t, float) else "error"
+                entry = {**launch, key: t}
+                if key == "us":                        # correctness: every output equals the default launch's
+                    entry["same_tokens"] = all(torch.equal(o.tokens, rf[0]) for o, rf in zip(outs, ref))
+                    entry["same_outputs"] = all(all(torch.equal(a, b) for a, b in zip(snapshot(o), rf))
+                                                for o, rf in zip(outs, ref))
+                rec["sweep"].append(entry)
+                print("  sweep", name, r, json.dumps(entry), flush=True)
         print(json.dumps({k: rec[k] for k in rec if k != "sweep"}), flush=True)
         out.append(rec)
     return out
@@ -148,12 +188,22 @@ def smoke() -> int:
     w = torch.randn(v, hd).bfloat16()
     seeds, offsets = torch.arange(r) + 1, torch.zeros(r, dtype=torch.int64)
     for name, cfg in CONFIGS.items():
-        res = ds.draft_sample(h, w, cfg["temperature"], min(cfg["top_k"], 8), cfg["top_p"], seeds=seeds,
-                              offsets=offsets)
+        k = min(cfg["top_k"], 8)
+        res = ds.draft_sample(h, w, cfg["temperature"], k, cfg["top_p"], seeds=seeds, offsets=offsets)
         q = torch.empty(r, v)
-        tok = torch_draft_step(h, w, cfg["temperature"], min(cfg["top_k"], 8), cfg["top_p"], q)
+        tok = torch_draft_step(h, w, cfg["temperature"], k, cfg["top_p"], q)
         assert res.tokens.shape == tok.shape and res.probs().shape == q.shape
         print(name, "fused", res.tokens.tolist(), "torch", tok.tolist())
+        # every --sweep launch variant is accepted and gives the default launch's tokens (interpreter: the
+        # tuning knobs that only change the GPU code, warps / stages / maxnreg, are ignored here)
+        temp = torch.full((r,), cfg["temperature"])
+        topk = torch.full((r,), k, dtype=torch.int32)
+        topp = torch.full((r,), cfg["top_p"])
+        k_cap = ds.k_cap_for(k) if cfg["temperature"] > 0 else 0
+        for launch in SWEEP[name]:
+            o = ds.draft_sample_into(h, w, temp, topk, topp, seeds, offsets, ds.empty_draft_sample(r, v, "cpu"),
+                                     k_cap=k_cap, need_noise=cfg["temperature"] > 0 and k == 0, **launch)
+            assert torch.equal(o.tokens, res.tokens), (name, launch, o.tokens, res.tokens)
     return 0
 
 
@@ -164,8 +214,12 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time the SWEEP launch variants (each compiled) for "
+                    "--sweep-configs at --sweep-rows")
+    ap.add_argument("--sweep-configs", nargs="+", default=["greedy"], choices=list(CONFIGS))
+    ap.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-pdl", action="store_true", help="skip the PDL launch of the fused kernel")
     args = ap.parse_args(argv)
     if args.smoke:
         return smoke()
@@ -182,7 +236,8 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     results = []
     for r in args.rows:
-        results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, args.sweep))
+        sweep = args.sweep_configs if args.sweep and r in args.sweep_rows else ()
+        results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, sweep, pdl=not args.no_pdl))
     doc = {**versions(), "copy_bandwidth_TBps": round(bw / 1e12, 3), "rotation": rot, "iters": args.iters,
            "target": "fused >= 2x faster than torch (issue 5)", "results": results}
     write_json(args.out, doc)

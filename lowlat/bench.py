@@ -24,7 +24,10 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
             cached tokens (decode).
   compiled  the same plain-PyTorch kernels / step under torch.compile (inductor, dynamic shapes,
             compiled once per model) inside a CUDA graph.
-  moe       one Qwen3-30B-A3B layer (attention + MoE, lowlat.kernels.moe) through FusedModel.
+  moe       one Qwen3-30B-A3B layer (attention + MoE, lowlat.kernels.moe) through FusedModel, against the
+            same layer in plain PyTorch under a CUDA graph (and, with `compiled` among the sections,
+            under torch.compile + a CUDA graph); MoE there in the gathered-weights form (each row's
+            top-k experts' weights indexed by expert id), the usual torch-native decode MoE.
 HBM floor = bytes that must move (weights touched + KV read/written + activations in/out) / the
 copy bandwidth measured in the same run (device-to-device copy, bytes read + written). Reported per
 entry: us, GB/s (bytes / time), floor_us, frac_of_floor = floor_us / us.
@@ -465,10 +468,14 @@ def _step_bytes(cfg, weights, rows: int, ctx: int) -> int:
     return w + kv + rows * cfg.vocab_size * 4
 
 
-def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool):
+def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, *, lm_head: bool = True):
     """A plain-PyTorch decode step from the reference pieces, capturable (no host syncs): attention
     over a fixed C = ctx + 1 page-table columns with a causal mask instead of paged_attention's
-    data-dependent length. Returns step(case) -> logits; compiled pieces when `compiled`."""
+    data-dependent length; Qwen3's per-head QK RMSNorm when the config has it; MoE layers in the
+    gathered-weights form of torch-native decode MoE (router softmax -> top-k -> renormalise, then
+    each row's top-k experts' weights indexed by expert id and applied with einsum: no host sync,
+    no sort over tokens). Returns step(case) -> logits (or the last hidden state without `lm_head`);
+    compiled pieces when `compiled`."""
     import torch
     import torch.nn.functional as F
 
@@ -478,30 +485,46 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool):
 
     d, eps, c = cfg.head_dim, cfg.rms_eps, ctx + 1
 
-    def pre(x, attn_norm, wq, wk, wv, cos, sin):
+    def pre(x, attn_norm, wq, wk, wv, q_norm, k_norm, cos, sin):
         m = x.shape[0]
         hn = rms_norm(x, attn_norm, eps)
-        q = apply_rope(F.linear(hn, wq).view(m, -1, d), cos, sin)
-        k = apply_rope(F.linear(hn, wk).view(m, -1, d), cos, sin)
-        return q, k, F.linear(hn, wv).view(m, -1, d)
+        q, k = F.linear(hn, wq).view(m, -1, d), F.linear(hn, wk).view(m, -1, d)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), F.linear(hn, wv).view(m, -1, d)
 
-    def post(x, q, k_cache, v_cache, slots, visible, wo, mlp_norm, wg, wu, wd):
+    def attn(x, q, k_cache, v_cache, slots, visible, wo):
         m, hq, _ = q.shape
         kk, vv = k_cache[slots], v_cache[slots]                              # [M, C, Hkv, D]
         grp = hq // kk.shape[2]
         kk, vv = kk.repeat_interleave(grp, dim=2), vv.repeat_interleave(grp, dim=2)
         s = torch.einsum("mhd,mchd->mhc", q, kk) * d ** -0.5
         s = s.masked_fill(~visible[:, None, :], float("-inf"))
-        p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+        p = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=-1).to(q.dtype)
         o = torch.einsum("mhc,mchd->mhd", p, vv).reshape(m, -1)
-        x = x + F.linear(o, wo)
+        return x + F.linear(o, wo)
+
+    def dense(x, mlp_norm, wg, wu, wd):
         return x + swiglu_mlp(rms_norm(x, mlp_norm, eps), wg, wu, wd)
 
+    def moe(x, mlp_norm, router, eg, eu, ed):
+        h = rms_norm(x, mlp_norm, eps)
+        acc = torch.promote_types(x.dtype, torch.float32)
+        probs = torch.softmax((h @ router.T).to(acc), dim=-1)                # [M, E]
+        gate, ids = torch.topk(probs, cfg.top_k, dim=-1)                     # [M, k]
+        if cfg.norm_topk_prob:
+            gate = gate / gate.sum(-1, keepdim=True)
+        g = torch.einsum("mh,mkih->mki", h, eg[ids])                         # [M, k, Ie]
+        u = torch.einsum("mh,mkih->mki", h, eu[ids])
+        y = torch.einsum("mki,mkhi->mkh", F.silu(g) * u, ed[ids])           # [M, k, H]
+        return x + (gate[..., None] * y.to(acc)).sum(1).to(x.dtype)
+
     def head(x, final_norm, lm):
-        return F.linear(rms_norm(x, final_norm, eps), lm).float()
+        logits = F.linear(rms_norm(x, final_norm, eps), lm)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     if compiled:
-        pre, post, head = (torch.compile(f, dynamic=True) for f in (pre, post, head))
+        pre, attn, dense, moe, head = (torch.compile(f, dynamic=True) for f in (pre, attn, dense, moe, head))
 
     def step(case) -> torch.Tensor:
         st, kc, vc = case.step, case.kv.k_caches, case.kv.v_caches
@@ -511,13 +534,47 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool):
         visible = torch.arange(c, device=x.device)[None, :] <= st.positions[:, None]
         loc = st.out_cache_loc.long()
         for i, lw in enumerate(weights.layers):
-            q, k, v = pre(x, lw.attn_norm, lw.wq, lw.wk, lw.wv, cos, sin)
+            q, k, v = pre(x, lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.q_norm, lw.k_norm, cos, sin)
             kc[i][loc] = k
             vc[i][loc] = v
-            x = post(x, q, kc[i], vc[i], slots, visible, lw.wo, lw.mlp_norm, lw.w_gate, lw.w_up, lw.w_down)
-        return head(x, weights.final_norm, weights.lm_head)
+            x = attn(x, q, kc[i], vc[i], slots, visible, lw.wo)
+            if lw.router is not None:
+                x = moe(x, lw.mlp_norm, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down)
+            else:
+                x = dense(x, lw.mlp_norm, lw.w_gate, lw.w_up, lw.w_down)
+        return head(x, weights.final_norm, weights.lm_head) if lm_head else x
 
     return step
+
+
+def _bench_torch_steps(cfg, weights, rows_list, ctx: int, device, KV, rec: _Recorder, budget: Budget, *,
+                       variants, where_prefix: str, lm_head: bool, record) -> None:
+    """Time the plain-PyTorch step (`_torch_step_fns`) per width under a CUDA graph (compiled: False) and
+    / or torch.compile + a CUDA graph (True), one `variants` entry each; record(rows, variant, us) adds
+    the entry. Failures are recorded and the loop goes on."""
+    import torch
+
+    from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
+
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float32).to(device)
+    cos, sin = rope_cos_sin(torch.arange(ctx + 2, device=device), inv, torch.bfloat16)
+    for comp in variants:
+        variant = "reference_compile_graph" if comp else "reference_graph"
+        try:
+            step = _torch_step_fns(cfg, weights, ctx, cos, sin, comp, lm_head=lm_head)
+        except Exception as e:                                              # noqa: BLE001
+            rec.error(f"{where_prefix}/{variant}", e)
+            continue
+        for rows in rows_list:
+            where = f"{where_prefix}/rows={rows}/{variant}"
+            if budget.left() < (40 if comp and rows == rows_list[0] else 10):
+                rec.skip(where, "time budget")
+                continue
+            try:
+                case = _DecodeCase(cfg, rows, ctx, device, KV)
+                record(rows, variant, graph_time_us(lambda _: step(case), 1, iters=20))
+            except Exception as e:                                          # noqa: BLE001
+                rec.error(where, e)
 
 
 def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *,
@@ -527,7 +584,6 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
     the reference under CUDA graphs and, with `compiled`, under torch.compile + CUDA graphs."""
     import torch
 
-    from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
     from lowlat.runtime.fused_model import FusedModel
 
     rows_max = max(rows_list)
@@ -570,32 +626,19 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
         del fm
         torch.cuda.empty_cache()
 
-    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float32).to(device)
-    cos, sin = rope_cos_sin(torch.arange(ctx + 2, device=device), inv, torch.bfloat16)
-    for comp in ([False] if eager_reference else []) + ([True] if compiled else []):
-        variant = "reference_compile_graph" if comp else "reference_graph"
-        try:
-            step = _torch_step_fns(cfg, weights, ctx, cos, sin, comp)
-        except Exception as e:                                              # noqa: BLE001
-            rec.error(f"{model}/step/{variant}", e)
-            continue
-        for rows in rows_list:
-            where = f"{model}/step/rows={rows}/{variant}"
-            if budget.left() < (40 if comp and rows == rows_list[0] else 10):
-                rec.skip(where, "time budget")
-                continue
-            try:
-                case = _DecodeCase(cfg, rows, ctx, device, KV)
-                us = graph_time_us(lambda _: step(case), 1, iters=20)
-                nbytes = _step_bytes(cfg, weights, rows, ctx)
-                rec.add(section="step", model=model, op="decode_step", rows=rows, ctx=ctx, variant=variant, us=us,
-                        bytes=nbytes, floor_us=nbytes / (bw * 1e9) * 1e6)
-            except Exception as e:                                          # noqa: BLE001
-                rec.error(where, e)
+    def record(rows, variant, us):
+        nbytes = _step_bytes(cfg, weights, rows, ctx)
+        rec.add(section="step", model=model, op="decode_step", rows=rows, ctx=ctx, variant=variant, us=us,
+                bytes=nbytes, floor_us=nbytes / (bw * 1e9) * 1e6)
+
+    _bench_torch_steps(cfg, weights, rows_list, ctx, device, KV, rec, budget, lm_head=True, record=record,
+                       variants=([False] if eager_reference else []) + ([True] if compiled else []),
+                       where_prefix=f"{model}/step")
 
 
-def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget) -> None:
-    """One Qwen3-30B-A3B layer (attention + MoE) through FusedModel, LM head excluded."""
+def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *, compiled: bool = True) -> None:
+    """One Qwen3-30B-A3B layer (attention + MoE), LM head excluded: through FusedModel, and the plain-PyTorch
+    layer (`_torch_step_fns`) under a CUDA graph and, with `compiled`, under torch.compile + a CUDA graph."""
     import torch
 
     from lowlat.config import preset
@@ -614,6 +657,7 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Bud
     lw = w.layers[0]
     attn_bytes = _nbytes(lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.wo, lw.mlp_norm, lw.q_norm, lw.k_norm, lw.router)
     expert_bytes = 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2
+    floors: dict[int, tuple[int, int]] = {}
     for rows in rows_list:
         where = f"{model}/rows={rows}/fused"
         if budget.left() < 10:
@@ -628,8 +672,21 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Bud
             nbytes = attn_bytes + active * expert_bytes + rows * (ctx + 2) * 2 * cfg.kv_size * 2 + 4 * rows * cfg.hidden_size
             rec.add(section="moe", model=model, op="layer", rows=rows, ctx=ctx, variant="fused", us=us, bytes=nbytes,
                     floor_us=nbytes / (bw * 1e9) * 1e6, active_experts=active)
+            floors[rows] = (nbytes, active)
         except Exception as e:                                              # noqa: BLE001
             rec.error(where, e)
+    del fm
+    torch.cuda.empty_cache()
+
+    # the same layer in plain PyTorch (lowlat.reference pieces; MoE in gathered-weights form) under a
+    # CUDA graph, and under torch.compile + a CUDA graph; the same floor as the fused entry
+    def record(rows, variant, us):
+        nbytes, active = floors.get(rows, (None, None))
+        rec.add(section="moe", model=model, op="layer", rows=rows, ctx=ctx, variant=variant, us=us, bytes=nbytes,
+                floor_us=None if nbytes is None else nbytes / (bw * 1e9) * 1e6, active_experts=active)
+
+    _bench_torch_steps(cfg, w, rows_list, ctx, device, KV, rec, budget, lm_head=False, record=record,
+                       variants=(False, True) if compiled else (False,), where_prefix=model)
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -711,7 +768,7 @@ def run(args: argparse.Namespace) -> int:
                 bench_kernels(preset(model), model, rows_list, dev, bw, rec, budget,
                               variants=("reference_compile_graph",))
             elif task == "moe":
-                bench_moe_layer(rows_list, args.ctx, dev, bw, rec, budget)
+                bench_moe_layer(rows_list, args.ctx, dev, bw, rec, budget, compiled="compiled" in sections)
         except Exception as e:                                              # noqa: BLE001 - recorded
             rec.error(where, e)
         w = None

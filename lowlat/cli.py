@@ -1,7 +1,7 @@
 """Command line: `lowlat generate`, `lowlat signoff` (and subcommands other modules register).
 
     lowlat generate --prompt "The capital of France is" [--backend reference|fused] [--max-new-tokens 32]
-    lowlat signoff [--out signoff-report] [--quick]
+    lowlat signoff [--out signoff-report] [--quick] [--quality | --quality-only] [--quality-limit N]
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_signoff(args: argparse.Namespace) -> int:
     from lowlat.signoff import run_signoff
 
-    code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
+    if args.quality_only:
+        args.quality, code = True, 0
+    else:
+        code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
     if not args.quality:
         return code
     from pathlib import Path
@@ -117,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     q = s.add_argument_group("task quality (lm-eval tasks: reference plain vs fused + speculative decoding)")
     q.add_argument("--quality", action="store_true", help="also run the task-quality sign-off (lowlat/eval)")
+    q.add_argument("--quality-only", action="store_true",
+                   help="run only the task-quality sign-off (no test suites; the report goes to OUT/quality)")
     q.add_argument("--quality-limit", type=int, default=200, help="items per task")
     q.add_argument("--quality-backends", nargs=2, default=None, metavar=("BASELINE", "CANDIDATE"),
                    help="default: reference fused (fused falls back to reference without a GPU)")

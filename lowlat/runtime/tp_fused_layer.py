@@ -9,16 +9,26 @@ device, every rank ending with bitwise the same output:
         attn_r = decode_attention(q_r)          over r's KV heads
     one launch over all ranks                   (lowlat/kernels/tp_layer.py)
         push   bf16(attn_r Wo_r^T) tiles to every rank, tagged flags           collective 1
+    one launch over all ranks (PDL dependent of the push when `overlap`)
         x1, h  = per tile: wait, rank-ordered sum, + x; then RMSNorm(mlp_norm)
     per rank r
         act_r  = gate_up_act(h, Wgu_r)          SiLU(gate) * up of r's FFN slice
     one launch over all ranks
         push   bf16(act_r Wd_r^T) tiles, tagged flags                          collective 2
+    one launch over all ranks (PDL dependent of the push when `overlap`)
         x2     = per tile: wait, rank-ordered sum, + x1
 
-Each collective is one epoch of the group (double-buffered slots and flags by parity). After the
-layer the host reads every rank's abort word and raises `CollectiveTimeout` on a fault; the next
-call is correct without a reset (its epoch's tags ignore what the aborted step left).
+Each collective is one epoch of the group (double-buffered slots and flags by parity), bumped on the
+device (`add_`) before its push. With `overlap` (default on Hopper, compiled Triton) each reduce is
+launched with programmatic dependent launch: its programs spin on the per-tile flags while the push
+GEMV still runs, so within a rank the reduction overlaps the GEMV (why this cannot deadlock, and why
+every other input is visible: lowlat/kernels/tp_layer.py). Every per-rank kernel, and the epoch
+bump, is a normal launch, so it starts after the reduce (and, through the reduce's final
+`gdc_wait`, the push) completed. Without `overlap` (and always under the CPU interpreter) the reduce
+starts after the whole push grid finished. Both modes compute bitwise the same outputs.
+
+After the layer the host reads every rank's abort word and raises `CollectiveTimeout` on a fault;
+the next call is correct without a reset (its epoch's tags ignore what the aborted step left).
 
 Rank r's KV cache holds its KV heads only: [S, Hkv/N, D] (`shard_kv_cache`), as each GPU's pool
 would. Dense (SwiGLU) layers only.
@@ -36,6 +46,7 @@ from lowlat.errors import CollectiveTimeout, StepContractError, UnsupportedConfi
 from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table
 from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
+from lowlat.kernels._gemv import pdl_available
 from lowlat.kernels.tp_layer import SUPPORTED_FAULTS, partial_gemv_push, reduce_residual_norm
 from lowlat.reference.tp import shard_layer
 from lowlat.step import MAX_ROWS, StepBatch
@@ -70,18 +81,25 @@ class TPFusedLayer:
         group     an existing `EmulatedGroup(world, cfg.hidden_size, dtype=bf16)`; default: a new one
         deadline  seconds (test deadline) or `Deadline` for a new group; fault: its injected fault
         max_rows  largest M (<= 48)
+        overlap   launch each reduce as the push GEMV's PDL dependent (reduction overlaps the GEMV
+                  within a rank); default (None): on where PDL is available (sm_90+, compiled Triton).
+                  True where PDL is unavailable (CPU interpreter, older GPUs) falls back to the serial
+                  order. `self.overlap` holds the effective mode and may be reassigned between calls
+                  (a CUDA graph keeps the mode it was captured with).
     Raises UnsupportedConfigError (MoE, world not dividing heads / FFN width), StepContractError.
     Memory: weights once (sharded), the group's buffers (see EmulatedGroup), activations [N, M, *].
     """
 
     def __init__(self, cfg: ModelConfig, lw: LayerWeights, world: int, *, device: torch.device | str,
                  group: EmulatedGroup | None = None, deadline=None, fault: Fault | None = None,
-                 max_rows: int = MAX_ROWS, spin_limit: int = 64) -> None:
+                 max_rows: int = MAX_ROWS, spin_limit: int = 64, overlap: bool | None = None) -> None:
         if cfg.is_moe or lw.router is not None:
             raise UnsupportedConfigError("num_experts", cfg.num_experts, "the TP fused layer is dense-only")
         if not 1 <= max_rows <= MAX_ROWS:
             raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_ROWS}")
         self.device = torch.device(device)
+        self._pdl_ok = pdl_available(self.device)
+        self.overlap = overlap
         if group is None:
             group = EmulatedGroup(world, cfg.hidden_size, max_rows=max_rows, dtype=torch.bfloat16,
                                   device=self.device, deadline=deadline, fault=fault, spin_limit=spin_limit,
@@ -123,6 +141,15 @@ class TPFusedLayer:
         self._x1 = torch.zeros(n, max_rows, h, **z)
         self._h = torch.zeros(n, max_rows, h, **z)
 
+    @property
+    def overlap(self) -> bool:
+        """Effective mode: True = each reduce is the push GEMV's PDL dependent (overlapped)."""
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, value: bool | None) -> None:
+        self._overlap = self._pdl_ok if value is None else (bool(value) and self._pdl_ok)
+
     def forward(self, x: torch.Tensor, step: StepBatch, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                 *, out: torch.Tensor | None = None, check: bool = True, use_deadline: bool = True) -> torch.Tensor:
         """One layer on every rank.
@@ -160,7 +187,23 @@ class TPFusedLayer:
             raise StepContractError("out must not alias x")
         if g.epoch + 2 > MAX_EPOCH:
             raise UnsupportedConfigError("epoch", g.epoch + 2, "exhausted: reset the group on every rank")
+        first = self.launch(x, step, k_caches, v_caches, out, use_deadline=use_deadline)
+        if check:
+            self.check(first)
+        return out
+
+    def launch(self, x: torch.Tensor, step: StepBatch, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+               out: torch.Tensor, *, use_deadline: bool = True) -> int:
+        """The layer's launches only: no validation, no host sync, no status read (capturable in a
+        CUDA graph). x [M, H] or [N, M, H], out [N, M, H]: as `forward` checks
+        them. Returns the epoch of the layer's first collective (for `check`). Graph replays bump the
+        device epoch only: call `group.sync_epoch()` before `group`'s own checks; the abort floor
+        and the injected fault are those of the capture."""
+        cfg, n = self.cfg, self.world
+        m = step.num_rows
         nv = step.num_valid_rows
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(n, -1, -1)
         for r in range(n):
             q = attn_prologue(x[r], self.qkv[r], self.qkv_bias[r], self.attn_norm, self.q_norm, self.k_norm,
                               step.positions, step.out_cache_loc, nv, k_caches[r], v_caches[r], self.rope, cfg=cfg,
@@ -173,9 +216,7 @@ class TPFusedLayer:
         for r in range(n):
             gate_up_act(h[r], self.gate_up[r], out=self._act[r, :m])
         self._collective(self._act[:, :m], self.w_down, x1, out, STAGE_DOWN_PROJ, first, use_deadline)
-        if check:
-            self.check(first)
-        return out
+        return first
 
     def _collective(self, a, w, residual, out, stage, floor, use_deadline, *, norm=False, h_out=None) -> int:
         g = self.group
@@ -184,10 +225,15 @@ class TPFusedLayer:
         g.epoch = epoch
         g.bufs.epoch.add_(1)
         floor = epoch if floor is None else floor
-        partial_gemv_push(g.bufs, a, w, fault_kind=kind, fault_rank=g.fault.rank)
+        # push then reduce, always in this order (the interpreter runs programs one after another);
+        # with overlap the reduce is the push's PDL dependent. Its residual (x, or x1 of this layer's
+        # first reduce) and norm weight come from kernels before the push: see kernels/tp_layer.py.
+        pdl = self._overlap
+        partial_gemv_push(g.bufs, a, w, fault_kind=kind, fault_rank=g.fault.rank, use_pdl=pdl)
         reduce_residual_norm(g.bufs, residual, out, stage=stage, abort_floor=floor, deadline_ns=g.deadline.ns,
                              spin_limit=g.spin_limit, norm_weight=self.mlp_norm if norm else None,
-                             eps=self.cfg.rms_eps if norm else None, h_out=h_out, use_deadline=use_deadline)
+                             eps=self.cfg.rms_eps if norm else None, h_out=h_out, use_deadline=use_deadline,
+                             use_pdl=pdl)
         return epoch
 
     def status(self, first_epoch: int) -> list[CollectiveTimeout | None]:

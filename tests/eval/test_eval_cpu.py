@@ -89,10 +89,14 @@ def test_loglikelihood_matches_one_step_reference_within_policy(smollm2, smollm2
         lp = F.log_softmax(logits.double(), -1)[len(ctx) - 1:]
         return lp.gather(1, torch.tensor(cont)[:, None])[:, 0]
 
+    # one output tensor: every continuation token of the three pairs (the policy compares an output's max
+    # error with the bf16 baseline's max error over the same output; per pair, " Paris" alone is one value)
     w64 = w.to(dtype=torch.float64)
-    for (ctx, cont), (total, greedy, per_tok) in zip(pairs, got):
-        oracle, baseline = one_step(w64, ctx, cont), one_step(w, ctx, cont)
-        check_accuracy("lm_eval_loglikelihood", torch.tensor(per_tok), oracle, baseline, output="token_logprob")
+    oracle = torch.cat([one_step(w64, ctx, cont) for ctx, cont in pairs])
+    baseline = torch.cat([one_step(w, ctx, cont) for ctx, cont in pairs])
+    check_accuracy("lm_eval_loglikelihood", torch.tensor([x for g in got for x in g[2]]), oracle, baseline,
+                   output="token_logprob")
+    for total, greedy, per_tok in got:
         assert abs(total - sum(per_tok)) < 1e-9 * max(1.0, abs(total))
     # "Paris" after "The capital of France is" is SmolLM2's greedy answer
     assert got[0][1] is True

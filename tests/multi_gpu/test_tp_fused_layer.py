@@ -1,12 +1,18 @@
 """The TP-sharded fused decoder layer on emulated ranks (lowlat.runtime.tp_fused_layer, kernels in
 lowlat/kernels/tp_layer.py) vs the TP-1 reference layer (lowlat.reference.layer.decoder_layer).
 
-CPU (Triton interpreter, tiny shapes; push and waiting reduce are separate launches): world 2, 3, 4
-within the numerics policy against the float64 oracle, bitwise identical on every rank and run to
-run, KV writes where the reference writes them; a rank that never arrives (or publishes a stale
-epoch) raises `CollectiveTimeout` on every rank and the next step is correct; bad inputs refused;
-both kernels compile for sm_90. GPU (`gpu`): SmolLM2-135M's layer shape at world 3 and
-Llama-3.2-1B's at world 2 and 4 (random weights), rows 1..48, and the fault within deadline + margin.
+CPU (Triton interpreter, tiny shapes; push and waiting reduce are separate launches, PDL off, so
+`overlap=True` falls back to the serial order): world 2, 3, 4 within the numerics policy against the
+float64 oracle, bitwise identical on every rank and run to run, KV writes where the reference writes
+them; a rank that never arrives (or publishes a stale epoch) raises `CollectiveTimeout` on every rank
+and the next step is correct; bad inputs refused; both kernels compile for sm_90 serial and with PDL,
+and the PDL machine code has the order the overlap argument needs (push: wait, trigger, then any
+store; reduce: no trigger, its only wait after every flag poll and store).
+GPU (`gpu`), both modes (overlap = reduce launched as the push GEMV's PDL dependent, and serial):
+SmolLM2-135M's layer shape at world 3 and Llama-3.2-1B's at world 2 and 4 (random weights), rows
+1..48; overlap and serial bitwise equal to each other over repeated steps and CUDA-graph replays; a
+rank that never arrives (or exits mid-step) aborts every rank within deadline + margin, and the next
+step is correct.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from lowlat.config import preset
 from lowlat.errors import CollectiveTimeout, StepContractError, UnsupportedConfigError
 from lowlat.comm.emulated import EmulatedGroup
 from lowlat.comm.testing import make_partials
+from lowlat.kernels._gemv import pdl_available
 from lowlat.kernels.tp_layer import partial_gemv_push, reduce_residual_norm, sm90_compile_specs
 from lowlat.numerics import check_accuracy, check_bitwise, poison
 from lowlat.reference.layer import decoder_layer
@@ -184,12 +191,30 @@ def test_refuses_bad_configs_and_inputs_before_any_launch():
                   output="kv_untouched_after_refusal")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-side sm_90 compile check; the GPU runs the kernels")
-@pytest.mark.parametrize("hidden,k,world,rows,fault", [(576, 192, 3, 1, FaultKind.NONE),
-                                                       (2048, 4096, 4, 48, FaultKind.NEVER),
-                                                       (2048, 1024, 2, 8, FaultKind.WRONG_EPOCH)])
-def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, fault):
-    for name, spec in sm90_compile_specs(hidden, k, world, rows, fault=fault).items():
+def test_overlap_falls_back_to_the_serial_order_under_the_interpreter():
+    """No PDL on the CPU: overlap=True runs push then reduce as separate, ordered launches (a reduce
+    program spinning before the push programs ran would never finish) and equals the serial layer."""
+    world = 2
+    cfg = tiny_tp(world)
+    lw, case, x = make_case(cfg, 21, [3, 1], [1, 1])
+    on = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4, overlap=True)
+    off = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4, overlap=False)
+    assert on.overlap is False and off.overlap is False
+    a, _, _ = run_tp(on, case, x, "cpu")
+    b, _, _ = run_tp(off, case, x, "cpu")
+    check_bitwise(OP, a, b, output="overlap_vs_serial")
+
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                              reason="the CPU-side sm_90 compile check; the GPU runs the kernels")
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("hidden,k,world,rows,fault,pdl", [(576, 192, 3, 1, FaultKind.NONE, True),
+                                                           (2048, 4096, 4, 48, FaultKind.NEVER, True),
+                                                           (2048, 1024, 2, 8, FaultKind.WRONG_EPOCH, False)])
+def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, fault, pdl):
+    for name, spec in sm90_compile_specs(hidden, k, world, rows, fault=fault, pdl=pdl).items():
         env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "unit", "compile_sm90.py"),
                                f"lowlat.kernels.tp_layer:{name}", json.dumps([spec])],
@@ -199,18 +224,70 @@ def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, faul
         assert info["ok"] and info["spill_bytes"] == 0, (name, info)
 
 
+_PTX_ORDER = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lowlat.kernels import tp_layer
+
+out = {}
+for name, spec in tp_layer.sm90_compile_specs(*json.loads(sys.argv[1]), pdl=True).items():
+    fn = getattr(tp_layer, name)
+    sig = {n: ("constexpr" if n in spec["constexprs"] else spec["pointers"].get(n)
+               or spec.get("scalars", {}).get(n, "i32")) for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig,
+                    constexprs={(fn.arg_names.index(n),): v for n, v in spec["constexprs"].items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": spec["num_warps"], "launch_pdl": True})
+    lines = k.asm["ptx"].splitlines()
+    out[name] = {key: [i for i, l in enumerate(lines) if pat in l] for key, pat in (
+        ("wait", "griddepcontrol.wait"), ("trigger", "griddepcontrol.launch_dependents"),
+        ("acquire", "ld.acquire"), ("store", "st.global"), ("atom", "atom."), ("load", "ld.global"))}
+print(json.dumps(out))
+"""
+
+
+@CPU_ONLY
+def test_pdl_machine_code_has_the_order_the_overlap_relies_on():
+    """PTX of both kernels with USE_PDL (kernels/tp_layer.py's argument): the push waits for its
+    predecessor, then triggers, before any load, store or flag; the reduce never triggers and its one
+    wait comes after every flag poll (acquire), store and abort CAS (so the overlap is real and the
+    reduce's completion implies the push's)."""
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PTX_ORDER, json.dumps([2048, 1024, 4, 8])], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    push, red = facts["_partial_gemv_push_kernel"], facts["_reduce_residual_norm_kernel"]
+    assert len(push["wait"]) == 1 and len(push["trigger"]) == 1, push
+    first_mem = min(push["store"] + push["atom"] + push["load"])
+    assert push["wait"][0] < push["trigger"][0] < first_mem, push
+    assert red["trigger"] == [] and len(red["wait"]) == 1, red
+    assert red["acquire"] and red["store"] and red["atom"], red
+    assert red["wait"][0] > max(red["acquire"] + red["store"] + red["atom"]), red
+
+
 # ------------------------------------------------------------------------------------------- GPU
 GPU_SHAPES = [("SmolLM2-135M", 3), ("Llama-3.2-1B", 2), ("Llama-3.2-1B", 4)]
+GPU_CASES = [([37], [1], None), ([300, 0, 17, 5, 64, 2], [1] * 6, 8), ([120, 33, 9], [16, 16, 16], None)]
+
+
+def _mode(device, overlap: bool) -> bool:
+    if overlap and not pdl_available(torch.device(device)):
+        pytest.skip("overlap needs PDL (sm_90+)")
+    return overlap
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("name,world", GPU_SHAPES)
-@pytest.mark.parametrize("ctx_lens,new_rows,pad_to", [([37], [1], None), ([300, 0, 17, 5, 64, 2], [1] * 6, 8),
-                                                      ([120, 33, 9], [16, 16, 16], None)])
-def test_gpu_tp_fused_layer_real_shapes(device, name, world, ctx_lens, new_rows, pad_to):
+@pytest.mark.parametrize("ctx_lens,new_rows,pad_to", GPU_CASES)
+def test_gpu_tp_fused_layer_real_shapes(device, name, world, ctx_lens, new_rows, pad_to, overlap):
     cfg = preset(name)
     lw, case, x = make_case(cfg, world, ctx_lens, new_rows, pad_to=pad_to)
-    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=5.0)
+    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=5.0, overlap=_mode(device, overlap))
+    assert layer.overlap is overlap
     out, kc, vc = run_tp(layer, case, x, device)
     torch.cuda.synchronize(device)
     check_layer(cfg, lw, case, x, out, kc, vc)
@@ -220,17 +297,88 @@ def test_gpu_tp_fused_layer_real_shapes(device, name, world, ctx_lens, new_rows,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name,world", GPU_SHAPES)
+@pytest.mark.parametrize("ctx_lens,new_rows,pad_to", GPU_CASES[1:])
+def test_gpu_overlap_and_serial_are_bitwise_equal_over_many_steps(device, name, world, ctx_lens, new_rows, pad_to):
+    """One layer, the mode switched between calls: the serial output, then 30 overlapped steps back to
+    back (no sync between them: any race between a spinning reduce and its push shows up as a
+    changed bit), then serial again, all bitwise equal, and the KV caches too."""
+    cfg = preset(name)
+    lw, case, x = make_case(cfg, 40 + world, ctx_lens, new_rows, pad_to=pad_to)
+    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=5.0, overlap=False)
+    want, kw, vw = run_tp(layer, case, x, device)
+    layer.overlap = _mode(device, True)
+    kc = shard_kv_cache(case.k_cache.to(device), world)
+    vc = shard_kv_cache(case.v_cache.to(device), world)
+    xd, step = x.to(device), case.step.to(device)
+    outs = [poison(torch.empty_like(want)) for _ in range(30)]
+    first = layer.group.epoch + 1
+    for o in outs:
+        layer.launch(xd, step, kc, vc, o)           # no host sync: the steps queue back to back
+    layer.check(first)                  # no abort word of any of the 30 steps
+    for i, o in enumerate(outs):
+        check_bitwise(OP, o.cpu(), want.cpu(), output=f"overlap_step{i}_vs_serial")
+    check_bitwise(OP, gather_kv_cache(kc).cpu().nan_to_num(7.0), kw.cpu().nan_to_num(7.0), output="k_overlap_vs_serial")
+    check_bitwise(OP, gather_kv_cache(vc).cpu().nan_to_num(7.0), vw.cpu().nan_to_num(7.0), output="v_overlap_vs_serial")
+    layer.overlap = False
+    again, _, _ = run_tp(layer, case, x, device)
+    check_bitwise(OP, again.cpu(), want.cpu(), output="serial_after_overlap")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+def test_gpu_cuda_graph_replays_equal_eager(device, overlap):
+    """`launch` captured in a CUDA graph (PDL edges kept in overlap mode) and replayed 20 times:
+    bitwise the eager output every time, no abort word written (as the benchmark uses it)."""
+    cfg, world = preset("Llama-3.2-1B"), 4
+    lw, case, x = make_case(cfg, 9, [200, 31, 7, 64, 2, 90], [1] * 6, pad_to=8)
+    layer = TPFusedLayer(cfg, lw, world, device=device, deadline=5.0, overlap=_mode(device, overlap))
+    want, _, _ = run_tp(layer, case, x, device)
+    kc = shard_kv_cache(case.k_cache.to(device), world)
+    vc = shard_kv_cache(case.v_cache.to(device), world)
+    xd, step = x.to(device), case.step.to(device)
+    out = torch.empty_like(want)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        layer.launch(xd, step, kc, vc, out)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        first = layer.launch(xd, step, kc, vc, out)
+    for i in range(20):
+        out.fill_(float("nan"))
+        graph.replay()
+        check_bitwise(OP, out.cpu(), want.cpu(), output=f"replay{i}")
+    layer.group.sync_epoch()
+    assert all(e is None for e in layer.status(first)), layer.status(first)
+
+
+@pytest.mark.gpu
+@pytest.mark.fault
 @pytest.mark.timeout(120)
-def test_gpu_never_arrives_raises_within_deadline_and_next_step_correct(device):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+@pytest.mark.parametrize("kind,fire,stage", [(FaultKind.NEVER, 1, "out_proj all-reduce"),
+                                             (FaultKind.EXIT, 2, "down_proj all-reduce")])
+def test_gpu_never_arrives_raises_within_deadline_and_next_step_correct(device, kind, fire, stage, overlap):
+    """Rank 2 never arrives (collective 1) or exits mid-step (collective 2, half its tiles pushed):
+    every rank's reduce aborts after the deadline, in both modes (in overlap mode the reduce programs
+    are already spinning while the push runs), and the next step (no reset) is correct."""
     cfg, world, deadline = preset("SmolLM2-135M"), 3, 0.25
     lw, case, x = make_case(cfg, 5, [40, 3], [1, 1])
     layer = TPFusedLayer(cfg, lw, world, device=device, deadline=deadline,
-                         fault=Fault(FaultKind.NEVER, rank=2, step=1))
+                         fault=Fault(kind, rank=2, step=fire), overlap=_mode(device, overlap))
+    assert layer.overlap is overlap
+    warm = TPFusedLayer(cfg, lw, world, device=device, deadline=deadline, overlap=overlap)
+    run_tp(warm, case, x, device)                       # compile outside the timed call
+    torch.cuda.synchronize(device)
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeout) as ei:
         run_tp(layer, case, x, device)
     took = time.monotonic() - t0
-    assert ei.value.missing_peer == 2 and all(e is not None for e in ei.value.per_rank)
+    err = ei.value
+    assert err.missing_peer == 2 and err.stage == stage, str(err)
+    assert all(e is not None and e.stage == stage for e in err.per_rank), err.per_rank
     # margin: one deadline per waiting row block, launches and the host's read of the abort words
     assert took < 2 * deadline + 5.0, f"took {took:.2f} s for a {deadline} s deadline"
     out, kc, vc = run_tp(layer, case, x, device)

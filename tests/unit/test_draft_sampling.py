@@ -205,11 +205,11 @@ def test_run_to_run_deterministic(device):
 @given(r=st.integers(1, 18), h=st.sampled_from([16, 48, 80]), v=st.integers(16, 300),
        temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]), top_k=st.sampled_from([0, 1, 2, 3, 4]),
        top_p=st.sampled_from([1.0, 0.5, 0.95]), seed=st.integers(0, 2 ** 31))
-def test_kernel_matches_reference_property(r, h, v, temperature, top_k, top_p, seed):
+def test_kernel_matches_reference_property(r, h, v, temperature, top_k, top_p, seed, device):
     if top_p < 1 and top_k == 0:
         top_k = 2
-    hh, ww = exact_inputs(r, h, v, seed=seed)
-    seeds, offsets = counters(r, seed=seed + 1)
+    hh, ww = exact_inputs(r, h, v, seed=seed, device=device)
+    seeds, offsets = counters(r, seed=seed + 1, device=device)
     out, tokens, q = run_both(hh, ww, temperature, top_k, top_p, seeds, offsets)
     check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
     check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
@@ -276,6 +276,7 @@ def test_reference_draws_follow_q():
 
 # ------------------------------------------------------------------------------------------ GPU (H200)
 SMOL = dict(h=576, v=49152)
+LAUNCHES = 20      # launches per path in the determinism test
 
 
 @pytest.mark.gpu
@@ -336,6 +337,30 @@ def test_kernel_rows_invariant_pdl_and_cuda_graph_gpu(device):
 
 
 @pytest.mark.gpu
+def test_kernel_deterministic_across_launches_gpu(device):
+    """Twenty launches of every path at SmolLM2's shape (384 tiles arriving in a different order each
+    time; counters and greedy slots reused): bitwise identical outputs."""
+    r = 8
+    hh, ww = random_inputs(r, SMOL["h"], SMOL["v"], seed=28, device=device)
+    seeds, offsets = counters(r, seed=29, device=device)
+    mixed = [torch.tensor(p, dtype=dt, device=device) for p, dt in zip(MIXED8, (torch.float32, torch.int32,
+                                                                                 torch.float32))]
+    for temp, topk, topp, k_cap, need_noise in [(*mixed, 16, True),
+                                                (torch.zeros(r, device=device), mixed[1], mixed[2], 0, False)]:
+        first = None
+        for _ in range(LAUNCHES):
+            out = poisoned_out(r, SMOL["v"], device)
+            kernel.draft_sample_into(hh, ww, temp, topk, topp, seeds, offsets, out, k_cap=k_cap, need_noise=need_noise)
+            assert_all_written(out)
+            if first is None:
+                first = out
+            else:
+                assert_same_outputs(out, first)
+        tokens, _, _ = reference(hh, ww, temp, topk.clamp(max=SMOL["v"]), topp, seeds, offsets)
+        check_bitwise("draft_sampling", first.tokens, tokens, output="tokens")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("params", [(1.0, 0, 1.0), (0.7, 16, 0.9)])
 def test_kernel_draws_follow_q_gpu(params, device):
     """20000 rows with one hidden state and distinct seeds: kernel token counts ~ q (G-test)."""
@@ -349,21 +374,185 @@ def test_kernel_draws_follow_q_gpu(params, device):
 
 
 # --------------------------------------------------------------------------- sm_90 compile (no GPU needed)
-def test_kernel_compiles_for_sm90_without_spills():
-    """The GPU path (bf16 wgmma, PDL, atomics, the merge tree) compiles for the H200 and does not spill,
-    without and with top-k."""
-    from sampling_stats import compile_sm90
+SM90_POINTERS = dict(h_ptr="*bf16", w_ptr="*bf16", temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32",
+                     seed_ptr="*i64", off_ptr="*i64", tok_ptr="*i64", x_ptr="*fp32", lse_ptr="*fp32",
+                     cutv_ptr="*fp32", cuti_ptr="*i32", ws_m="*fp32", ws_s="*fp32", ws_bs="*fp64", ws_bi="*i32",
+                     ws_keys="*i64", ws_gkeys="*i64", cnt_ptr="*i32")
 
-    pointers = dict(h_ptr="*bf16", w_ptr="*bf16", temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32",
-                    seed_ptr="*i64", off_ptr="*i64", tok_ptr="*i64", x_ptr="*fp32", lse_ptr="*fp32",
-                    cutv_ptr="*fp32", cuti_ptr="*i32", ws_m="*fp32", ws_s="*fp32", ws_bs="*fp64", ws_bi="*i32",
-                    ws_keys="*i64", ws_gkeys="*i64", cnt_ptr="*i32")
-    specs = [{"pointers": pointers,
-              "constexprs": dict(HIDDEN=576, BLOCK_R=16, BLOCK_V=64, BLOCK_H=64, K_CAP=k_cap, GROUP=32, LOG_GROUP=5,
-                                 P_PAD=1024, NG_PAD=32, LOG_NG=5, NEED_NOISE=True, UPCAST=False, USE_PDL=True)}
-             for k_cap in (0, 4)]
-    res = compile_sm90("lowlat.kernels.draft_sampling:_draft_sample_kernel", specs)
-    assert all(r["spill_bytes"] == 0 for r in res), res
+
+def compile_sm90_aligned(specs: list[dict]) -> list[dict]:
+    """tests/unit/compile_sm90_aligned.py in a subprocess (no TRITON_INTERPRET); skip without ptxas."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip(f"no ptxas at {ptxas}: this Triton cannot compile for sm_90 here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("compile_sm90_aligned.py")
+    res = subprocess.run([sys.executable, str(script), "lowlat.kernels.draft_sampling:_draft_sample_kernel",
+                          json.dumps(specs)], capture_output=True, text=True, env=env, timeout=900)
+    if res.returncode:
+        raise AssertionError(f"the draft sampler failed to compile for sm_90:\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# (rows, k_cap, need_noise): greedy-only, temperature, top-k, mixed, at 1 / 8 rows (and 16 with top-k)
+SM90_VARIANTS = [(1, 0, False), (1, 0, True), (8, 0, True), (1, 64, False), (4, 64, False), (8, 64, True),
+                 (4, 2, False), (2, 8, True), (16, 64, True), (8, 32, False)]
+
+
+def test_kernel_compiles_for_sm90_three_programs_per_sm():
+    """The GPU path compiles for the H200 as a launch specialises it (aligned pointers and strides):
+    the GEMV loop is software-pipelined (cp.async), and every variant fits three 4-warp programs per SM
+    (<= 168 registers, <= 75 KB shared memory), so SmolLM2's 384 vocabulary tiles run in one wave on
+    132 SMs; no spills up to 8 rows (16 rows with top-k may spill a little under the register cap)."""
+    specs = []
+    for r, k_cap, need_noise in SM90_VARIANTS:
+        cfg = kernel.launch_config(r, SMOL["v"], SMOL["h"], k_cap=k_cap, need_noise=need_noise)
+        specs.append({"pointers": SM90_POINTERS, "constexprs": {**cfg["constexprs"], "UPCAST": False,
+                                                                   "USE_PDL": r == 8},
+                      "divisible": ["stride_h", "stride_w", "stride_x", "V", "NUM_PROGS", "KEY_ROW", "CNT_ROW"],
+                      "num_warps": 4, "num_stages": 4, "maxnreg": kernel.default_maxnreg(4)})
+    res = compile_sm90_aligned(specs)
+    for (r, k_cap, need_noise), info in zip(SM90_VARIANTS, res):
+        what = f"rows={r} k_cap={k_cap} need_noise={need_noise}: {info}"
+        assert info["cp_async"] > 0, "GEMV loop not pipelined: " + what
+        assert info["registers"] <= 168 and info["shared"] <= 75 * 1024, what
+        assert info["spill_bytes"] <= (512 if r > 8 else 0), what
+        if k_cap == 64 and r == 8:     # row chunks of 4: the NR = 4 top-k code in a loop (143 -> 106 regs at 8)
+            assert cfg_rc(r, k_cap) == 4 and info["registers"] <= 128, what
+
+
+def cfg_rc(r: int, k_cap: int) -> int:
+    return kernel.launch_config(r, SMOL["v"], SMOL["h"], k_cap=k_cap, need_noise=False)["constexprs"]["RC"]
+
+
+# --------------------------------------------------------------------------------- rows, paths, tree shape
+def assert_same_outputs(a: kernel.DraftSample, b: kernel.DraftSample, rows=None, what=""):
+    for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+        x = getattr(a, name)
+        check_bitwise("draft_sampling", x if rows is None else x[rows], getattr(b, name), output=f"{name}{what}")
+
+
+MIXED8 = ([0.0, 0.8, 1.5, 0.9, 1.2, 0.0, 0.7, 1.1],          # greedy, temperature, top-k, top-k + top-p,
+          [0, 0, 3, 4, 10 ** 6, 5, 1, 2],                    # top_k >= V (off), greedy with top_k set,
+          [1.0, 1.0, 0.7, 0.6, 1.0, 0.5, 1.0, 0.95])         # top_k 1, top-k + top-p
+
+
+def test_mixed_rows_one_launch_multi_level_tree(device):
+    """Eight rows of every kind in one launch over 10 vocabulary tiles, merge fan-in 2 (four levels:
+    10 -> 5 -> 3 -> 2 -> 1): the reference's tokens and kept sets; every output written."""
+    r, h, v = 8, 16, 600
+    hh, ww = exact_inputs(r, h, v, seed=40, device=device)
+    seeds, offsets = counters(r, seed=41, device=device)
+    out, tokens, q = run_both(hh, ww, *MIXED8, seeds, offsets, block_v=64, group=2)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
+@pytest.mark.parametrize("r", [2, 5, 8])
+def test_each_row_alone_equals_row_in_batch(r, device):
+    """Row i of an R-row launch (NR = 2 / 8 / 8 epilogue rows, padding rows at R = 5) equals the same row
+    launched alone (NR = 1), bitwise: tokens, logits, lse, cut (fixed-point sums: no order dependence)."""
+    h, v = 16, 320
+    hh, ww = exact_inputs(r, h, v, seed=42 + r, device=device)
+    hh = hh + torch.randn(r, h, generator=torch.Generator().manual_seed(r)).to(hh) * 0.01   # inexact sums
+    seeds, offsets = counters(r, seed=43, device=device)
+    temp, topk, topp = (p[:r] for p in MIXED8)
+    batch = poisoned_out(r, v, device)
+    kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, out=batch, block_v=64)
+    assert_all_written(batch)
+    for i in range(r):
+        alone = poisoned_out(1, v, device)
+        kernel.draft_sample(hh[i:i + 1], ww, temp[i], topk[i], topp[i], seeds=seeds[i:i + 1],
+                            offsets=offsets[i:i + 1], out=alone, block_v=64)
+        assert_same_outputs(batch, alone, rows=slice(i, i + 1), what=f"[row {i}]")
+
+
+def test_outputs_independent_of_merge_fan_in(device):
+    """The merge tree's fan-in (2, 4, 16: four, two, one level over 16 tiles) changes nothing."""
+    r, h, v = 4, 16, 1024
+    hh, ww = random_inputs(r, h, v, seed=44, device=device)
+    seeds, offsets = counters(r, seed=45, device=device)
+    outs = [kernel.draft_sample(hh, ww, [0.9, 1.3, 0.7, 0.0], [8, 3, 16, 0], [0.9, 1.0, 0.8, 1.0], seeds=seeds,
+                                offsets=offsets, block_v=64, group=g) for g in (2, 4, 16)]
+    for o in outs[1:]:
+        assert_same_outputs(o, outs[0])
+
+
+def test_outputs_independent_of_row_chunk(device):
+    """The top-k parts working on 1 / 2 / 4 / all 8 rows at a time (a loop over row chunks; the root list
+    reloaded by the final) change nothing, with mixed rows, a padding row (R = 7) and a 3-level tree."""
+    r, h, v = 7, 16, 640
+    hh, ww = exact_inputs(r, h, v, seed=50, device=device)
+    hh = hh + torch.randn(r, h, generator=torch.Generator().manual_seed(51)).to(hh) * 0.01   # inexact sums
+    seeds, offsets = counters(r, seed=52, device=device)
+    temp, topk, topp = (p[:r] for p in MIXED8)
+    outs = [kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, block_v=64, group=4,
+                                row_chunk=rc) for rc in (8, 4, 2, 1)]
+    for rc, o in zip((4, 2, 1), outs[1:]):
+        assert_same_outputs(o, outs[0], what=f"[row_chunk={rc}]")
+    tokens, q, _ = reference(hh, ww, temp, topk, topp, seeds, offsets)
+    check_bitwise("draft_sampling", outs[1].tokens, tokens, output="tokens")
+    assert kernel.default_row_chunk(8, 64) == 4 and kernel.default_row_chunk(4, 64) == 4
+    assert kernel.default_row_chunk(8, 32) == 8 and kernel.default_row_chunk(16, 0) == 16
+
+
+def test_greedy_launch_equals_general_path(device):
+    """A greedy-only launch (k_cap 0, need_noise False: atomic argmax, no tile partials) gives the same
+    tokens, logits, lse and cut as the general path for the same greedy rows."""
+    r, h, v = 6, 16, 384
+    hh, ww = random_inputs(r, h, v, seed=46, device=device)
+    seeds, offsets = counters(r, seed=47, device=device)
+    temp = torch.zeros(r, device=device)
+    topk = torch.zeros(r, dtype=torch.int32, device=device)
+    topp = torch.ones(r, device=device)
+    outs = []
+    for k_cap, need_noise in ((0, False), (0, True), (4, False)):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, temp, topk, topp, seeds, offsets, out, k_cap=k_cap, need_noise=need_noise,
+                                 block_v=64)
+        assert_all_written(out)
+        outs.append(out)
+    assert_same_outputs(outs[1], outs[0], what="[noise path]")
+    assert_same_outputs(outs[2], outs[0], what="[top-k path]")
+    tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
+    check_bitwise("draft_sampling", outs[0].tokens, tokens, output="tokens")
+
+
+def test_launch_marks_rows_the_compiled_path_cannot_sample(device):
+    """need_noise False promises no row samples without top-k: such a row gets -1 (greedy-only launch
+    and top-k launch alike); the other rows are unaffected."""
+    r, h, v = 3, 16, 256
+    hh, ww = exact_inputs(r, h, v, seed=48, device=device)
+    seeds, offsets = counters(r, seed=49, device=device)
+    temp = torch.tensor([0.0, 1.0, 0.8], device=device)
+    topp = torch.ones(r, device=device)
+    for k_cap, topk in ((0, [0, 0, 0]), (4, [0, 0, 3])):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, temp, torch.tensor(topk, dtype=torch.int32, device=device), topp, seeds,
+                                 offsets, out, k_cap=k_cap, need_noise=False, block_v=64)
+        tokens, _, _ = reference(hh, ww, temp, topk, topp, seeds, offsets)
+        expect = tokens.clone()
+        expect[1] = -1
+        if k_cap == 0:
+            expect[2] = -1
+        check_bitwise("draft_sampling", out.tokens, expect, output=f"tokens[k_cap={k_cap}]")
+
+
+def test_merge_tree_shapes():
+    assert kernel.merge_tree(384, 1, 64) == (8, [48, 6, 1])
+    assert kernel.merge_tree(384, 8, 64) == (8, [48, 6, 1])
+    assert kernel.merge_tree(384, 16, 64) == (4, [96, 24, 6, 2, 1])
+    assert kernel.merge_tree(384, 1, 8) == (8, [48, 6, 1])
+    assert kernel.merge_tree(1, 1, 4) == (2, [1])
+    assert kernel.merge_tree(10, 2, 4, group=2) == (2, [5, 3, 2, 1])
+    with pytest.raises(UnsupportedConfigError, match="group"):
+        kernel.merge_tree(10, 2, 4, group=3)
 
 
 def test_top_k_merge_across_groups(device):

@@ -249,3 +249,75 @@ def test_gpu_engine_greedy_equals_reference_engine(device):
     want = [r.output_ids for r in ref.generate(prompts, params)]
     exact = assert_tokens_equal_or_near_tie(cfg, w, device, prompts, got, want, slots=512, ctx=128)
     print(f"{exact} of {len(prompts)} prompts token-for-token equal; the others flip at a reference near-tie")
+
+
+def _early_exit_case(cfg, seed):
+    case = random_step(ctx_lens=[6, 0, 3], new_rows=[1, 1, 1], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=4,
+                       generator=torch.Generator().manual_seed(seed))
+    return case, *layer_caches(case, cfg.num_layers, seed)
+
+
+def test_early_exit_hidden_matches_reference_first_layers():
+    """The self-speculation draft forward: layers 0..n-1 fused, final RMSNorm, no LM head, vs
+    ReferenceModel.hidden_states(num_layers=n); K/V written for layers < n only, padding rows 0."""
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    case, ks, vs = _early_exit_case(cfg, 9)
+    n = 2
+    pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    h = fm.early_exit_hidden(case.step, pool, n).clone()
+    k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
+    oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).hidden_states(case.step, k64, v64, n)
+    baseline = ReferenceModel(cfg, w).hidden_states(case.step, [k.clone() for k in ks], [v.clone() for v in vs], n)
+    assert h.shape == (4, cfg.hidden_size) and h.dtype == torch.bfloat16
+    check_accuracy("fused_model", h, oracle, baseline, output="hidden")
+    assert bool((h[case.step.num_valid_rows:] == 0).all())
+    loc = case.step.out_cache_loc[: case.step.num_valid_rows].long()
+    for i in range(cfg.num_layers):
+        written = not torch.equal(pool.k_caches[i][loc].nan_to_num(7.0), ks[i][loc].nan_to_num(7.0))
+        assert written == (i < n), f"layer {i}: K written {written}, draft of {n} layers"
+    with pytest.raises(ValueError, match="num_layers=4"):
+        fm.early_exit_hidden(case.step, pool, 4)
+
+
+def test_layer_skip_drafter_uses_the_fused_runner_when_built():
+    """LayerSkipDrafter drafts through the built runner's early_exit_hidden (not the reference model)
+    when the engine's backend has one, and through the reference model with fused=False."""
+    from lowlat.runtime.drafters import LayerSkipDrafter
+
+    calls = []
+
+    class Runner:
+        def early_exit_hidden(self, step, pool, n):
+            calls.append(n)
+            return torch.zeros(step.num_rows, 4)
+
+    engine = SimpleNamespace(cfg=SimpleNamespace(num_layers=3), pool=None,
+                             backend=SimpleNamespace(built=SimpleNamespace(runner=Runner()), fallback=None))
+    step = SimpleNamespace(num_rows=2)
+    assert LayerSkipDrafter(2)._draft_hidden(engine, step).shape == (2, 4) and calls == [2]
+    with pytest.raises(TypeError, match="LayerSkipDrafter needs"):
+        LayerSkipDrafter(2, fused=False)._draft_hidden(engine, step)
+
+
+@pytest.mark.gpu
+def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
+    """(width, n) graphs of the draft forward replay bitwise equal to an eager run, and interleaving
+    them with full steps leaves the full step's logits bitwise unchanged."""
+    cfg, w = _smollm2_random(device)
+    eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False)
+    graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True)
+    case = random_step(ctx_lens=[40, 7, 90], new_rows=[1, 1, 1], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(3),
+                       device=device)
+    ks, vs = layer_caches(case, cfg.num_layers, 3)
+    pa = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+    pb = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+    full = eager.forward(case.step, pa).clone()
+    for n in (4, 29):
+        a = eager.early_exit_hidden(case.step, pa, n).clone()
+        for _ in range(2):                                   # capture, then a pure replay
+            check_bitwise("fused_model", graphed.early_exit_hidden(case.step, pb, n), a, output=f"hidden_{n}")
+    check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_after_drafts")

@@ -72,3 +72,39 @@ def test_fused_greedy_generation_equals_reference_or_diverges_at_a_measured_tie(
     ref_err = float((logits[0] - logits[1]).abs().max())
     assert gap <= ref_err, (f"fused diverged at token {k} ({a[k]} vs {b[k]}): oracle gap {gap:.3e} > "
                             f"bf16 reference logit error {ref_err:.3e} — not a tie")
+
+
+@pytest.fixture(scope="module")
+def fused_verify_engine(smollm2):
+    """The fused engine built for verify steps of k + 1 = 6 rows per request (as the sign-off builds it)."""
+    cfg, w = smollm2
+    eng = make_engine("fused", cfg, w, device="cuda", num_slots=2048, max_reqs=5, max_ctx=256, tokens_per_request=6)
+    assert eng.backend.built is not None, eng.backend.report()
+    return eng
+
+
+@pytest.mark.parametrize("draft_layers", [6, 29])
+def test_fused_greedy_speculative_with_fused_draft_equals_fused_plain(fused_verify_engine, smollm2_tokenizer,
+                                                                     draft_layers):
+    """Self-speculation on the fused backend, the draft through FusedModel.early_exit_hidden (k = 5,
+    4 requests together: verify steps of up to 24 rows): the emitted greedy tokens equal plain fused
+    greedy decoding token for token (row invariance of the fused kernels makes the verify rows' logits
+    bitwise those of a decode row), and every KV slot is freed afterwards."""
+    from lowlat.eval.prompts import prompt_token_ids
+    from lowlat.runtime.drafters import LayerSkipDrafter
+    from lowlat.runtime.speculative import SpeculativeDecoder
+
+    fused = fused_verify_engine
+    prompts = prompt_token_ids(smollm2_tokenizer, 4)
+    sp = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    plain = [r.output_ids for r in fused.generate(prompts, sp)]
+    free_before = fused.pool.free_slots
+    drafter = LayerSkipDrafter(draft_layers)
+    res = SpeculativeDecoder(fused, drafter, k=5).generate(prompts, sp)
+    assert [r.output_ids for r in res] == plain
+    assert fused.pool.free_slots == free_before
+    assert fused.backend.counts["fused"] > 0
+    runner = fused.backend.built.runner
+    assert any(isinstance(k, tuple) and k[1] == draft_layers for k in runner._graphs), "draft did not run fused"
+    accepted = [a for r in res for a in r.accept_lengths]
+    print(f"draft layers {draft_layers}: mean acceptance {sum(accepted) / len(accepted):.2f} tokens per verify")
