@@ -141,6 +141,9 @@ class EmulatedGroup:
             raise first
 
     def reset(self) -> None:
-        """Clear every flag and abort word (the epoch keeps counting). Not needed after an abort:
-        the next epoch's tags already ignore everything an earlier step left."""
+        """Clear every flag and abort word (the epoch keeps counting). Not needed after an abort for
+        launches made from the host (each passes its own abort floor, and the next epoch's tags ignore
+        everything an earlier step left); NEEDED after an abort before replaying a captured CUDA graph
+        of a layer (`TPFusedLayer.launch`): the graph keeps the abort floor of its capture, so the stale
+        abort word would stop every later replay (each replay's `check` raising again)."""
         self.ctrl.zero_()

@@ -461,6 +461,12 @@ def _workspace(device, rows_pad: int, num_progs: int, k_cap: int, nodes: int, n_
     key = (str(device), rows_pad, num_progs, k_cap, nodes, n_counters)
     ws = _WORKSPACES.get(key)
     if ws is None:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # its counters / key slots must hold their initial values when the first launch runs; an
+            # allocation inside a capture would only record the fills
+            raise StepContractError(f"draft-sampling workspace for {rows_pad} rows x {num_progs} tiles (k_cap "
+                                    f"{k_cap}) created during CUDA-graph capture: run one launch of this "
+                                    "shape eagerly before capturing")
         kc = max(k_cap, 1)
         ws = _Workspace(
             m=torch.empty(rows_pad, num_progs, dtype=torch.float32, device=device),
@@ -561,6 +567,9 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         raise StepContractError(f"h and lm_head must share a dtype in bf16/fp16/fp32, got {h.dtype}, {lm_head.dtype}")
     if h.stride(1) != 1 or lm_head.stride(1) != 1:
         raise StepContractError("h and lm_head must be contiguous along H (stride 1)")
+    if v * max(lm_head.stride(0), hd) >= 2 ** 31:
+        raise UnsupportedConfigError("vocab_size", v, f"V x H = {v} x {hd} needs 64-bit offsets (the kernel "
+                                     "indexes the LM head with int32)")
     for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
                         ("top_p", top_p, torch.float32), ("seeds", seeds, torch.int64),
                         ("offsets", offsets, torch.int64)):
@@ -574,8 +583,19 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     if block_v < max(k_cap, 16) or block_v > 1024 or block_v & (block_v - 1):
         raise UnsupportedConfigError("block_v", block_v, f"must be a power of two in [max(k_cap={k_cap}, 16), 1024]")
     if (tuple(out.tokens.shape) != (r,) or tuple(out.logits.shape) != (r, v) or out.logits.dtype != torch.float32
-            or out.logits.stride(1) != 1):
-        raise StepContractError(f"out buffers must be tokens [R]={r}, logits [R, V]=[{r}, {v}] float32")
+            or out.logits.stride(1) != 1 or out.tokens.dtype != torch.int64):
+        raise StepContractError(f"out buffers must be tokens [R]={r} int64, logits [R, V]=[{r}, {v}] float32")
+    for name, t, dt in (("out.lse", out.lse, torch.float32), ("out.cut_value", out.cut_value, torch.float32),
+                        ("out.cut_id", out.cut_id, torch.int32)):
+        if tuple(t.shape) != (r,) or t.dtype != dt or not t.is_contiguous():
+            raise StepContractError(f"{name} must be [R] = [{r}] {dt}, got {tuple(t.shape)} {t.dtype}")
+    for name, t in (("lm_head", lm_head), ("out.tokens", out.tokens), ("out.logits", out.logits),
+                    ("out.lse", out.lse), ("out.cut_value", out.cut_value), ("out.cut_id", out.cut_id)):
+        if t.device != h.device:
+            raise StepContractError(f"{name} is on {t.device}, h on {h.device}")
+    if r * out.logits.stride(0) >= 2 ** 31:
+        raise UnsupportedConfigError("vocab_size", v, f"R x V = {r} x {v} logits need 64-bit offsets (the "
+                                     "kernel indexes them with int32)")
     if r == 0:
         return out
     cfg = launch_config(r, v, hd, k_cap=k_cap, need_noise=need_noise, block_v=block_v, block_h=block_h,

@@ -198,7 +198,9 @@ class TPFusedLayer:
         CUDA graph). x [M, H] or [N, M, H], out [N, M, H]: as `forward` checks
         them. Returns the epoch of the layer's first collective (for `check`). Graph replays bump the
         device epoch only: call `group.sync_epoch()` before `group`'s own checks; the abort floor
-        and the injected fault are those of the capture."""
+        and the injected fault are those of the capture, so after a replay that aborted, call
+        `group.reset()` before the next replay (otherwise the old abort word stops every later replay,
+        and every `check` raises it again: loud, not silent, but no step completes)."""
         cfg, n = self.cfg, self.world
         m = step.num_rows
         nv = step.num_valid_rows

@@ -234,6 +234,30 @@ def test_bad_parameters_raise_typed_error_and_write_nothing(kw, err, match, devi
     assert (out.tokens == SENTINEL).all() and out.logits.isnan().all()
 
 
+def test_bad_out_buffers_and_oversized_vocab_raise_before_any_write(device):
+    """Every output buffer's shape / dtype / device is checked (a wrong one would be written out of
+    bounds), and V x H beyond int32 offsets is refused; nothing is written."""
+    hh, ww = random_inputs(2, 16, 128, seed=15, device=device)
+    seeds, offsets = counters(2, seed=16, device=device)
+    for field, bad, match in (("lse", torch.empty(3, device=device), r"out.lse must be \[R\] = \[2\]"),
+                              ("cut_id", torch.empty(2, dtype=torch.int64, device=device), "out.cut_id"),
+                              ("tokens", torch.empty(2, dtype=torch.int32, device=device), "tokens"),
+                              ("cut_value", torch.empty(2, 2, device=device)[:, 0], "out.cut_value")):
+        out = poisoned_out(2, 128, device)
+        setattr(out, field, bad)
+        with pytest.raises(StepContractError, match=match):
+            kernel.draft_sample(hh, ww, 1.0, 0, 1.0, seeds=seeds, offsets=offsets, out=out)
+        assert out.logits.isnan().all()
+    huge = torch.empty(1, 16, dtype=torch.bfloat16, device=device).expand(2 ** 27, 16)   # V x H = 2^31, no memory
+    with pytest.raises(UnsupportedConfigError, match="vocab_size=134217728"):
+        kernel.draft_sample_into(hh, huge, *(torch.ones(2, device=device), torch.zeros(2, dtype=torch.int32,
+                                 device=device), torch.ones(2, device=device)), seeds, offsets,
+                                 kernel.DraftSample(torch.empty(2, dtype=torch.int64, device=device),
+                                                    torch.empty(2, 1, device=device).expand(2, 2 ** 27),
+                                                    *(torch.empty(2, device=device) for _ in range(2)),
+                                                    torch.empty(2, dtype=torch.int32, device=device)), k_cap=0)
+
+
 def test_reference_rejects_bad_parameters():
     hh, ww = random_inputs(2, 16, 64, seed=15)
     seeds, offsets = counters(2, seed=16)

@@ -316,8 +316,10 @@ def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
     pa = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
     pb = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
     full = eager.forward(case.step, pa).clone()
+    check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_captured_first")
     for n in (4, 29):
         a = eager.early_exit_hidden(case.step, pa, n).clone()
         for _ in range(2):                                   # capture, then a pure replay
             check_bitwise("fused_model", graphed.early_exit_hidden(case.step, pb, n), a, output=f"hidden_{n}")
+    # the full step's graph, captured before the drafts, replays unchanged after them
     check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_after_drafts")
