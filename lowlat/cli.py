@@ -77,6 +77,9 @@ def cmd_signoff(args: argparse.Namespace) -> int:
     from lowlat.signoff import run_signoff
 
     if args.quality_only:
+        if args.quick or args.pytest_args:
+            raise SystemExit("lowlat signoff: --quality-only runs no test suite; drop --quick and the pytest "
+                             f"arguments {args.pytest_args}")
         args.quality, code = True, 0
     else:
         code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)

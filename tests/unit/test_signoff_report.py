@@ -3,6 +3,8 @@
 import json
 import textwrap
 
+import pytest
+
 from lowlat.signoff import run_signoff
 
 
@@ -39,3 +41,23 @@ def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
     md = (out / "signoff.md").read_text()
     assert "fake_op.out" in md and "FAIL" in md and "needs 8 GPUs" in md
     assert (out / "numerics.png").stat().st_size > 1000
+
+
+def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp_path):
+    """`lowlat signoff --quality-only` goes straight to the task-quality sign-off (no pytest suite) and
+    its exit code is that sign-off's verdict; --quick or pytest arguments with it are a clear error."""
+    import lowlat.eval.signoff as quality
+    import lowlat.signoff as suites
+    from lowlat.cli import build_parser
+
+    calls = []
+    monkeypatch.setattr(suites, "run_signoff", lambda **kw: calls.append("suites") or 0)
+    monkeypatch.setattr(quality, "run_quality_signoff",
+                        lambda out, **kw: calls.append(("quality", kw["limit"], kw["drafter"])) or {"passed": False})
+    args = build_parser().parse_args(["signoff", "--out", str(tmp_path), "--quality-only", "--quality-limit", "3",
+                                      "--drafter", "ngram"])
+    assert args.func(args) == 1                       # the quality verdict (failed) is the exit code
+    assert calls == [("quality", 3, "ngram")]
+    args = build_parser().parse_args(["signoff", "--quality-only", "--quick"])
+    with pytest.raises(SystemExit, match="runs no test suite"):
+        args.func(args)
