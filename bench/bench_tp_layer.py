@@ -39,7 +39,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,33 +86,12 @@ def world_skip_reason(cfg, world: int) -> str | None:
     return f"world {world} does not divide {', '.join(bad)}" if bad else None
 
 
-def decode_step(cfg, rows: int, ctx: int, device):
-    """`rows` requests with `ctx` cached tokens each, one decode row per request (slot 0 unused)."""
-    import torch
-
-    from lowlat.step import StepBatch
-
-    c = ctx + 1
-    slot = 1 + torch.arange(rows, device=device)[:, None] * c + torch.arange(c, device=device)[None, :]
-    page_table = slot.to(torch.int32)
-    g = torch.Generator(device=device).manual_seed(rows)
-    return StepBatch(
-        input_ids=torch.randint(0, cfg.vocab_size, (rows,), generator=g, device=device),
-        positions=torch.full((rows,), ctx, dtype=torch.int64, device=device),
-        out_cache_loc=page_table[:, ctx].clone(memory_format=torch.contiguous_format),   # stride 1 at 1 row too
-        req_indices=torch.arange(rows, dtype=torch.int32, device=device),
-        seq_lens=torch.full((rows,), c, dtype=torch.int32, device=device),
-        page_table=page_table, num_valid_rows=rows)
-
-
-def kv_cache(cfg, rows_max: int, ctx: int, device):
-    import torch
-
-    slots = 1 + rows_max * (ctx + 1) + 1
-    g = torch.Generator(device=device).manual_seed(7)
-    shape = (slots, cfg.num_kv_heads, cfg.head_dim)
-    return (torch.randn(shape, generator=g, device=device).to(torch.bfloat16),
-            torch.randn(shape, generator=g, device=device).to(torch.bfloat16))
+def has_time(rec, budget, where: str) -> bool:
+    """True while the budget lasts; else records `where` as skipped."""
+    if budget.left() > 0:
+        return True
+    rec.skip(where, "time budget")
+    return False
 
 
 def stats(t: dict, copies: int) -> dict:
@@ -122,22 +100,24 @@ def stats(t: dict, copies: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ world 1
-def bench_tp1(cfg, model: str, weights, copies: int, rows_list, ctx: int, device, timer: Timer, rep) -> None:
+def bench_tp1(cfg, model: str, weights, copies: int, rows_list, ctx: int, device, timer: Timer, rep,
+              budget) -> None:
     """The TP-1 fused layer: FusedModel over `copies` layers, LM head excluded, time / copies."""
     import torch
 
+    from lowlat.bench import _DecodeCase, random_kv
     from lowlat.runtime.fused_model import FusedModel
 
-    k, v = kv_cache(cfg, max(rows_list), ctx, device)
-    pool = SimpleNamespace(k_caches=[k] * copies, v_caches=[v] * copies)
+    kv = random_kv(cfg, 1, max(rows_list), ctx, device)
+    pool = SimpleNamespace(k_caches=kv.k_caches * copies, v_caches=kv.v_caches * copies)
     fm = FusedModel(cfg, weights, device=device, widths=tuple(sorted(rows_list)), use_cuda_graphs=False,
                     validate=False)
     for rows in rows_list:
         where = f"{model}/world=1/rows={rows}/tp1_fused_layer"
-        if not rep.has_time(where):
+        if not has_time(rep, budget, where):
             continue
         try:
-            fm.forward(decode_step(cfg, rows, ctx, device), pool)         # inputs into the static buffers
+            fm.forward(_DecodeCase(cfg, rows, ctx, device, pool).step, pool)   # inputs into the static buffers
             bufs = fm._bufs[fm.width_for(rows)]
             t = timer(lambda _: fm._run(bufs, pool.k_caches, pool.v_caches, include_lm_head=False), 1)
             per = {**t, **{key: t[key] / copies for key in ("us_median", "us_p10", "us_p90")}}
@@ -154,11 +134,12 @@ def bench_tp1(cfg, model: str, weights, copies: int, rows_list, ctx: int, device
 
 # ------------------------------------------------------------------------------------------ world N
 def bench_tp(cfg, model: str, weights, copies: int, world: int, rows_list, ctx: int, device, timer: Timer,
-             rep, *, breakdown: bool = True) -> None:
+             rep, budget, *, breakdown: bool = True) -> None:
     import torch
 
     from lowlat.comm.emulated import EmulatedGroup
     from lowlat.kernels.tp_layer import partial_gemv_push, reduce_residual_norm
+    from lowlat.bench import _DecodeCase, random_kv
     from lowlat.runtime.tp_fused_layer import STAGE_NAMES, TPFusedLayer, shard_kv_cache
 
     n, hdim = world, cfg.hidden_size
@@ -167,17 +148,17 @@ def bench_tp(cfg, model: str, weights, copies: int, world: int, rows_list, ctx: 
     layers = [TPFusedLayer(cfg, lw, n, device=device, group=group, max_rows=max(rows_list))
               for lw in weights.layers[:copies]]
     pdl_ok = layers[0]._pdl_ok
-    k, v = kv_cache(cfg, max(rows_list), ctx, device)
-    kc, vc = shard_kv_cache(k, n), shard_kv_cache(v, n)
-    del k, v
+    kv = random_kv(cfg, 1, max(rows_list), ctx, device)
+    kc, vc = shard_kv_cache(kv.k_caches[0], n), shard_kv_cache(kv.v_caches[0], n)
+    del kv
     note = ONE_GPU_NOTE.format(n=n)
     g = torch.Generator(device=device).manual_seed(11)
     for rows in rows_list:
         base = f"{model}/world={n}/rows={rows}"
-        if not rep.has_time(base):
+        if not has_time(rep, budget, base):
             continue
         try:
-            step = decode_step(cfg, rows, ctx, device)
+            step = _DecodeCase(cfg, rows, ctx, device, None).step
             x = torch.randn(rows, hdim, generator=g, device=device).to(torch.bfloat16)
             x3 = x.unsqueeze(0).expand(n, -1, -1)
             eager = {}
@@ -200,7 +181,7 @@ def bench_tp(cfg, model: str, weights, copies: int, world: int, rows_list, ctx: 
             if ov and not pdl_ok and not timer.smoke:    # (smoke: run the path anyway, serial underneath)
                 rep.skip(where, "PDL not available here: overlap falls back to serial")
                 continue
-            if not rep.has_time(where):
+            if not has_time(rep, budget, where):
                 continue
             try:
                 for L in layers:
@@ -218,7 +199,7 @@ def bench_tp(cfg, model: str, weights, copies: int, world: int, rows_list, ctx: 
                     rep.error(where, AssertionError(f"abort words set: {aborts}, replay == eager: {replay_ok}"))
             except Exception as e:                                          # noqa: BLE001
                 rep.error(where, e)
-        if not breakdown or not rep.has_time(f"{base}/breakdown"):
+        if not breakdown or not has_time(rep, budget, f"{base}/breakdown"):
             continue
         try:
             L0 = layers[0]
@@ -260,43 +241,9 @@ def bench_tp(cfg, model: str, weights, copies: int, world: int, rows_list, ctx: 
 
 
 # ------------------------------------------------------------------------------------------ driver
-class Report:
-    def __init__(self, path, meta: dict, budget_s: float) -> None:
-        self.path, self.doc = path, {**meta, "entries": [], "skipped": [], "errors": []}
-        self.end = time.monotonic() + budget_s
-
-    def has_time(self, where: str) -> bool:
-        if time.monotonic() < self.end:
-            return True
-        self.skip(where, "time budget")
-        return False
-
-    def add(self, **entry) -> None:
-        self.doc["entries"].append(entry)
-        print(json.dumps(entry), flush=True)
-        self.save()
-
-    def skip(self, where: str, why: str) -> None:
-        self.doc["skipped"].append({"where": where, "why": why})
-        print(f"skip {where}: {why}", flush=True)
-        self.save()
-
-    def error(self, where: str, exc: BaseException) -> None:
-        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        self.doc["errors"].append({"where": where, "error": tb[:500]})
-        print(f"ERROR {where}: {tb}", flush=True)
-        self.save()
-
-    def save(self) -> None:
-        if self.path:
-            from lowlat.benchmarking import write_json
-
-            write_json(self.path, self.doc)
-
-
 def summary(doc: dict) -> list[dict]:
     """overlap vs serial per (model, world, rows), and the TP-1 time alongside."""
-    t = {(e["model"], e["world"], e["rows"], e["variant"]): e.get("us_per_layer") for e in doc["entries"]}
+    t = {(e["model"], e["world"], e["rows"], e["variant"]): e.get("us_per_layer") for e in doc["results"]}
     rows = []
     for (model, world, r, var), us in t.items():
         if var != "tp_layer_serial":
@@ -324,8 +271,8 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from lowlat.benchmarking import exit_on_sigterm, rotation_copies, versions
-    from lowlat.bench import random_weights_on_device
+    from lowlat.bench import _Recorder, random_weights_on_device
+    from lowlat.benchmarking import Budget, exit_on_sigterm, rotation_copies, versions
     from lowlat.config import preset
 
     exit_on_sigterm()
@@ -349,7 +296,7 @@ def main() -> None:
             "method": "CUDA graph of one launch per layer copy (weights rotated past L2), median replay / copies",
             "emulated_ranks_note": "world N >= 2: all N ranks run on ONE GPU (N ranks' work serialized), "
                                    "not a multi-GPU latency"}
-    rep = Report(a.out, meta, a.budget_s)
+    rep, budget = _Recorder(str(a.out) if a.out else None, meta), Budget(a.budget_s)
     try:
         for model, cfg0 in models.items():
             copies = 2 if a.smoke else min(MAX_COPIES, rotation_copies(layer_weight_bytes(cfg0)))
@@ -364,14 +311,14 @@ def main() -> None:
                 if why:
                     rep.skip(f"{model}/world={world}", why)
                     continue
-                if not rep.has_time(f"{model}/world={world}"):
+                if not has_time(rep, budget, f"{model}/world={world}"):
                     continue
                 try:
                     if world == 1:
-                        bench_tp1(cfg, model, weights, copies, rows_list, ctx, device, timer, rep)
+                        bench_tp1(cfg, model, weights, copies, rows_list, ctx, device, timer, rep, budget)
                     else:
                         bench_tp(cfg, model, weights, copies, world, rows_list, ctx, device, timer, rep,
-                                 breakdown=not a.no_breakdown)
+                                 budget, breakdown=not a.no_breakdown)
                 except Exception as e:                                      # noqa: BLE001
                     rep.error(f"{model}/world={world}", e)
             del weights
@@ -385,7 +332,7 @@ def main() -> None:
     if a.smoke:
         bad = [e for e in rep.doc["errors"]]
         assert not bad, bad
-        assert any(e["variant"] == "tp_layer_serial" for e in rep.doc["entries"]), rep.doc["entries"]
+        assert any(e["variant"] == "tp_layer_serial" for e in rep.doc["results"]), rep.doc["results"]
         print("smoke ok")
 
 

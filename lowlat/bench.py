@@ -438,6 +438,18 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str
 
 
 # ------------------------------------------------------------------------------------------ step
+def random_kv(cfg, num_layers: int, rows_max: int, ctx: int, device, *, seed: int = 7) -> SimpleNamespace:
+    """Random bf16 K/V caches (`k_caches` / `v_caches`: num_layers x [S, Hkv, D]) with room for `rows_max`
+    requests of ctx + 1 tokens (`_DecodeCase`'s slot layout) plus the dummy slot 0."""
+    import torch
+
+    shape = (1 + rows_max * (ctx + 1) + 1, cfg.num_kv_heads, cfg.head_dim)
+    g = torch.Generator(device=device).manual_seed(seed)
+    return SimpleNamespace(
+        k_caches=[torch.randn(shape, generator=g, device=device).to(torch.bfloat16) for _ in range(num_layers)],
+        v_caches=[torch.randn(shape, generator=g, device=device).to(torch.bfloat16) for _ in range(num_layers)])
+
+
 class _DecodeCase:
     """`rows` requests with `ctx` cached tokens each, one decode row per request, on a random cache."""
 
@@ -453,7 +465,9 @@ class _DecodeCase:
         self.step = StepBatch(
             input_ids=torch.randint(0, cfg.vocab_size, (rows,), generator=g, device=device),
             positions=torch.full((rows,), ctx, dtype=torch.int64, device=device),
-            out_cache_loc=self.page_table[:, ctx].clone(),
+            # contiguous: a 1-row column slice keeps its stride C under a plain clone (kernels that take
+            # out_cache_loc directly, e.g. the TP layer's, need stride 1)
+            out_cache_loc=self.page_table[:, ctx].clone(memory_format=torch.contiguous_format),
             req_indices=torch.arange(rows, dtype=torch.int32, device=device),
             seq_lens=torch.full((rows,), c, dtype=torch.int32, device=device),
             page_table=self.page_table, num_valid_rows=rows)
@@ -586,13 +600,7 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
 
     from lowlat.runtime.fused_model import FusedModel
 
-    rows_max = max(rows_list)
-    slots = 1 + rows_max * (ctx + 1) + 1
-    shape = (slots, cfg.num_kv_heads, cfg.head_dim)
-    g = torch.Generator(device=device).manual_seed(7)
-    KV = SimpleNamespace(
-        k_caches=[torch.randn(shape, generator=g, device=device).to(torch.bfloat16) for _ in range(cfg.num_layers)],
-        v_caches=[torch.randn(shape, generator=g, device=device).to(torch.bfloat16) for _ in range(cfg.num_layers)])
+    KV = random_kv(cfg, cfg.num_layers, max(rows_list), ctx, device)
 
     if fused:
         fm = FusedModel(cfg, weights, device=device, widths=tuple(sorted(rows_list)), validate=False)
@@ -647,11 +655,7 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Bud
     model = "Qwen3-30B-A3B(1 layer)"
     cfg = preset("Qwen3-30B-A3B").replace(num_layers=1)
     w = random_weights_on_device(cfg, device, seed=3)
-    slots = 1 + max(rows_list) * (ctx + 1) + 1
-    shape = (slots, cfg.num_kv_heads, cfg.head_dim)
-
-    KV = SimpleNamespace(k_caches=[torch.randn(shape, device=device).to(torch.bfloat16)],
-                         v_caches=[torch.randn(shape, device=device).to(torch.bfloat16)])
+    KV = random_kv(cfg, 1, max(rows_list), ctx, device)
 
     fm = FusedModel(cfg, w, device=device, widths=tuple(sorted(rows_list)), validate=False)
     lw = w.layers[0]

@@ -224,28 +224,8 @@ def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, faul
         assert info["ok"] and info["spill_bytes"] == 0, (name, info)
 
 
-_PTX_ORDER = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from lowlat.kernels import tp_layer
-
-out = {}
-for name, spec in tp_layer.sm90_compile_specs(*json.loads(sys.argv[1]), pdl=True).items():
-    fn = getattr(tp_layer, name)
-    sig = {n: ("constexpr" if n in spec["constexprs"] else spec["pointers"].get(n)
-               or spec.get("scalars", {}).get(n, "i32")) for n in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig,
-                    constexprs={(fn.arg_names.index(n),): v for n, v in spec["constexprs"].items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": spec["num_warps"], "launch_pdl": True})
-    lines = k.asm["ptx"].splitlines()
-    out[name] = {key: [i for i, l in enumerate(lines) if pat in l] for key, pat in (
-        ("wait", "griddepcontrol.wait"), ("trigger", "griddepcontrol.launch_dependents"),
-        ("acquire", "ld.acquire"), ("store", "st.global"), ("atom", "atom."), ("load", "ld.global"))}
-print(json.dumps(out))
-"""
+_PTX_PATTERNS = (("wait", "griddepcontrol.wait"), ("trigger", "griddepcontrol.launch_dependents"),
+                 ("acquire", "ld.acquire"), ("store", "st.global"), ("atom", "atom."), ("load", "ld.global"))
 
 
 @CPU_ONLY
@@ -255,10 +235,15 @@ def test_pdl_machine_code_has_the_order_the_overlap_relies_on():
     wait comes after every flag poll (acquire), store and abort CAS (so the overlap is real and the
     reduce's completion implies the push's)."""
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _PTX_ORDER, json.dumps([2048, 1024, 4, 8])], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    facts = {}
+    for name, spec in sm90_compile_specs(2048, 1024, 4, 8, pdl=True).items():
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "unit", "compile_sm90.py"),
+                               f"lowlat.kernels.tp_layer:{name}", json.dumps([{**spec, "launch_pdl": True,
+                                                                               "ptx": True}])],
+                              env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = json.loads(proc.stdout.strip().splitlines()[-1])[0]["ptx"].splitlines()
+        facts[name] = {key: [i for i, ln in enumerate(lines) if pat in ln] for key, pat in _PTX_PATTERNS}
     push, red = facts["_partial_gemv_push_kernel"], facts["_reduce_residual_norm_kernel"]
     assert len(push["wait"]) == 1 and len(push["trigger"]) == 1, push
     first_mem = min(push["store"] + push["atom"] + push["load"])

@@ -9,8 +9,17 @@ functions); the tests call it through `subprocess`:
     python tests/unit/compile_sm90.py MODULE:KERNEL 'JSON [{"constexprs": {...}, "pointers": {...}}, ...]'
 
 compiles each variant of the list and prints one JSON line, a list of
-{"ok": true, "registers": N, "spill_bytes": N, "shared": N}, or raises.
-Scalar arguments not named in "pointers" or "constexprs" are typed "scalars" (default i32).
+{"ok": true, "registers": N, "spill_bytes": N, "shared": N, "cp_async": N (cp.async.cg in the PTX)}, or raises.
+A spec's keys: "constexprs", "pointers" (name -> "*bf16" ...), "scalars" (name -> type; default i32),
+"num_warps" (4), "num_stages" (3), and optionally
+  "divisible"   scalar names a launch specialises as divisible by 16; with it every pointer is taken as
+                16-byte aligned too, as a real launch does. Without the alignment Triton cannot prove that
+                a weight tile's rows are aligned and does not software-pipeline GEMV loops (no cp.async,
+                one stage of shared memory): give it to read the registers / shared memory of the kernel
+                that actually runs;
+  "maxnreg", "launch_pdl"   compile options as the launch passes them;
+  "ptx": true   also return the PTX text ("ptx");
+  "dump": PATH_PREFIX      keep PATH_PREFIX.ptx / .cubin / .sass (nvdisasm) for inspection.
 """
 
 from __future__ import annotations
@@ -19,50 +28,58 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 
 
-def compile_for_sm90(fn, constexprs: dict, pointers: dict, scalars: dict | None = None,
-                     num_warps: int = 4, num_stages: int = 3) -> dict:
+def compile_for_sm90(fn, spec: dict) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    scalars = scalars or {}
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in pointers:
-            sig[name] = pointers[name]
-        else:
-            sig[name] = scalars.get(name, "i32")
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+    constexprs, pointers = spec.get("constexprs", {}), spec.get("pointers", {})
+    scalars = spec.get("scalars") or {}
+    sig = {n: "constexpr" if n in constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
+    aligned = set(spec["divisible"]) | set(pointers) if "divisible" in spec else set()
+    src = ASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+                    constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
+    options = {"num_warps": spec.get("num_warps", 4), "num_stages": spec.get("num_stages", 3)}
+    for opt in ("maxnreg", "launch_pdl"):
+        if spec.get(opt):
+            options[opt] = spec[opt]
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
+        path, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(path, "w") as f:
             f.write(k.asm["ptx"])
-        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", cubin], capture_output=True, text=True,
+                             check=True)
+        if spec.get("dump"):
+            shutil.copy(path, spec["dump"] + ".ptx")
+            shutil.copy(cubin, spec["dump"] + ".cubin")
+            sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", cubin],
+                                  capture_output=True, text=True).stdout
+            with open(spec["dump"] + ".sass", "w") as f:
+                f.write(sass)
     info = res.stdout + res.stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-    return {"ok": True, "registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": max(spills) if spills else 0, "shared": k.metadata.shared}
+    out = {"ok": True, "registers": int(regs.group(1)) if regs else None,
+           "spill_bytes": max(spills) if spills else 0, "shared": k.metadata.shared,
+           "cp_async": k.asm["ptx"].count("cp.async.cg")}
+    if spec.get("ptx"):
+        out["ptx"] = k.asm["ptx"]
+    return out
 
 
 def main() -> int:
     target, specs = sys.argv[1], json.loads(sys.argv[2])
     mod, name = target.split(":")
     fn = getattr(importlib.import_module(mod), name)
-    out = [compile_for_sm90(fn, spec.get("constexprs", {}), spec.get("pointers", {}), spec.get("scalars"),
-                            spec.get("num_warps", 4), spec.get("num_stages", 3)) for spec in specs]
-    print(json.dumps(out))
+    print(json.dumps([compile_for_sm90(fn, spec) for spec in specs]))
     return 0
 
 

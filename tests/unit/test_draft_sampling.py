@@ -21,7 +21,7 @@ from lowlat.kernels.philox import philox_exponential, philox_uniform52
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast
 from lowlat.reference import philox
 from lowlat.reference.draft_sampling import draft_sample as reference
-from sampling_stats import ALPHA, fits, token_counts
+from sampling_stats import ALPHA, compile_sm90, fits, token_counts
 
 SENTINEL = -(2 ** 40)
 
@@ -404,26 +404,6 @@ SM90_POINTERS = dict(h_ptr="*bf16", w_ptr="*bf16", temp_ptr="*fp32", topk_ptr="*
                      ws_keys="*i64", ws_gkeys="*i64", cnt_ptr="*i32")
 
 
-def compile_sm90_aligned(specs: list[dict]) -> list[dict]:
-    """tests/unit/compile_sm90_aligned.py in a subprocess (no TRITON_INTERPRET); skip without ptxas."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip(f"no ptxas at {ptxas}: this Triton cannot compile for sm_90 here")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("compile_sm90_aligned.py")
-    res = subprocess.run([sys.executable, str(script), "lowlat.kernels.draft_sampling:_draft_sample_kernel",
-                          json.dumps(specs)], capture_output=True, text=True, env=env, timeout=900)
-    if res.returncode:
-        raise AssertionError(f"the draft sampler failed to compile for sm_90:\n{res.stderr[-4000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 # (rows, k_cap, need_noise): greedy-only, temperature, top-k, mixed, at 1 / 8 rows (and 16 with top-k)
 SM90_VARIANTS = [(1, 0, False), (1, 0, True), (8, 0, True), (1, 64, False), (4, 64, False), (8, 64, True),
                  (4, 2, False), (2, 8, True), (16, 64, True), (8, 32, False)]
@@ -441,7 +421,7 @@ def test_kernel_compiles_for_sm90_three_programs_per_sm():
                                                                    "USE_PDL": r == 8},
                       "divisible": ["stride_h", "stride_w", "stride_x", "V", "NUM_PROGS", "KEY_ROW", "CNT_ROW"],
                       "num_warps": 4, "num_stages": 4, "maxnreg": kernel.default_maxnreg(4)})
-    res = compile_sm90_aligned(specs)
+    res = compile_sm90("lowlat.kernels.draft_sampling:_draft_sample_kernel", specs)
     for (r, k_cap, need_noise), info in zip(SM90_VARIANTS, res):
         what = f"rows={r} k_cap={k_cap} need_noise={need_noise}: {info}"
         assert info["cp_async"] > 0, "GEMV loop not pipelined: " + what
