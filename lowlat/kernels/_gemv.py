@@ -28,7 +28,17 @@ row-invariance hold.
 Split-K (grid too small otherwise) is reduced deterministically: every split writes its fp32 partial
 tile to a workspace, raises a per-tile counter, and the program that sees the counter reach SPLIT-1
 (the last to arrive) sums the partials in split order 0..SPLIT-1 and runs the epilogue, then resets
-the counter to 0 for the next launch. The result is bitwise independent of arrival order.
+the counter to 0 for the next launch with a plain store (no other program touches that counter again in
+this launch, and the next launch reaches it only after `gdc_wait` or the kernel boundary; an acq_rel
+`atomic_xchg` there put one more round trip before the output store). The result is bitwise independent
+of arrival order.
+
+Where the time goes (2026-12-01, bench/results/session3/explore5b_h200.json; the down projection
+[2048, 8192] at 1 row, TMA weight stream): 12.21 us with the split-K finisher, 10.32 us when every split
+only stores its partial (no arrival, no finisher), against 9.5 us for a pure read of the same 34 MB with
+every load after `gdc_wait` and 8.2 us with every load before it (session3/stream_floor_h200.json). The
+finisher's chain of round trips (partial store -> release -> counter -> partial loads -> output store) is
+the largest cost beyond the weight stream itself.
 
 PDL (programmatic dependent launch, Hopper): with USE_PDL a program first issues its weight loads
 (preload) or L2 prefetches (stream), then `gdc_wait` (the previous kernel's output and every earlier
@@ -73,6 +83,22 @@ plan as pf-all) / 12.47 / 12.20 / 13.58 us against the default's 12.00 us (66.8%
 None helped: the default stays, and the 70% target (<= 11.46 us here) is still 0.5 us away. What is
 left to try: a TMA (tensor-descriptor) weight stream, and a finisher that does not re-read the partial
 tiles through L2 (e.g. a cluster / distributed-shared-memory reduction of the 8 splits).
+
+Fifth round (2026-12-01, bench/results/session3/: explore5*_h200.json, tune5*_down_h200.json,
+stream_floor_h200.json, ncu_probe_h200.txt; the scripts under bench/explore/), measured instead of swept.
+A pure read of the same 34 MB in this timing method takes 9.5 us with every load after `gdc_wait` (10.0
+without PDL) and 8.2 us with every load before it, so the kernel's ~12 us was ~2.5 us above what a
+kernel that must wait can reach. Taking pieces out of a TMA copy of the kernel: 12.21 us as is, 10.32 us
+without the split-K arrival and finisher, so the finisher's chain of L2 round trips (partial store ->
+release fence -> counter -> partial loads -> output store) costs ~1.9 us, the largest part. The chain
+lost one trip (the counter reset is now a plain store after the output, not an acq_rel exchange before
+it), and split 4 (one 80 KB program per SM, so the next PDL launch's programs fit beside them) became the
+fastest plan: 11.63-11.72 us at 1 row. Tried and slower, with numbers in those files: TMA weight loads
+(12.0-12.2 us), tile-contiguous ("packed") weights (no change: the access pattern is not the cost),
+bn 16 / 32 plans without or with little split-K (14-20 us: one 4-warp program per SM cannot pull the
+bandwidth), a fence-free finisher on self-validating partials (a relaxed arrival and a last program that
+polls for an empty-marker NaN, then re-empties the tiles: 12.5 us, the resets and volatile loads cost more
+than the fence). The target (70%, <= 11.46 us at 4188 GB/s) stays ~0.2 us away.
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
@@ -320,11 +346,13 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
     ('gate_up', 8192, 2048): dict(
         block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
-    # Llama-3.2-1B: default, 11.83 us at 1 row (still the fastest of 13 candidates in perf2_step_h200.json:
-    # 11.79 us; shallower / deeper pipelines, bk 64 / 256, bn 32 / 128, split 4 all slower; and of 17 in
-    # round four, tune4_moe_layer_h200.json: 12.00 us)
+    # Llama-3.2-1B: w_bn64_bk128_s4_st4_pf256 (round five, 2026-12-01, after the finisher lost its
+    # counter-reset round trip): 11.63 / 11.70 us at 1 / 6 rows vs the split-8 default's 11.95 / 11.78
+    # (bench/results/session3/tune5_down_h200.json), 11.72 / 11.74 vs 11.68 / 12.04 in a second run
+    # (tune5b_down_h200.json): 69.0-69.3% of copy bandwidth at 1 row. Before: the split-8 default, fastest
+    # of 13 candidates in perf2_step_h200.json (11.79 us) and of 17 in round four (12.00 us).
     ('residual', 2048, 8192): dict(
-        block_k=128, split=8, chunks_per_split=8, bn=64, preload=False, warps=4, stages=4, pf_k=256),
+        block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=256),
 }
 
 _ENV_TABLE = "LOWLAT_GEMV_PLANS"
@@ -496,7 +524,18 @@ def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
             ("w_bn64_bk128_s8_st4_pfall", f(64, 128, 4, 4, 1024, 8)),
             ("w_bn64_bk128_s8_w8_st4_pf256", f(64, 128, 8, 4, 256, 8)),
             ("w_bn64_bk64_s8_st8_pf256", f(64, 64, 4, 8, 256, 8)),
-            ("w_bn128_bk64_s8_w4_st4_pf256", f(128, 64, 4, 4, 256, 8))]
+            ("w_bn128_bk64_s8_w4_st4_pf256", f(128, 64, 4, 4, 256, 8)),
+            # round five (2026-12-01): split 4 (128 programs, one per SM at 80 KB of shared memory, so the
+            # next PDL launch's programs fit beside them and issue their L2 prefetch early) measured fastest
+            # once the finisher lost its counter-reset round trip (11.63 us); around it: deeper prefetch,
+            # one more stage, 8 warps, other chunk widths
+            ("w_bn64_bk128_s4_st4_pf512", f(64, 128, 4, 4, 512, 4)),
+            ("w_bn64_bk128_s4_st4_pf1024", f(64, 128, 4, 4, 1024, 4)),
+            ("w_bn64_bk128_s4_st5_pf256", f(64, 128, 4, 5, 256, 4)),
+            ("w_bn64_bk128_s4_w8_st4_pf256", f(64, 128, 8, 4, 256, 4)),
+            ("w_bn64_bk64_s4_st8_pf256", f(64, 64, 4, 8, 256, 4)),
+            ("w_bn64_bk256_s4_st2_pf256", f(64, 256, 4, 2, 256, 4)),
+            ("w_bn64_bk128_s4_st3_pf512", f(64, 128, 4, 3, 512, 4))]
 
 
 @dataclass

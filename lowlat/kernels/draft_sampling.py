@@ -10,9 +10,16 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 
 * greedy launch (no row samples: k_cap 0, need_noise False). The tile is stored as is (T = 1) and
   reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
-  whose max is the largest logit with the lowest id; `atomic_max` into a per-row slot (order-free); the
-  last program to arrive (arrival counter) swaps the slots back to empty and writes the tokens.
-  No per-tile workspace, no sum-exp (q is one-hot). This is `kernels/lm_head.py`'s epilogue.
+  whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
+  (order-free; the arrival counter's acq_rel release publishes it); the last program to arrive swaps
+  the slots back to empty and writes the tokens. The logits tile is stored after the arrival, so the
+  release does not wait for it (as `kernels/lm_head.py`). No per-tile workspace, no sum-exp (q is
+  one-hot). Where the time goes (2026-12-01, bench/results/session3/explore5c_h200.json, a TMA copy of
+  this launch): 16.8 us with no cross-program reduction at all, 18.6-20.3 with this tail, 19.5-21.0 with
+  the former one (acq_rel `atomic_max` behind the logits store). Tried and slower
+  (draft_sampling_slots*_h200.json): per-program key slots with a relaxed counter and a polling last
+  program (19.3-24.8 us at 1-8 rows: the scattered slot stores and the [rows, tiles] read cost more than
+  the fence they save), and spreading the max / counter over 16 groups (no gain: not contention).
 * general launch. The NR = min(16, next_pow2(R)) rows that exist are taken out of the accumulator once
   ([NR, BLOCK_V], bits moved, not recomputed) and everything after is vectorised over rows, with no
   per-row loop: x = acc / T (IEEE division) is stored; per row the tile max m_p, the tile sum-exp s_p,
@@ -32,9 +39,10 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
 (`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
 
-Measured on an H200 (bench/results/draft_sampling_h200.json, V 49152, H 576, CUDA graphs, rows 1-8):
-greedy 19.7-20.7 us (1.83-1.94x the torch ops), temperature 21.7-31.6 us (3.3-4.3x), top-k 50 + top-p
-0.9 33.7-56.2 us (2.3-3.8x).
+Measured on an H200 (bench/results/session3/draft_sampling_final_h200.json, V 49152, H 576, CUDA graphs,
+rows 1-8): greedy 19.2-20.7 us (1.81-1.96x the torch ops; 19.0-19.4 us with PDL), temperature 21.1-31.3 us
+(3.3-4.5x), top-k 50 + top-p 0.9 33.9-56.7 us (2.3-3.8x). (Session 2, before the greedy tail change:
+greedy 19.7-20.7 us, bench/results/draft_sampling_h200.json.)
 
 Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
 168 (`default_maxnreg`), so three programs fit on an SM and V = 49152 (384 tiles) runs in one wave on
@@ -215,11 +223,12 @@ def _draft_sample_kernel(
 
     if GREEDY:
         # ---- greedy launch: logits as is, per-row key max via atomic_max (lm_head's epilogue) ----------
-        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         key = tl.where(vmask[:, None], _make_key(acc, cols[:, None]), _KEY_MIN)
-        tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask)
-        tl.debug_barrier()        # every thread's atomic is done before the release below
+        tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
+        tl.debug_barrier()        # every thread's atomic is issued before the release below
         old = tl.atomic_add(cnt, 1, sem="acq_rel")
+        # logits after the arrival: the release above then waits only for the key maxima, not these stores
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         if old == NUM_PROGS - 1:
             best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask)
             val = _key_value(best)

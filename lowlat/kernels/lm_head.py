@@ -21,10 +21,15 @@ Argmax across programs, deterministically: each logit becomes an int64 key
     (order-preserving int32 image of the fp32 value) << 32  |  (2^32 - 1 - token id)
 so that the largest key is the largest value and, among equal values, the lowest id (-0.0 is
 canonicalised to +0.0 first, so the two zeros tie as in torch.argmax). Each program reduces its tile
-to one key per row and applies `atomic_max` to keys[m] (max is order-independent: the result does not
-depend on arrival order); the last program to arrive (arrival counter) swaps the keys back to INT64_MIN
-for the next launch and writes the decoded token ids. NaN logits are the largest keys (a NaN row's
-token is a NaN position), as torch.argmax treats NaN.
+to one key per row and applies a relaxed `atomic_max` to keys[m] (max is order-independent: the result
+does not depend on arrival order); the last program to arrive (arrival counter, acq_rel: its release
+publishes the program's key maxima) swaps the keys back to INT64_MIN for the next launch and writes the
+decoded token ids. A program stores its logits tile only after its arrival, so the release does not wait
+for those stores (the keys are all the last program reads). The draft sampler's greedy launch has the
+same tail; on an H200 a TMA copy of it ran 16.8 us with no cross-program reduction at all, 19.5-21.0 us
+with the former tail (acq_rel `atomic_max` behind the logits store) and 18.6-20.3 us with this one
+(bench/results/session3/explore5c_h200.json). NaN logits are the largest keys (a NaN row's token is a
+NaN position), as torch.argmax treats NaN.
 """
 
 from __future__ import annotations
@@ -45,19 +50,28 @@ _INT64_MIN = -(2 ** 63)
 
 
 @triton.jit
-def _finish_logits(acc, ss, m0, n0, M, V, K, eps, nvalid, logits_ptr, stride_lm, keys_ptr, BN: tl.constexpr):
+def _tile_logits(acc, ss, m0, n0, M, V, K, eps, nvalid, keys_ptr, BN: tl.constexpr):
+    """The logits tile [BN, 16] of rows m0.. (rstd applied, padding rows 0) and its per-row key max folded
+    into keys[m] by a relaxed `atomic_max` (the arrival counter's release orders it; nothing waits for it)."""
     rn = n0 + tl.arange(0, BN)
     rm = m0 + tl.arange(0, 16)
     rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
     valid = rm < nvalid
     logit = tl.where(valid[None, :], acc * rstd[None, :], 0.0)
-    tl.store(logits_ptr + rm[None, :] * stride_lm + rn[:, None], logit, mask=(rn < V)[:, None] & (rm < M)[None, :])
     lz = tl.where(logit == 0.0, 0.0, logit)
     bits = lz.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
     key = (ordered.to(tl.int64) << 32) | (4294967295 - rn.to(tl.int64))[:, None]
     key = tl.where((rn < V)[:, None], key, -9223372036854775807 - 1)
-    tl.atomic_max(keys_ptr + rm, tl.max(key, axis=0), mask=rm < M)
+    tl.atomic_max(keys_ptr + rm, tl.max(key, axis=0), mask=rm < M, sem="relaxed", scope="gpu")
+    return logit
+
+
+@triton.jit
+def _store_logits(logit, m0, n0, M, V, logits_ptr, stride_lm, BN: tl.constexpr):
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    tl.store(logits_ptr + rm[None, :] * stride_lm + rn[:, None], logit, mask=(rn < V)[:, None] & (rm < M)[None, :])
 
 
 @triton.jit
@@ -93,20 +107,29 @@ def _lm_head_kernel(
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
             w_ptr, 0, stride_wn, x_ptr, stride_xm, M, V, n0, 0, K, nw_ptr, z, z, z,
             BN, BK, CPS, NUM_MB, False, 2, EVEN_N, EVEN_K, UPCAST)
-    _finish_logits(a0, s0, 0, n0, M, V, K, eps, nvalid, logits_ptr, stride_lm, keys_ptr, BN)
+    l0 = _tile_logits(a0, s0, 0, n0, M, V, K, eps, nvalid, keys_ptr, BN)
+    l1 = l0
+    l2 = l0
     if NUM_MB > 1:
-        _finish_logits(a1, s1, 16, n0, M, V, K, eps, nvalid, logits_ptr, stride_lm, keys_ptr, BN)
+        l1 = _tile_logits(a1, s1, 16, n0, M, V, K, eps, nvalid, keys_ptr, BN)
     if NUM_MB > 2:
-        _finish_logits(a2, s2, 32, n0, M, V, K, eps, nvalid, logits_ptr, stride_lm, keys_ptr, BN)
+        l2 = _tile_logits(a2, s2, 32, n0, M, V, K, eps, nvalid, keys_ptr, BN)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    # the logits are stored after the arrival, so the counter's release does not wait for them (the last
+    # program reads only the keys; the logits are read by later launches)
+    _store_logits(l0, 0, n0, M, V, logits_ptr, stride_lm, BN)
+    if NUM_MB > 1:
+        _store_logits(l1, 16, n0, M, V, logits_ptr, stride_lm, BN)
+    if NUM_MB > 2:
+        _store_logits(l2, 32, n0, M, V, logits_ptr, stride_lm, BN)
     if arrived == n_tiles - 1:
         _finish_tokens(0, M, keys_ptr, tokens_ptr)
         if NUM_MB > 1:
             _finish_tokens(16, M, keys_ptr, tokens_ptr)
         if NUM_MB > 2:
             _finish_tokens(32, M, keys_ptr, tokens_ptr)
-        tl.atomic_xchg(cnt_ptr, 0)
+        tl.store(cnt_ptr, 0)
 
 
 class LMHeadResult(NamedTuple):

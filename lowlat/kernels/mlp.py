@@ -160,7 +160,7 @@ def _gate_up_kernel(
                 u2 = sum_partials(ws_ptr, 1, I, MP, n0, 32, BN, SPLIT, 2, EVEN_N)
                 if NORM == 2:
                     s2 = _sum_split_ss(sss_ptr, pid_n, 32, SPLIT)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+            tl.store(cnt_ptr + pid_n, 0)      # reset for the next launch (plain store, see `_gemv` "Split-K")
     if finished:
         if NORM == 2:                                 # factored RMSNorm: scale by rstd before SiLU
             q0 = _rstd_of(s0, K, eps)

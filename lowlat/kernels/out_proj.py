@@ -141,13 +141,14 @@ def _residual_gemv_kernel(
                 a1 = sum_partials(ws_ptr, 0, N, MP, n0, 16, BN, SPLIT, 1, EVEN_N)
             if NUM_MB > 2:
                 a2 = sum_partials(ws_ptr, 0, N, MP, n0, 32, BN, SPLIT, 1, EVEN_N)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
     if finished:
         _finish_tile(a0, r0, 0, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
         if NUM_MB > 1:
             _finish_tile(a1, r1, 16, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
         if NUM_MB > 2:
             _finish_tile(a2, r2, 32, n0, M, N, out_ptr, stride_om, ss_ptr, pid_n, BN, NORM, UPCAST)
+        if SPLIT > 1:     # reset for the next launch: a plain store (see `_gemv` "Split-K"), off the critical path
+            tl.store(cnt_ptr + pid_n, 0)
         if NORM:
             tl.debug_barrier()
             done = tl.atomic_add(cnt_ptr + n_tiles, 1, sem="acq_rel", scope="gpu")
@@ -160,7 +161,7 @@ def _residual_gemv_kernel(
                 if NUM_MB > 2:
                     _finish_norm(32, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_ptr, stride_hm,
                                  rstd_ptr, NT_P2, WRITE_H, BH, N_COLS, UPCAST)
-                tl.atomic_xchg(cnt_ptr + n_tiles, 0)
+                tl.store(cnt_ptr + n_tiles, 0)
 
 
 class OutProjResult(NamedTuple):

@@ -528,6 +528,31 @@ def test_greedy_launch_equals_general_path(device):
     check_bitwise("draft_sampling", outs[0].tokens, tokens, output="tokens")
 
 
+def test_launch_leaves_workspace_empty(device):
+    """Every greedy launch leaves the workspace as the next one needs it: argmax slots back at _KEY_MIN and
+    arrival counters at 0 (a slot left holding a key would win the next launch's max), over consecutive
+    launches on one workspace with different inputs and row counts (3, 5, 3, 5 rows), and for 19 rows
+    (two row blocks); each launch's tokens equal the reference's."""
+    h, v = 16, 384
+    for r, seed in ((3, 60), (5, 61), (3, 62), (5, 63), (19, 64), (19, 65)):
+        hh, ww = random_inputs(r, h, v, seed=seed, device=device)
+        seeds, offsets = counters(r, seed=seed + 10, device=device)
+        temp = torch.zeros(r, device=device)
+        topk = torch.zeros(r, dtype=torch.int32, device=device)
+        topp = torch.ones(r, device=device)
+        cfg = kernel.launch_config(r, v, h, k_cap=0, need_noise=False, block_v=64)
+        rows_pad = -(-r // kernel.BLOCK_R) * kernel.BLOCK_R
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, temp, topk, topp, seeds, offsets, out, k_cap=0, need_noise=False,
+                                 block_v=64)
+        ws = kernel._workspace(hh.device, rows_pad, cfg["num_progs"], 0, cfg["nodes"], cfg["n_counters"])
+        assert_all_written(out)
+        tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
+        check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+        assert bool((ws.counters == 0).all()), f"arrival counters left non-zero after {r} rows"
+        assert bool((ws.gkeys == int(kernel._KEY_MIN)).all()), f"argmax slots left filled after {r} rows"
+
+
 def test_launch_marks_rows_the_compiled_path_cannot_sample(device):
     """need_noise False promises no row samples without top-k: such a row gets -1 (greedy-only launch
     and top-k launch alike); the other rows are unaffected."""

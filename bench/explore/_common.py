@@ -1,0 +1,88 @@
+"""Shared pieces of the session-3 exploration scripts: the results recorder and the greedy draft-sampling case
+(SmolLM2's LM head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from lowlat.benchmarking import copy_bandwidth, time_launches, versions, write_json  # noqa: E402
+
+
+def t_us(fn, n: int, iters: int = 41) -> float:
+    """Median us per launch of fn(0..n-1) captured in one CUDA graph."""
+    return round(time_launches(fn, n, iters=iters)["us_median"], 2)
+
+
+class Recorder:
+    """Entries printed as JSON lines and written (with provenance and the copy bandwidth) after each one."""
+
+    def __init__(self, out: str | None):
+        self.out = out
+        self.bw = copy_bandwidth()
+        self.doc = dict(versions(), copy_bandwidth_TBps=round(self.bw / 1e12, 3), results=[])
+
+    def __call__(self, entry: dict) -> None:
+        self.doc["results"].append(entry)
+        print(json.dumps(entry), flush=True)
+        write_json(self.out, self.doc)
+
+    def guard(self, label: str, fn, **base) -> None:
+        """Run fn(); an exception is recorded as the variant's error (one device call must give everything)."""
+        try:
+            fn()
+        except Exception as exc:                                           # noqa: BLE001
+            torch.cuda.synchronize()
+            self(dict(base, variant=label, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+class GreedyCase:
+    """Greedy draft sampling at SmolLM2's LM-head shape over `rot` rotating weight / hidden-state copies."""
+
+    def __init__(self, rot: int = 3, v: int = 49152, hd: int = 576):
+        self.dev, self.v, self.hd, self.rot = torch.device("cuda"), v, hd, rot
+        g = torch.Generator(device=self.dev).manual_seed(5)
+        self.ws = [(torch.randn(v, hd, generator=g, device=self.dev) * hd ** -0.5).to(torch.bfloat16)
+                   for _ in range(rot)]
+        self.hs = [torch.randn(8, hd, generator=g, device=self.dev).to(torch.bfloat16) for _ in range(rot)]
+
+    def launchers(self, r: int):
+        """(production(i, **launch), torch_ops(i), outs): the draft sampler's greedy launch and the torch ops
+        it replaces (bench_draft_sampling.torch_draft_step) at r rows, on copy i."""
+        from bench_draft_sampling import torch_draft_step
+        from lowlat.kernels import draft_sampling as ds
+
+        dev, v = self.dev, self.v
+        temp, topk = torch.zeros(r, device=dev), torch.zeros(r, dtype=torch.int32, device=dev)
+        topp, seeds = torch.ones(r, device=dev), torch.arange(r, device=dev) + 1
+        offs = torch.zeros(r, dtype=torch.int64, device=dev)
+        outs = [ds.empty_draft_sample(r, v, dev) for _ in range(self.rot)]
+        qd = [torch.empty(r, v, device=dev) for _ in range(self.rot)]
+
+        def production(i, **launch):
+            ds.draft_sample_into(self.hs[i][:r], self.ws[i], temp, topk, topp, seeds, offs, outs[i], k_cap=0,
+                                 need_noise=False, **launch)
+
+        def torch_ops(i):
+            torch_draft_step(self.hs[i][:r], self.ws[i], 0.0, 0, 1.0, qd[i])
+        return production, torch_ops, outs
+
+    def baseline(self, rec, r: int, base: dict, iters: int = 61, pdl: bool = False):
+        """Time the torch ops and the production launch at r rows (recorded); returns (t_torch, want: the
+        production tokens per copy, xo / to: logits and token buffers per copy for the variants)."""
+        prod, torch_ops, outs = self.launchers(r)
+        t_torch = t_us(torch_ops, self.rot, iters)
+        rec(dict(base, variant="torch", us=t_torch))
+        t_p = t_us(prod, self.rot, iters)
+        rec(dict(base, variant="production", us=t_p, speedup=round(t_torch / t_p, 3)))
+        if pdl:
+            rec(dict(base, variant="production_pdl", us=t_us(lambda i: prod(i, use_pdl=True), self.rot, iters)))
+        want = [outs[i].tokens.clone() for i in range(self.rot)]
+        xo = [torch.empty(r, self.v, device=self.dev) for _ in range(self.rot)]
+        to = [torch.empty(r, dtype=torch.int64, device=self.dev) for _ in range(self.rot)]
+        return t_torch, want, xo, to

@@ -1,0 +1,82 @@
+"""The session-3 exploration kernels (bench/explore/tma_gemv.py, bench/bench_stream_floor.py) still compute what
+their timings claim to time: the TMA residual GEMV (row-major and tile-packed weights) and the TMA greedy
+GEMV + argmax (every reduction tail variant, packed weights) against float64 references, and the read kernel's
+sums, at tiny shapes under the Triton interpreter (CPU) or on the GPU. The numbers in
+bench/results/session3/ were taken with these kernels; a kernel that skipped work would time faster."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from bench_stream_floor import BLOCK, read_launcher  # noqa: E402
+from explore import tma_gemv  # noqa: E402
+
+from lowlat.numerics import poison  # noqa: E402
+
+
+def _bf16(*shape, scale=1.0, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("split", [1, 4])
+def test_tma_residual_matches_reference(device, packed, split):
+    n, k, m = 128, 512, 3
+    w = _bf16(n, k, scale=k ** -0.5, seed=1, device=device)
+    a, res = _bf16(m, k, seed=2, device=device), _bf16(m, n, seed=3, device=device)
+    tr = tma_gemv.TmaResidual(n, k, bn=64, bk=64, split=split, device=device)
+    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    wl = tma_gemv.pack_tiles(w, 64, 64) if packed else w
+    for _ in range(2):                                  # the arrival counters reset between launches
+        tr(a, wl, res, out, use_pdl=False, packed=packed)
+        want = res.double() + a.double() @ w.double().T
+        err = (out.double() - want).abs().max().item()
+        # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped split or chunk is off by the
+        # size of the values themselves
+        assert err <= 2 ** -7 * want.abs().max().item() + 1e-3, f"max error {err}"
+
+
+@pytest.mark.parametrize("epi", [1, 3, 4, 5])
+@pytest.mark.parametrize("packed", [False, True])
+def test_tma_greedy_matches_argmax(device, epi, packed):
+    v, hd, r = 512, 128, 3
+    w = _bf16(v, hd, scale=hd ** -0.5, seed=4, device=device)
+    tg = tma_gemv.TmaGreedy(v, hd, block_v=128, block_h=64, device=device)
+    wl = tma_gemv.pack_tiles(w, 128, 64) if packed else w
+    for seed in (5, 6):                                 # slots and counters left ready for the next launch
+        h = _bf16(r, hd, seed=seed, device=device)
+        x = poison(torch.empty(r, v, device=device))
+        tok = torch.full((r,), -5, dtype=torch.int64, device=device)
+        tg(h, wl, x, tok, epi=epi, packed=packed)
+        logits = h.double() @ w.double().T
+        assert (x.double() - logits).abs().max().item() < 1e-4
+        assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
+
+
+def test_read_kernel_sums_every_element(device):
+    ws = [_bf16(4 * BLOCK, seed=7, device=device)]
+    out = poison(torch.empty(8, device=device))
+    read_launcher(ws, out, 4, 0)(0)
+    want = ws[0].double().view(4, BLOCK).sum(-1)
+    assert torch.allclose(out[:4].double(), want, rtol=1e-5, atol=1e-3)
+
+
+def test_row_group_greedy_matches_argmax(device):
+    v, hd, r = 512, 128, 3
+    w = _bf16(v, hd, scale=hd ** -0.5, seed=8, device=device)
+    rg = tma_gemv.RowGroupGreedy(v, hd, block_v=128, rg=16, bh=64, device=device)
+    for seed in (9, 10):
+        h = _bf16(r, hd, seed=seed, device=device)
+        x = poison(torch.empty(r, v, device=device))
+        tok = torch.full((r,), -5, dtype=torch.int64, device=device)
+        rg(h, w, x, tok)
+        assert (x.double() - h.double() @ w.double().T).abs().max().item() < 1e-4
+        assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
