@@ -94,7 +94,7 @@ def bench_size(nbytes: int, bw: float, iters: int) -> list[dict]:
                          pct_of_copy_floor=round(100 * floor / t, 1), GBps=round(nbytes / t / 1e3, 1), **extra))
         print(json.dumps(rows[-1]), flush=True)
 
-    rec("torch_sum", lambda i: torch.sum(ws[i], dtype=torch.float32, out=sums[i]))
+    rec("torch_sum", lambda i: torch.sum(ws[i], dim=0, dtype=torch.float32, out=sums[i]))
     for p in program_counts(numel):
         for mode, suffix in ((0, ""), (1, "_pdl"), (2, "_early")):
             rec(f"read_p{p}{suffix}", read_launcher(ws, out, p, mode), programs=p)

@@ -92,8 +92,10 @@ kernel that must wait can reach. Taking pieces out of a TMA copy of the kernel: 
 without the split-K arrival and finisher, so the finisher's chain of L2 round trips (partial store ->
 release fence -> counter -> partial loads -> output store) costs ~1.9 us, the largest part. The chain
 lost one trip (the counter reset is now a plain store after the output, not an acq_rel exchange before
-it), and split 4 (one 80 KB program per SM, so the next PDL launch's programs fit beside them) became the
-fastest plan: 11.63-11.72 us at 1 row. Tried and slower, with numbers in those files: TMA weight loads
+it), and split 4 (one 80 KB program per SM, so the next PDL launch's programs fit beside them) won the
+tuner's sum over 1 and 6 rows in both runs (11.63 / 11.70 and 11.72 / 11.74 us against the split-8 plan's
+11.95 / 11.78 and 11.68 / 12.04): at 1 row alone the two are within run-to-run noise, at 6 rows split 4 is
+0.1-0.3 us faster. Tried and slower, with numbers in those files: TMA weight loads
 (12.0-12.2 us), tile-contiguous ("packed") weights (no change: the access pattern is not the cost),
 bn 16 / 32 plans without or with little split-K (14-20 us: one 4-warp program per SM cannot pull the
 bandwidth), a fence-free finisher on self-validating partials (a relaxed arrival and a last program that

@@ -12,11 +12,14 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
   whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
   (order-free; the arrival counter's acq_rel release publishes it); the last program to arrive swaps
-  the slots back to empty and writes the tokens. The logits tile is stored after the arrival, so the
-  release does not wait for it (as `kernels/lm_head.py`). No per-tile workspace, no sum-exp (q is
+  the slots back to empty (relaxed exchange: the arrival's acquire orders it) and writes the tokens. The
+  logits tile is stored after the arrival, so neither the release nor the exchange waits for it (as
+  `kernels/lm_head.py`). No per-tile workspace, no sum-exp (q is
   one-hot). Where the time goes (2026-12-01, bench/results/session3/explore5c_h200.json, a TMA copy of
   this launch): 16.8 us with no cross-program reduction at all, 18.6-20.3 with this tail, 19.5-21.0 with
-  the former one (acq_rel `atomic_max` behind the logits store). Tried and slower
+  the former one (acq_rel `atomic_max` behind the logits store). The relaxed exchange here came after the
+  session's device time (found in review; until then an acq_rel exchange waited for the logits and the
+  launch measured 19.2-20.7 us as before): not yet timed on the GPU in this kernel. Tried and slower
   (draft_sampling_slots*_h200.json): per-program key slots with a relaxed counter and a polling last
   program (19.3-24.8 us at 1-8 rows: the scattered slot stores and the [rows, tiles] read cost more than
   the fence they save), and spreading the max / counter over 16 groups (no gain: not contention).
@@ -41,8 +44,8 @@ With top-k, the per-tile top-k and every merge node work on RC rows at a time in
 
 Measured on an H200 (bench/results/session3/draft_sampling_final_h200.json, V 49152, H 576, CUDA graphs,
 rows 1-8): greedy 19.2-20.7 us (1.81-1.96x the torch ops; 19.0-19.4 us with PDL), temperature 21.1-31.3 us
-(3.3-4.5x), top-k 50 + top-p 0.9 33.9-56.7 us (2.3-3.8x). (Session 2, before the greedy tail change:
-greedy 19.7-20.7 us, bench/results/draft_sampling_h200.json.)
+(3.3-4.5x), top-k 50 + top-p 0.9 33.9-56.7 us (2.3-3.8x); the greedy launch then still had its acq_rel
+slot exchange (see above). Session 2: greedy 19.7-20.7 us (bench/results/draft_sampling_h200.json).
 
 Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
 168 (`default_maxnreg`), so three programs fit on an SM and V = 49152 (384 tiles) runs in one wave on
@@ -230,7 +233,8 @@ def _draft_sample_kernel(
         # logits after the arrival: the release above then waits only for the key maxima, not these stores
         tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         if old == NUM_PROGS - 1:
-            best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask)
+            # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
+            best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
             val = _key_value(best)
             tid = _key_id(best)
             t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)

@@ -31,17 +31,18 @@ def _bf16(*shape, scale=1.0, seed=0, device="cpu"):
 def test_tma_residual_matches_reference(device, packed, split):
     n, k, m = 128, 512, 3
     w = _bf16(n, k, scale=k ** -0.5, seed=1, device=device)
-    a, res = _bf16(m, k, seed=2, device=device), _bf16(m, n, seed=3, device=device)
     tr = tma_gemv.TmaResidual(n, k, bn=64, bk=64, split=split, device=device)
-    out = poison(torch.empty(m, n, dtype=torch.bfloat16, device=device))
     wl = tma_gemv.pack_tiles(w, 64, 64) if packed else w
-    for _ in range(2):                                  # the arrival counters reset between launches
+    for seed in (2, 3):                                 # the arrival counters reset between launches
+        a, res = _bf16(m, k, seed=seed, device=device), _bf16(m, n, seed=seed + 10, device=device)
+        out = poison(torch.empty(m, n, dtype=torch.bfloat16, device=device))
         tr(a, wl, res, out, use_pdl=False, packed=packed)
         want = res.double() + a.double() @ w.double().T
         err = (out.double() - want).abs().max().item()
         # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped split or chunk is off by the
         # size of the values themselves
         assert err <= 2 ** -7 * want.abs().max().item() + 1e-3, f"max error {err}"
+        assert int(tr.cnt.abs().sum()) == 0, "arrival counters left non-zero"
 
 
 @pytest.mark.parametrize("epi", [1, 3, 4, 5])
@@ -51,14 +52,17 @@ def test_tma_greedy_matches_argmax(device, epi, packed):
     w = _bf16(v, hd, scale=hd ** -0.5, seed=4, device=device)
     tg = tma_gemv.TmaGreedy(v, hd, block_v=128, block_h=64, device=device)
     wl = tma_gemv.pack_tiles(w, 128, 64) if packed else w
-    for seed in (5, 6):                                 # slots and counters left ready for the next launch
-        h = _bf16(r, hd, seed=seed, device=device)
+    # slots and counters left ready for the next launch: the second launch's logits are 8x smaller, so a
+    # slot left holding the first launch's maximum would win its argmax
+    for seed, scale in ((5, 1.0), (6, 0.125)):
+        h = _bf16(r, hd, scale=scale, seed=seed, device=device)
         x = poison(torch.empty(r, v, device=device))
         tok = torch.full((r,), -5, dtype=torch.int64, device=device)
         tg(h, wl, x, tok, epi=epi, packed=packed)
         logits = h.double() @ w.double().T
         assert (x.double() - logits).abs().max().item() < 1e-4
         assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
+        assert int(tg.cnt.abs().sum()) == 0, "counters left non-zero"
 
 
 def test_read_kernel_sums_every_element(device):
@@ -73,8 +77,8 @@ def test_row_group_greedy_matches_argmax(device):
     v, hd, r = 512, 128, 3
     w = _bf16(v, hd, scale=hd ** -0.5, seed=8, device=device)
     rg = tma_gemv.RowGroupGreedy(v, hd, block_v=128, rg=16, bh=64, device=device)
-    for seed in (9, 10):
-        h = _bf16(r, hd, seed=seed, device=device)
+    for seed, scale in ((9, 1.0), (10, 0.125)):
+        h = _bf16(r, hd, scale=scale, seed=seed, device=device)
         x = poison(torch.empty(r, v, device=device))
         tok = torch.full((r,), -5, dtype=torch.int64, device=device)
         rg(h, w, x, tok)
