@@ -17,7 +17,6 @@ of copy bandwidth is judged against that.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from lowlat.benchmarking import copy_bandwidth, rotation_copies, time_launches, versions, write_json  # noqa: E402
+from lowlat.benchmarking import copy_bandwidth, rotation_copies, time_launches, versions  # noqa: E402
 
 BLOCK = 8192          # bf16 elements per loop step of a program (16 KB; 8 warps: 64 B per thread)
 
@@ -73,31 +72,30 @@ def program_counts(numel: int) -> list[int]:
     return out
 
 
-def bench_size(nbytes: int, bw: float, iters: int) -> list[dict]:
+def bench_size(nbytes: int, bw: float, iters: int, rec) -> None:
+    """Every variant for one size W = nbytes, into `rec` (a `lowlat.bench._Recorder`): us, bytes, floor_us
+    (W / copy bandwidth) and, added by the recorder, GBps and frac_of_floor; a failing variant is recorded
+    as an error and the run goes on."""
     dev = torch.device("cuda")
     numel = nbytes // 2
     n = rotation_copies(nbytes)
     ws = [torch.randn(numel, device=dev).to(torch.bfloat16) for _ in range(n)]
     out = torch.empty(numel // (16 * 512) + 1, dtype=torch.float32, device=dev)
     sums = torch.empty(n, dtype=torch.float32, device=dev)
-    floor = nbytes / bw * 1e6
-    rows = []
 
-    def rec(variant, fn, **extra):
+    def timed(variant, fn, **extra):
         try:
-            t = time_launches(fn, n, iters=iters)["us_median"]
+            us = time_launches(fn, n, iters=iters)["us_median"]
         except Exception as exc:                                  # noqa: BLE001 - record, go on
             torch.cuda.synchronize()
-            rows.append(dict(bytes=nbytes, variant=variant, error=f"{type(exc).__name__}: {str(exc)[:200]}", **extra))
+            rec.error(f"{nbytes} B/{variant}", exc)
             return
-        rows.append(dict(bytes=nbytes, variant=variant, us=round(t, 2), copy_floor_us=round(floor, 2),
-                         pct_of_copy_floor=round(100 * floor / t, 1), GBps=round(nbytes / t / 1e3, 1), **extra))
-        print(json.dumps(rows[-1]), flush=True)
+        rec.add(bytes=nbytes, variant=variant, us=us, floor_us=nbytes / bw * 1e6, **extra)
 
-    rec("torch_sum", lambda i: torch.sum(ws[i], dim=0, dtype=torch.float32, out=sums[i]))
+    timed("torch_sum", lambda i: torch.sum(ws[i], dim=0, dtype=torch.float32, out=sums[i]))
     for p in program_counts(numel):
         for mode, suffix in ((0, ""), (1, "_pdl"), (2, "_early")):
-            rec(f"read_p{p}{suffix}", read_launcher(ws, out, p, mode), programs=p)
+            timed(f"read_p{p}{suffix}", read_launcher(ws, out, p, mode), programs=p)
     # the sums are right (a kernel that skipped its loads would time faster than memory allows)
     read_launcher(ws, out, program_counts(numel)[0], 0)(0)
     got = out[: program_counts(numel)[0]].double().sum()
@@ -106,10 +104,11 @@ def bench_size(nbytes: int, bw: float, iters: int) -> list[dict]:
         raise AssertionError(f"read kernel sum {float(got)} != torch {float(want)}")
     del ws
     torch.cuda.empty_cache()
-    return rows
 
 
 def main(argv=None) -> int:
+    from lowlat.bench import _Recorder
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, nargs="+", default=[2048 * 8192 * 2 / 1e6, 49152 * 576 * 2 / 1e6],
                    help="weight sizes in MB (1e6 bytes), rounded to whole 16 KB")
@@ -117,12 +116,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     bw = copy_bandwidth()
-    doc = dict(versions(), copy_bandwidth_TBps=round(bw / 1e12, 3), results=[])
+    rec = _Recorder(args.out, dict(versions(), copy_bandwidth_TBps=round(bw / 1e12, 3)))
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     for mb in args.mb:
-        nbytes = int(round(mb * 1e6 / 16384)) * 16384
-        doc["results"] += bench_size(nbytes, bw, args.iters)
-    write_json(args.out, doc)
+        bench_size(int(round(mb * 1e6 / 16384)) * 16384, bw, args.iters, rec)
     return 0
 
 

@@ -2,7 +2,6 @@
 (SmolLM2's LM head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,7 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lowlat.benchmarking import copy_bandwidth, time_launches, versions, write_json  # noqa: E402
+from lowlat.bench import _Recorder  # noqa: E402
+from lowlat.benchmarking import copy_bandwidth, time_launches, versions  # noqa: E402
 
 
 def t_us(fn, n: int, iters: int = 41) -> float:
@@ -19,26 +19,24 @@ def t_us(fn, n: int, iters: int = 41) -> float:
     return round(time_launches(fn, n, iters=iters)["us_median"], 2)
 
 
-class Recorder:
-    """Entries printed as JSON lines and written (with provenance and the copy bandwidth) after each one."""
+class Recorder(_Recorder):
+    """`lowlat.bench._Recorder` (the document rewritten after every entry, errors kept apart) with this
+    run's provenance and copy bandwidth (`bw`, bytes/s); `rec(entry)` adds an entry, `rec.guard` records
+    a failing variant as an error and goes on (one device call must give everything)."""
 
     def __init__(self, out: str | None):
-        self.out = out
         self.bw = copy_bandwidth()
-        self.doc = dict(versions(), copy_bandwidth_TBps=round(self.bw / 1e12, 3), results=[])
+        super().__init__(out, dict(versions(), copy_bandwidth_TBps=round(self.bw / 1e12, 3)))
 
     def __call__(self, entry: dict) -> None:
-        self.doc["results"].append(entry)
-        print(json.dumps(entry), flush=True)
-        write_json(self.out, self.doc)
+        self.add(**entry)
 
     def guard(self, label: str, fn, **base) -> None:
-        """Run fn(); an exception is recorded as the variant's error (one device call must give everything)."""
         try:
             fn()
         except Exception as exc:                                           # noqa: BLE001
             torch.cuda.synchronize()
-            self(dict(base, variant=label, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            self.error("/".join([*(f"{k}={v}" for k, v in base.items()), label]), exc)
 
 
 class GreedyCase:

@@ -31,7 +31,7 @@ def down_proj(rec, deadline):
             plans.append((f"bn{bn}_s{split}_bk{bk}_st{st}_pf{pf}_w{w}",
                           plan_gemv(n, k, bn=bn, split=split, block_k=bk, stages=st, pf_k=pf, warps=w, preload=False)))
         except Exception as exc:                                           # noqa: BLE001
-            rec(dict(op="down", variant=f"bn{bn}_s{split}_bk{bk}", error=str(exc)[:200]))
+            rec.error(f"down/bn{bn}_s{split}_bk{bk}", exc)
     for label, plan in plans:
         if time.time() > deadline:
             break

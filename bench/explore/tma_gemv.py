@@ -16,9 +16,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from lowlat.kernels._gemv import argmax_key, key_id, store_partial, sum_partials
 from lowlat.kernels._gemv import interpreting as _interp
-from lowlat.kernels._gemv import store_partial, sum_partials
-from lowlat.kernels.draft_sampling import _KEY_MIN, _key_id, _make_key
+from lowlat.kernels.draft_sampling import _KEY_MIN
 
 
 @triton.jit
@@ -127,7 +127,7 @@ def _tma_greedy_kernel(h_ptr, stride_h, w_desc, x_ptr, stride_x, tok_ptr, gkeys_
         _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PROGS, EPI, G)
         return
     tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
-    key = _make_key(acc, cols[:, None])
+    key = argmax_key(acc, cols[:, None])
     if EPI == 2:
         tl.atomic_max(gkeys_ptr + rows, tl.max(key, axis=0), mask=rmask)
         return
@@ -143,7 +143,7 @@ def _acq_rel_argmax_tail(best, rows, rmask, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PRO
     old = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
     if old == NUM_PROGS - 1:
         b = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask)
-        tl.store(tok_ptr + rows, _key_id(b).to(tl.int64), mask=rmask)
+        tl.store(tok_ptr + rows, key_id(b).to(tl.int64), mask=rmask)
         tl.store(cnt_ptr, 0)
 
 
@@ -154,7 +154,7 @@ def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_pt
     EPI 4: the same spread over G slot copies and G group counters (pid % G) + a root counter: same-address
     atomics queue G-fold shorter. EPI 5: per-program keys (plain stores, [16, NUM_PROGS] at gkeys + 16),
     group + root counters, the last program reduces all keys."""
-    key = tl.max(_make_key(acc, cols[:, None]), axis=0)
+    key = tl.max(argmax_key(acc, cols[:, None]), axis=0)
     if EPI == 3:
         tl.atomic_max(gkeys_ptr + rows, key, mask=rmask, sem="relaxed")
         tl.debug_barrier()
@@ -162,7 +162,7 @@ def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_pt
         tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
         if old == NUM_PROGS - 1:
             best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
-            tl.store(tok_ptr + rows, _key_id(best).to(tl.int64), mask=rmask)
+            tl.store(tok_ptr + rows, key_id(best).to(tl.int64), mask=rmask)
             tl.store(cnt_ptr, 0)
     else:
         grp = pid % G
@@ -189,7 +189,7 @@ def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_pt
                                    mask=rmask[None, :] & (pp < NUM_PROGS)[:, None], other=_KEY_MIN,
                                    cache_modifier=".cg")
                     best = tl.max(allk, axis=0)
-                tl.store(tok_ptr + rows, _key_id(best).to(tl.int64), mask=rmask)
+                tl.store(tok_ptr + rows, key_id(best).to(tl.int64), mask=rmask)
                 tl.store(cnt_ptr, 0)
 
 
@@ -242,7 +242,7 @@ def _rowgroup_greedy_kernel(h_ptr, stride_h, w_ptr, stride_w, x_ptr, stride_x, t
             else:
                 acc = tl.dot(w, hts[c], acc)
         tl.store(x_ptr + rows[None, :] * stride_x + vr[:, None], acc, mask=rmask[None, :])
-        best = tl.maximum(best, tl.max(_make_key(acc, vr[:, None]), axis=0))
+        best = tl.maximum(best, tl.max(argmax_key(acc, vr[:, None]), axis=0))
     _acq_rel_argmax_tail(best, rows, rmask, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PROGS)
 
 

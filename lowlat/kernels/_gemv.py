@@ -898,3 +898,31 @@ def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constex
             tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, mask=(rn < N)[:, None],
                            other=0.0, cache_modifier=".cg")
     return tot
+
+
+# ---------------------------------------------------------------------------------------------- argmax keys
+@triton.jit
+def argmax_key(x, ids):
+    """int64 keys that sort like (value descending, token id ascending), unique per token: (order-preserving
+    int32 image of the fp32 value) << 32 | (2^32 - 1 - id). The max over a set is its largest value with
+    the lowest id (-0.0 is canonicalised to +0.0 first, so the zeros tie as in torch.argmax; NaN is the
+    largest, as torch.argmax treats it); max is order-free, so an argmax across programs by `atomic_max`
+    or by merging is exact whatever the arrival order (the LM head's and the draft sampler's epilogues)."""
+    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    s = tl.where(b < 0, b ^ 0x7FFFFFFF, b)                    # monotone int32 image of the float
+    low = (ids.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int64)      # larger for smaller ids
+    return (s.to(tl.int64) << 32) | low
+
+
+@triton.jit
+def key_value(key):
+    """The fp32 value an `argmax_key` encodes."""
+    s = (key >> 32).to(tl.int32)
+    b = tl.where(s < 0, s ^ 0x7FFFFFFF, s)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def key_id(key):
+    """The token id (int32) an `argmax_key` encodes."""
+    return (key.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int32)

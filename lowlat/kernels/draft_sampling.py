@@ -92,6 +92,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._gemv import argmax_key, key_id, key_value
 from lowlat.kernels.philox import philox_exponential
 
 #: most top-k candidates the kernel merges (top_k above this is refused)
@@ -113,29 +114,6 @@ _LOWEST = tl.constexpr(-3.4028234663852886e38)          # lowest finite float32:
 def _interpreting() -> bool:
     import os
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-# ----------------------------------------------------------------------------------------------------
-# keys: int64 that sort like (value descending, token id ascending), unique per token
-# ----------------------------------------------------------------------------------------------------
-@triton.jit
-def _make_key(x, ids):
-    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)     # -0.0 ties with +0.0, as in the reference
-    s = tl.where(b < 0, b ^ 0x7FFFFFFF, b)                    # monotone int32 image of the float
-    low = (ids.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int64)      # larger for smaller ids
-    return (s.to(tl.int64) << 32) | low
-
-
-@triton.jit
-def _key_value(key):
-    s = (key >> 32).to(tl.int32)
-    b = tl.where(s < 0, s ^ 0x7FFFFFFF, s)
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _key_id(key):
-    return (key.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int32)
 
 
 @triton.jit
@@ -226,7 +204,7 @@ def _draft_sample_kernel(
 
     if GREEDY:
         # ---- greedy launch: logits as is, per-row key max via atomic_max (lm_head's epilogue) ----------
-        key = tl.where(vmask[:, None], _make_key(acc, cols[:, None]), _KEY_MIN)
+        key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
         tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
         tl.debug_barrier()        # every thread's atomic is issued before the release below
         old = tl.atomic_add(cnt, 1, sem="acq_rel")
@@ -235,8 +213,8 @@ def _draft_sample_kernel(
         if old == NUM_PROGS - 1:
             # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
             best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
-            val = _key_value(best)
-            tid = _key_id(best)
+            val = key_value(best)
+            tid = key_id(best)
             t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
             tl.store(tok_ptr + rows, tl.where(t > 0.0, -1, tid).to(tl.int64), mask=rmask)
             tl.store(lse_ptr + rows, val, mask=rmask)
@@ -280,7 +258,7 @@ def _draft_sample_kernel(
         if K_CAP > 0:
             kk = tl.arange(0, K_CAP)
             if RC == NR:
-                keys = tl.where(vmask[None, :], _make_key(xr, cols[None, :]), _KEY_EMPTY)
+                keys = tl.where(vmask[None, :], argmax_key(xr, cols[None, :]), _KEY_EMPTY)
                 merged = tl.topk(keys, K_CAP)                                      # [NR, K_CAP]
                 tl.store(ws_keys + er[:, None] * KEY_ROW + pid * K_CAP + kk[None, :], merged, mask=emask[:, None])
             else:                 # RC rows at a time (a loop, not unrolled): x back from this program's store
@@ -290,7 +268,7 @@ def _draft_sample_kernel(
                     cm = ec < R
                     xc = tl.load(x_ptr + ec[:, None] * stride_x + cols[None, :], mask=cm[:, None] & vmask[None, :],
                                  other=float("-inf"), cache_modifier=".cg")
-                    kc = tl.where(vmask[None, :], _make_key(xc, cols[None, :]), _KEY_EMPTY)
+                    kc = tl.where(vmask[None, :], argmax_key(xc, cols[None, :]), _KEY_EMPTY)
                     tl.store(ws_keys + ec[:, None] * KEY_ROW + pid * K_CAP + kk[None, :], tl.topk(kc, K_CAP),
                              mask=cm[:, None])
             tl.debug_barrier()    # every thread's partials and keys are stored before the release below
@@ -387,8 +365,8 @@ def _draft_sample_kernel(
                 if RC < NR:       # the root list, stored by the chunked merge (this program, barrier passed)
                     merged = tl.load(ws_keys + er[:, None] * KEY_ROW + off_prev * K_CAP + jj,
                                      mask=emask[:, None], other=_KEY_EMPTY, cache_modifier=".cg")
-                vals = _key_value(merged)
-                ids = _key_id(merged)
+                vals = key_value(merged)
+                ids = key_id(merged)
                 keep = jj < kr[:, None]
                 ev = tl.where(keep, tl.exp(vals - mz[:, None]), 0.0)
                 pfix = (ev / big_s[:, None] * _FIX_TOPK).to(tl.int64)

@@ -17,7 +17,7 @@ the operand once where the reference rounds twice (x * rstd, then * weight), and
 fp32 where the reference rounds them to bf16; the numerics policy (2x the bf16 reference's error
 against a float64 oracle) is the judge.
 
-Argmax across programs, deterministically: each logit becomes an int64 key
+Argmax across programs, deterministically: each logit becomes an int64 key (`_gemv.argmax_key`)
     (order-preserving int32 image of the fp32 value) << 32  |  (2^32 - 1 - token id)
 so that the largest key is the largest value and, among equal values, the lowest id (-0.0 is
 canonicalised to +0.0 first, so the two zeros tie as in torch.argmax). Each program reduces its tile
@@ -42,9 +42,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, check_tensor, gemv_loop,
-                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, row_blocks, valid_rows_tensor)
+from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
+                                  gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
+                                  preload_product, preload_weights, row_blocks, valid_rows_tensor)
 
 _INT64_MIN = -(2 ** 63)
 
@@ -58,11 +58,7 @@ def _tile_logits(acc, ss, m0, n0, M, V, K, eps, nvalid, keys_ptr, BN: tl.constex
     rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
     valid = rm < nvalid
     logit = tl.where(valid[None, :], acc * rstd[None, :], 0.0)
-    lz = tl.where(logit == 0.0, 0.0, logit)
-    bits = lz.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    key = (ordered.to(tl.int64) << 32) | (4294967295 - rn.to(tl.int64))[:, None]
-    key = tl.where((rn < V)[:, None], key, -9223372036854775807 - 1)
+    key = tl.where((rn < V)[:, None], argmax_key(logit, rn[:, None]), -9223372036854775807 - 1)
     tl.atomic_max(keys_ptr + rm, tl.max(key, axis=0), mask=rm < M, sem="relaxed", scope="gpu")
     return logit
 
@@ -79,7 +75,7 @@ def _finish_tokens(m0, M, keys_ptr, tokens_ptr):
     rm = m0 + tl.arange(0, 16)
     k = tl.atomic_xchg(keys_ptr + rm, tl.full((16,), -9223372036854775807 - 1, tl.int64), mask=rm < M,
                        sem="relaxed", scope="gpu")
-    tl.store(tokens_ptr + rm, 4294967295 - (k & 4294967295), mask=rm < M)
+    tl.store(tokens_ptr + rm, key_id(k).to(tl.int64), mask=rm < M)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -82,6 +82,10 @@ def test_quality_signoff_tiny_cpu_run_writes_a_passing_report(tmp_path, smollm2,
     for f in ("quality_signoff.md", "scores.png", "itl_cdf.png", "accept_lengths.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert any("run C" in line for line in lines)
+    # the partial record written after each run (kept if a later run is cut short) holds every run
+    partial = json.loads((tmp_path / "runs_partial.json").read_text())
+    assert sorted(partial) == sorted(rep["runs"])
+    assert all(partial[k]["scores"] == rep["runs"][k]["scores"] for k in partial)
 
 
 @needs_eval

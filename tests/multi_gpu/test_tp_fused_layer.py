@@ -17,9 +17,7 @@ step is correct.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 
@@ -44,6 +42,8 @@ from lowlat.weights import random_layer_weights
 
 OP = "tp_layer"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "unit"))
+from sampling_stats import compile_sm90  # noqa: E402  (the sm_90 compile harness of the unit tests)
 
 
 def tiny_tp(world: int):
@@ -205,6 +205,42 @@ def test_overlap_falls_back_to_the_serial_order_under_the_interpreter():
     check_bitwise(OP, a, b, output="overlap_vs_serial")
 
 
+def test_overlap_mode_launches_both_kernels_with_pdl(monkeypatch):
+    """The host wiring of the overlap, which bitwise tests cannot see (the serial order gives the same bits):
+    where PDL is available, each collective's push AND reduce get USE_PDL and `launch_pdl`; with
+    overlap=False neither does; on a CPU device `pdl_enabled` is False whatever is asked. The two Triton
+    kernels are replaced by recorders (PDL is forced on, which the interpreter could not run)."""
+    import lowlat.kernels.tp_layer as tp
+    import lowlat.runtime.tp_fused_layer as tpl
+
+    world = 2
+    cfg = tiny_tp(world)
+    lw, case, x = make_case(cfg, 23, [3, 1], [1, 1])
+    layer = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4)
+    assert not tp.pdl_enabled(layer.group.bufs, True)                  # CPU: never
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, kw["USE_PDL"], kw.get("launch_pdl", False)))
+
+    monkeypatch.setattr(tp, "_partial_gemv_push_kernel", Recorder("push"))
+    monkeypatch.setattr(tp, "_reduce_residual_norm_kernel", Recorder("reduce"))
+    monkeypatch.setattr(tp, "pdl_available", lambda device: True)
+    monkeypatch.setattr(tpl, "pdl_available", lambda device: True)
+    kc, vc = shard_kv_cache(case.k_cache, world), shard_kv_cache(case.v_cache, world)
+    out = torch.empty(world, case.step.num_rows, cfg.hidden_size, dtype=torch.bfloat16)
+    for overlap in (True, False):
+        launches.clear()
+        layer = TPFusedLayer(cfg, lw, world, device="cpu", deadline=1.0, max_rows=4, overlap=overlap)
+        assert layer.overlap is overlap
+        layer.launch(x, case.step, kc, vc, out)
+        assert launches == [("push", overlap, overlap), ("reduce", overlap, overlap)] * 2, launches
+
+
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
                               reason="the CPU-side sm_90 compile check; the GPU runs the kernels")
 
@@ -215,12 +251,7 @@ CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
                                                            (2048, 1024, 2, 8, FaultKind.WRONG_EPOCH, False)])
 def test_tp_kernels_compile_for_sm90_without_spills(hidden, k, world, rows, fault, pdl):
     for name, spec in sm90_compile_specs(hidden, k, world, rows, fault=fault, pdl=pdl).items():
-        env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "unit", "compile_sm90.py"),
-                               f"lowlat.kernels.tp_layer:{name}", json.dumps([spec])],
-                              env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        info = json.loads(proc.stdout.strip().splitlines()[-1])[0]
+        info = compile_sm90(f"lowlat.kernels.tp_layer:{name}", [spec])[0]
         assert info["ok"] and info["spill_bytes"] == 0, (name, info)
 
 
@@ -234,15 +265,10 @@ def test_pdl_machine_code_has_the_order_the_overlap_relies_on():
     predecessor, then triggers, before any load, store or flag; the reduce never triggers and its one
     wait comes after every flag poll (acquire), store and abort CAS (so the overlap is real and the
     reduce's completion implies the push's)."""
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     facts = {}
     for name, spec in sm90_compile_specs(2048, 1024, 4, 8, pdl=True).items():
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "unit", "compile_sm90.py"),
-                               f"lowlat.kernels.tp_layer:{name}", json.dumps([{**spec, "launch_pdl": True,
-                                                                               "ptx": True}])],
-                              env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        lines = json.loads(proc.stdout.strip().splitlines()[-1])[0]["ptx"].splitlines()
+        lines = compile_sm90(f"lowlat.kernels.tp_layer:{name}", [{**spec, "launch_pdl": True, "ptx": True}])[0]
+        lines = lines["ptx"].splitlines()
         facts[name] = {key: [i for i, ln in enumerate(lines) if pat in ln] for key, pat in _PTX_PATTERNS}
     push, red = facts["_partial_gemv_push_kernel"], facts["_reduce_residual_norm_kernel"]
     assert len(push["wait"]) == 1 and len(push["trigger"]) == 1, push

@@ -94,6 +94,10 @@ def compile_sm90(target: str, specs: list[dict]) -> list[dict]:
     if not ptxas.exists():
         pytest.skip(f"no ptxas at {ptxas}: this Triton cannot compile for sm_90 here")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the checkout this test file belongs to first on the path, so the kernels compiled are the ones under
+    # test (not another installed copy of lowlat), and the test modules are importable by name
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parents[1]), str(here), *filter(None, [env.get("PYTHONPATH")])])
     script = Path(__file__).with_name("compile_sm90.py")
     res = subprocess.run([sys.executable, str(script), target, json.dumps(specs)], capture_output=True, text=True,
                          env=env, timeout=600)

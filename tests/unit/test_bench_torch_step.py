@@ -76,7 +76,7 @@ def test_bench_torch_steps_times_every_width_and_records_failures(monkeypatch):
     monkeypatch.setattr(bench, "graph_time_us", lambda fn, n, iters: (fn(0), 7.0)[1])
     errors, got = [], []
     rec = SimpleNamespace(error=lambda where, e: errors.append(where), skip=lambda where, why: None)
-    bench._bench_torch_steps(cfg, w, [1, 3, 99], 4, "cpu", kv, rec, Budget(600), variants=(False,),
+    bench._bench_torch_steps(cfg, w, [1, 99, 3], 4, "cpu", kv, rec, Budget(600), variants=(False,),
                              where_prefix="tiny", lm_head=False, record=lambda r, v, us: got.append((r, v, us)))
-    assert got == [(1, "reference_graph", 7.0), (3, "reference_graph", 7.0)]
+    assert got == [(1, "reference_graph", 7.0), (3, "reference_graph", 7.0)]      # the width after the failure too
     assert errors == ["tiny/rows=99/reference_graph"]          # 99 rows x 5 slots do not fit 64 slots

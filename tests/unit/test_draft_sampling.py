@@ -71,6 +71,17 @@ def assert_all_written(out: kernel.DraftSample) -> None:
     assert not (out.cut_id == -7).any(), "cut_id not written"
 
 
+def scramble_workspaces() -> None:
+    """Fill every cached workspace's per-tile partials and key lists with values that would win (huge keys,
+    +inf maxima and sums), leaving what a launch must find intact (counters 0, greedy slots empty): a launch
+    that skips writing any of them then gives wrong outputs instead of the previous launch's."""
+    for ws in kernel._WORKSPACES.values():
+        ws.keys.fill_(torch.iinfo(torch.int64).max - 1)
+        ws.bi.fill_(7)
+        for t in (ws.m, ws.s, ws.bs):
+            t.fill_(float("inf"))
+
+
 def run_both(h, w, temperature, top_k, top_p, seeds, offsets, **launch):
     out = poisoned_out(h.shape[0], w.shape[0], h.device)
     kernel.draft_sample(h, w, temperature, top_k, top_p, seeds=seeds, offsets=offsets, out=out, **launch)
@@ -256,6 +267,22 @@ def test_bad_out_buffers_and_oversized_vocab_raise_before_any_write(device):
                                                     torch.empty(2, 1, device=device).expand(2, 2 ** 27),
                                                     *(torch.empty(2, device=device) for _ in range(2)),
                                                     torch.empty(2, dtype=torch.int32, device=device)), k_cap=0)
+    # R x V logits beyond int32 offsets while V x H fits (meta tensors: shapes without memory)
+    r, v, hd, meta = 16, 2 ** 27, 8, torch.device("meta")
+    with pytest.raises(UnsupportedConfigError, match="R x V = 16 x 134217728"):
+        kernel.draft_sample_into(torch.empty(r, hd, dtype=torch.bfloat16, device=meta),
+                                 torch.empty(v, hd, dtype=torch.bfloat16, device=meta),
+                                 torch.ones(r, device=meta), torch.zeros(r, dtype=torch.int32, device=meta),
+                                 torch.ones(r, device=meta), torch.zeros(r, dtype=torch.int64, device=meta),
+                                 torch.zeros(r, dtype=torch.int64, device=meta), kernel.empty_draft_sample(r, v, meta),
+                                 k_cap=0)
+    # an output buffer on another device than h
+    for field in ("lse", "tokens", "logits"):
+        out = poisoned_out(2, 128, device)
+        other = getattr(out, field)
+        setattr(out, field, torch.empty(other.shape, dtype=other.dtype, device=meta))
+        with pytest.raises(StepContractError, match=f"out.{field} is on meta"):
+            kernel.draft_sample(hh, ww, 1.0, 0, 1.0, seeds=seeds, offsets=offsets, out=out)
 
 
 def test_reference_rejects_bad_parameters():
@@ -496,8 +523,11 @@ def test_outputs_independent_of_row_chunk(device):
     hh = hh + torch.randn(r, h, generator=torch.Generator().manual_seed(51)).to(hh) * 0.01   # inexact sums
     seeds, offsets = counters(r, seed=52, device=device)
     temp, topk, topp = (p[:r] for p in MIXED8)
-    outs = [kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, block_v=64, group=4,
-                                row_chunk=rc) for rc in (8, 4, 2, 1)]
+    outs = []
+    for rc in (8, 4, 2, 1):
+        scramble_workspaces()                           # nothing a launch skips is hidden by the previous one
+        outs.append(kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, block_v=64,
+                                        group=4, row_chunk=rc))
     for rc, o in zip((4, 2, 1), outs[1:]):
         assert_same_outputs(o, outs[0], what=f"[row_chunk={rc}]")
     tokens, q, _ = reference(hh, ww, temp, topk, topp, seeds, offsets)
@@ -526,6 +556,24 @@ def test_greedy_launch_equals_general_path(device):
     assert_same_outputs(outs[2], outs[0], what="[top-k path]")
     tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
     check_bitwise("draft_sampling", outs[0].tokens, tokens, output="tokens")
+
+
+def test_greedy_ragged_vocab_with_only_negative_logits(device):
+    """V = 100 over tiles of 64 (the last tile is 28 tokens plus 36 padding columns, whose masked GEMV gives
+    0) with every real logit negative: the argmax must be a real token (the padding is never a candidate),
+    in the greedy launch and the general path alike."""
+    r, h, v = 3, 16, 100
+    hh, ww = random_inputs(r, h, v, seed=66, device=device)
+    hh, ww = hh.abs(), -ww.abs()                        # every logit < 0
+    seeds, offsets = counters(r, seed=67, device=device)
+    zeros, ones = torch.zeros(r, device=device), torch.ones(r, device=device)
+    tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
+    for k_cap, need_noise in ((0, False), (0, True)):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, zeros, torch.zeros(r, dtype=torch.int32, device=device), ones, seeds,
+                                 offsets, out, k_cap=k_cap, need_noise=need_noise, block_v=64)
+        assert bool((out.logits < 0).all())
+        check_bitwise("draft_sampling", out.tokens, tokens, output=f"tokens_noise_{need_noise}")
 
 
 def test_launch_leaves_workspace_empty(device):

@@ -291,13 +291,14 @@ def test_layer_skip_drafter_uses_the_fused_runner_when_built():
 
     class Runner:
         def early_exit_hidden(self, step, pool, n):
-            calls.append(n)
+            calls.append((step, pool, n))
             return torch.zeros(step.num_rows, 4)
 
-    engine = SimpleNamespace(cfg=SimpleNamespace(num_layers=3), pool=None,
+    pool = object()                                     # the engine's KV pool goes to the runner as is
+    engine = SimpleNamespace(cfg=SimpleNamespace(num_layers=3), pool=pool,
                              backend=SimpleNamespace(built=SimpleNamespace(runner=Runner()), fallback=None))
     step = SimpleNamespace(num_rows=2)
-    assert LayerSkipDrafter(2)._draft_hidden(engine, step).shape == (2, 4) and calls == [2]
+    assert LayerSkipDrafter(2)._draft_hidden(engine, step).shape == (2, 4) and calls == [(step, pool, 2)]
     with pytest.raises(TypeError, match="LayerSkipDrafter needs"):
         LayerSkipDrafter(2, fused=False)._draft_hidden(engine, step)
 

@@ -53,11 +53,14 @@ def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp
     calls = []
     monkeypatch.setattr(suites, "run_signoff", lambda **kw: calls.append("suites") or 0)
     monkeypatch.setattr(quality, "run_quality_signoff",
-                        lambda out, **kw: calls.append(("quality", kw["limit"], kw["drafter"])) or {"passed": False})
+                        lambda out, **kw: calls.append(("quality", str(out), kw["limit"], kw["drafter"]))
+                        or {"passed": False})
     args = build_parser().parse_args(["signoff", "--out", str(tmp_path), "--quality-only", "--quality-limit", "3",
                                       "--drafter", "ngram"])
     assert args.func(args) == 1                       # the quality verdict (failed) is the exit code
-    assert calls == [("quality", 3, "ngram")]
-    args = build_parser().parse_args(["signoff", "--quality-only", "--quick"])
-    with pytest.raises(SystemExit, match="runs no test suite"):
-        args.func(args)
+    assert calls == [("quality", str(tmp_path / "quality"), 3, "ngram")]      # the report goes to OUT/quality
+    for extra in (["--quick"], ["--", "-k", "attention"]):
+        args = build_parser().parse_args(["signoff", "--quality-only", *extra])
+        with pytest.raises(SystemExit, match="runs no test suite"):
+            args.func(args)
+    assert len(calls) == 1
