@@ -123,6 +123,11 @@ def _tma_greedy_kernel(h_ptr, stride_h, w_desc, x_ptr, stride_x, tok_ptr, gkeys_
     if EPI == 0:
         tl.store(x_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
         return
+    if EPI == 6:          # the stores a correct tail needs (logits, one key per program), no cross-program step
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
+        tl.store(gkeys_ptr + G * 16 + rows * NUM_PROGS + pid, tl.max(argmax_key(acc, cols[:, None]), axis=0),
+                 mask=rmask)
+        return
     if EPI >= 3:
         _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PROGS, EPI, G)
         return
@@ -150,12 +155,28 @@ def _acq_rel_argmax_tail(best, rows, rmask, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PRO
 @triton.jit
 def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PROGS,
                  EPI: tl.constexpr, G: tl.constexpr):
-    """EPI 3: relaxed atomic_max into one slot per row, one counter, logits stored after the arrival.
+    """EPI 3: relaxed atomic_max into one slot per row, one counter, logits stored after the arrival. EPI 7:
+    EPI 3 with no fence (see there).
     EPI 4: the same spread over G slot copies and G group counters (pid % G) + a root counter: same-address
     atomics queue G-fold shorter. EPI 5: per-program keys (plain stores, [16, NUM_PROGS] at gkeys + 16),
     group + root counters, the last program reduces all keys."""
     key = tl.max(argmax_key(acc, cols[:, None]), axis=0)
-    if EPI == 3:
+    if EPI == 7:
+        # EPI 3 without fences: the arrival is issued only once this program's atomic_max has returned (a data
+        # dependency through inline asm that ptxas cannot fold), so it is performed at L2 after the max; the
+        # last program's exchange follows its arrival's return. Relies on atomics being performed at L2 (the
+        # point of coherence) when they return; the PTX memory model does not promise it (timing study only).
+        prev = tl.atomic_max(gkeys_ptr + rows, key, mask=rmask, sem="relaxed")
+        dep = tl.max(tl.where(rmask, prev, 0), axis=0)
+        inc = tl.inline_asm_elementwise("{ .reg .pred p; setp.eq.s64 p, $1, 0x7ffffffffffffff0; selp.b32 $0, 2, 1, p; }",
+                                        "=r,l", [dep], dtype=tl.int32, is_pure=True, pack=1)
+        old = tl.atomic_add(cnt_ptr, inc, sem="relaxed")
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
+        if old == NUM_PROGS - 1:
+            best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
+            tl.store(tok_ptr + rows, key_id(best).to(tl.int64), mask=rmask)
+            tl.store(cnt_ptr, 0)
+    elif EPI == 3:
         tl.atomic_max(gkeys_ptr + rows, key, mask=rmask, sem="relaxed")
         tl.debug_barrier()
         old = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")

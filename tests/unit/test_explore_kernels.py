@@ -45,7 +45,7 @@ def test_tma_residual_matches_reference(device, packed, split):
         assert int(tr.cnt.abs().sum()) == 0, "arrival counters left non-zero"
 
 
-@pytest.mark.parametrize("epi", [1, 3, 4, 5])
+@pytest.mark.parametrize("epi", [1, 3, 4, 5, pytest.param(7, marks=pytest.mark.gpu)])   # 7: inline asm, GPU only
 @pytest.mark.parametrize("packed", [False, True])
 def test_tma_greedy_matches_argmax(device, epi, packed):
     # 18 programs: the 16 groups of EPI 4 / 5 get one or two programs each and all arrive at the root

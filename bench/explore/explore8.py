@@ -1,0 +1,59 @@
+"""Session-4 exploration, third round. (1) Where the greedy tail's time goes, in the TMA copy of the greedy launch
+(bench/explore/tma_gemv.py): EPI 0 (no reduction, no logits), EPI 6 (the logits and one key per program stored,
+no cross-program step), EPI 3 (the production tail: relaxed atomic_max, acq_rel arrival, relaxed exchange) and
+EPI 7 (EPI 3 with no fence: the arrival waits for the max's returned value instead; a timing study, not a
+memory-model-correct tail). (2) The down projection's L2 prefetch depth below pf 256 at split 4.
+
+    python bench/explore/explore8.py --out $OUT/explore8.json [--budget-s 150]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import GreedyCase, Recorder, t_us
+from explore6 import gemv
+
+import torch
+
+S4 = dict(split=4, block_k=128, bn=64, stages=4, preload=False)
+DOWN = [("tuned", {}), ("s4_pf128", dict(S4, pf_k=128)), ("s4_pf64", dict(S4, pf_k=64))]
+
+
+def greedy_tails(rec, deadline, reps):
+    from explore.tma_gemv import TmaGreedy
+
+    case = GreedyCase()
+    tg = TmaGreedy(case.v, case.hd, block_v=128, block_h=64, stages=3)
+    for rep in range(reps):
+        for r in (1, 8):
+            base = dict(op="greedy", rows=r, rep=rep)
+            t_torch, want, xo, to = case.baseline(rec, r, base)
+            for epi in (0, 6, 3, 7):
+                if time.time() > deadline:
+                    return
+
+                def one(epi=epi):
+                    for t in to:
+                        t.fill_(-2)
+                    us = t_us(lambda i: tg(case.hs[i][:r], case.ws[i], xo[i], to[i], epi=epi), case.rot, 61)
+                    same = all(torch.equal(to[i], want[i]) for i in range(case.rot)) if epi in (3, 7) else None
+                    rec(dict(base, variant=f"tma_st3_epi{epi}", us=us, speedup=round(t_torch / us, 3),
+                             same_tokens=same))
+                rec.guard(f"epi{epi}", one, **base)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=150)
+    p.add_argument("--reps", type=int, default=3)
+    a = p.parse_args()
+    deadline = time.time() + a.budget_s
+    rec = Recorder(a.out)
+    rec.guard("greedy", lambda: greedy_tails(rec, deadline, 2), op="greedy")
+    rec.guard("down", lambda: gemv(rec, deadline, "residual", 2048, 8192, 1e-5, DOWN, a.reps), op="down")
+
+
+if __name__ == "__main__":
+    main()
