@@ -77,12 +77,8 @@ SWEEP = {
     "greedy": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                ((128, 4, 3), (128, 4, 5), (64, 4, 4), (64, 4, 5), (256, 4, 3), (256, 4, 4), (256, 8, 3),
                 (256, 8, 4), (128, 8, 4))] + [dict(maxnreg=None), dict(maxnreg=128)]
-              # session 4: the persistent greedy launch (default) against one tile per program, its depth,
-              # warps, tiles per program
-              + [dict(greedy_persistent=False), dict(greedy_persistent=False, use_pdl=True), dict(use_pdl=True),
-                 dict(num_stages=6), dict(num_stages=8), dict(num_stages=6, num_warps=8, maxnreg=None),
-                 dict(block_v=64, num_stages=8), dict(greedy_tiles=1), dict(greedy_tiles=2, num_stages=6),
-                 dict(num_stages=6, use_pdl=True)],
+              + [dict(store_logits=False), dict(vec_arrival=True), dict(store_logits=False, vec_arrival=True),
+                 dict(store_logits=False, use_pdl=True), dict(use_pdl=True)],
     "temperature": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                     ((128, 4, 3), (64, 4, 4), (256, 4, 3), (256, 8, 4))],
     "top_k_top_p": [dict(row_chunk=rc, group=g) for rc, g in ((8, 8), (8, 4), (4, 4), (4, 16), (2, 8), (1, 8))]

@@ -1,8 +1,10 @@
-"""Shared pieces of the session-3 exploration scripts: the results recorder and the greedy draft-sampling case
-(SmolLM2's LM head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops."""
+"""Shared pieces of the exploration scripts: the results recorder, the greedy draft-sampling case (SmolLM2's LM
+head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops, and a timer
+of GEMV plans side by side (`time_gemv_plans`)."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -84,3 +86,35 @@ class GreedyCase:
         xo = [torch.empty(r, self.v, device=self.dev) for _ in range(self.rot)]
         to = [torch.empty(r, dtype=torch.int64, device=self.dev) for _ in range(self.rot)]
         return t_torch, want, xo, to
+
+
+def time_gemv_plans(rec, deadline: float, kind: str, n: int, k: int, eps: float, variants, reps: int,
+                    rows=(1, 6)) -> None:
+    """Time `lowlat.kernels._gemv.plan_gemv(n, k, kind=kind, **fields)` for each (label, fields) in variants,
+    as the fused step runs them (`lowlat.bench._GemvCase`: PDL-chained launches over rotating cold copies),
+    after the tuner's correctness check; `reps` rounds over all plans interleaved, each at `rows`."""
+    from lowlat.bench import _GemvCase
+    from lowlat.kernels._gemv import plan_gemv
+
+    case = _GemvCase(kind, n, k, eps, torch.device("cuda"))
+    plans = []
+    for label, fields in variants:
+        try:
+            plan = plan_gemv(n, k, kind=kind, **fields)
+            case.check(plan)
+            plans.append((label, plan))
+        except Exception as exc:                                           # noqa: BLE001
+            torch.cuda.synchronize()
+            rec.error(f"{kind}/{label}", exc)
+    for rep in range(reps):
+        for label, plan in plans:
+            if time.time() > deadline:
+                return
+            for r in rows:
+                def one(label=label, plan=plan, r=r):
+                    d = case.inputs(r)
+                    nbytes = case.wbytes + sum(t.numel() * t.element_size() for t in (d["x"], d["out"]))
+                    us = t_us(lambda i: case.launch(plan, r, i), max(case.nc, 8), 41)
+                    rec(dict(op=kind, n=n, k=k, rows=r, rep=rep, variant=label, us=us,
+                             pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1), plan=plan.describe()))
+                rec.guard(label, one, op=kind, rows=r)

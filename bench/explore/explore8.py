@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import GreedyCase, Recorder, t_us
-from explore6 import gemv
+from _common import GreedyCase, Recorder, t_us, time_gemv_plans
 
 import torch
 
@@ -52,7 +51,8 @@ def main():
     deadline = time.time() + a.budget_s
     rec = Recorder(a.out)
     rec.guard("greedy", lambda: greedy_tails(rec, deadline, 2), op="greedy")
-    rec.guard("down", lambda: gemv(rec, deadline, "residual", 2048, 8192, 1e-5, DOWN, a.reps), op="down")
+    rec.guard("down", lambda: time_gemv_plans(rec, deadline, "residual", 2048, 8192, 1e-5, DOWN, a.reps),
+              op="down")
 
 
 if __name__ == "__main__":

@@ -178,14 +178,8 @@ class GemvPlan:
     block_k-chunks [s * chunks_per_split, (s + 1) * chunks_per_split) of K, i.e. `span` columns.
     preload: the span is loaded at once, chunk by chunk into a tuple of tiles (before the PDL wait);
     else a pipelined loop of block_k chunks, `stages` deep, after an L2 prefetch of the first `pf_k`
-    columns (0: none; under PDL only). warps: num_warps of the launch. evict: that prefetch is issued
-    with the L2 evict-last priority (so the previous launch's stream, still passing through L2, does
-    not push it out before use) and set back to evict-normal once the loop has read it (Triton's
-    cp.async loads take no L2 policy, so the stream itself cannot be marked evict-first). Either way
-    late_launch (stream mode, PDL): `gdc_launch_dependents` comes after the main loop instead of right
-    after `gdc_wait`, so the next launch's programs start (and issue their L2 prefetch) while this one
-    runs its split-K finisher, not while it starts streaming. The chunks are accumulated in K order;
-    none of preload, stages, warps, pf_k, evict or late_launch changes the arithmetic of a tile.
+    columns (0: none; under PDL only). warps: num_warps of the launch. Either way the chunks are
+    accumulated in K order; none of preload, stages, warps or pf_k changes the arithmetic of a tile.
     """
 
     n: int
@@ -198,8 +192,6 @@ class GemvPlan:
     warps: int = 4
     stages: int = 4
     pf_k: int = 1024
-    evict: bool = False
-    late_launch: bool = False
 
     @property
     def n_tiles(self) -> int:
@@ -346,10 +338,13 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # SmolLM2-135M: default, 3.33 us at 1 row
     ('residual', 576, 1536): dict(
         block_k=128, split=6, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
-    # SmolLM2-135M: w_bn128_bk64_w4_st4_pf0, 19.10 us at 1 row (was stream_bn128_w8_pf0: 20.51 us in the
-    # same run; default plan 24.08 us); bench/results/perf2_step_h200.json
+    # SmolLM2-135M: w_bn128_bk64_w4_st4_pf64 (session 4, 2026-12-01): 17.67-17.95 / 18.06-18.26 us at 1 / 6
+    # rows against pf 0's 18.52-18.77 / 18.82-19.04 in the same runs (bench/results/session4/explore6_h200.json,
+    # explore7_h200.json: 75-76% of copy bandwidth, was 72-73%); pf 128 within noise of pf 64. Before:
+    # w_bn128_bk64_w4_st4_pf0, 19.10 us at 1 row (stream_bn128_w8_pf0: 20.51 us; default plan 24.08 us;
+    # bench/results/perf2_step_h200.json)
     ('lm_head', 49152, 576): dict(
-        block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=4, stages=4, pf_k=0),
+        block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=4, stages=4, pf_k=64),
     # Llama-3.2-1B: stream_bn64_bk64_st6_pf0, 134.14 us at 1 row (default plan 159.12 us)
     ('lm_head', 128256, 2048): dict(
         block_k=64, split=1, chunks_per_split=32, bn=64, preload=False, warps=4, stages=6, pf_k=0),
@@ -375,8 +370,6 @@ def plans_from_json(doc) -> dict[tuple[str, int, int], dict]:
     for e in doc:
         fields = {f: e["plan"][f] for f in ("block_k", "split", "chunks_per_split", "bn", "preload", "warps",
                                             "stages", "pf_k")}
-        for f in ("evict", "late_launch"):                          # tables written before these fields
-            fields[f] = bool(e["plan"].get(f, False))
         table[(e["kind"], int(e["n"]), int(e["k"]))] = fields
     return table
 
@@ -395,12 +388,12 @@ def tuned_table() -> dict[tuple[str, int, int], dict]:
 def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None = None, pair: bool = False,
               kind: str | None = None, bn: int | None = None, preload: bool | None = None,
               warps: int | None = None, stages: int | None = None, pf_k: int | None = None,
-              evict: bool | None = None, late_launch: bool | None = None, table: dict | None = None) -> GemvPlan:
+              table: dict | None = None) -> GemvPlan:
     """The plan of a GEMV of N outputs over K inputs.
 
     kind: one of KINDS (default "gate_up" when `pair`, else "residual"). With no field forced: the
     tuned table's entry for (kind, N, K) if any, else `default_plan`. Forced fields (block_k, split,
-    bn, preload, warps, stages, pf_k, evict, late_launch) replace the default plan's; what is not forced is re-derived:
+    bn, preload, warps, stages, pf_k) replace the default plan's; what is not forced is re-derived:
     the split of a preload plan is the smallest within the preload limits, a stream plan's
     `legacy_split` (lm_head: always 1); chunks are recounted so that no split is empty. Tests use
     this to exercise split-K and both modes at tiny shapes. table: a plan table to use instead of
@@ -412,8 +405,7 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
     if kind not in KINDS:
         raise StepContractError(f"GEMV kind {kind!r} is not one of {KINDS}")
     pair = pair or kind == "gate_up"
-    forced = dict(block_k=block_k, split=split, bn=bn, preload=preload, warps=warps, stages=stages, pf_k=pf_k,
-                  evict=evict, late_launch=late_launch)
+    forced = dict(block_k=block_k, split=split, bn=bn, preload=preload, warps=warps, stages=stages, pf_k=pf_k)
     forced = {f: v for f, v in forced.items() if v is not None}
     if not forced:
         entry = (tuned_table() if table is None else table).get((kind, n, k))
@@ -429,9 +421,7 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
     fields = dict(block_k=bk, bn=tile_n, preload=pre,
                   warps=forced.get("warps", base.warps if pre == base.preload else 4),
                   stages=forced.get("stages", 1 if pre else (4 if base.preload else base.stages)),
-                  pf_k=forced.get("pf_k", 0 if pre else (base.pf_k if not base.preload else 2 * bk)),
-                  evict=bool(forced.get("evict", base.evict)),
-                  late_launch=bool(forced.get("late_launch", base.late_launch)))
+                  pf_k=forced.get("pf_k", 0 if pre else (base.pf_k if not base.preload else 2 * bk)))
     chunks = triton.cdiv(k, bk)
     if "split" in forced:
         if not 1 <= forced["split"] <= MAX_SPLIT:
@@ -508,26 +498,23 @@ def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
     Others (split-K GEMVs such as Llama's down projection, K = 8192): bn 32 / 64 / 128, block_k
     64 / 128 / 256, split 4 / 8.
     """
-    def f(bn, bk, warps, stages, pf_k, split=None, evict=False):
-        d = dict(preload=False, bn=bn, block_k=bk, warps=warps, stages=stages, pf_k=pf_k, evict=evict)
+    def f(bn, bk, warps, stages, pf_k, split=None):
+        d = dict(preload=False, bn=bn, block_k=bk, warps=warps, stages=stages, pf_k=pf_k)
         if split is not None:
             d["split"] = split
         return d
     if kind == "lm_head":
-        return [
-                # round six (session 4): evict-first weight loads, with an evict-last L2 prefetch of the
-                # first columns of each tile (kept while this launch's own stream passes through L2)
-                ("w_bn128_bk64_w4_st4_pf0_ev", f(128, 64, 4, 4, 0, evict=True)),
-                ("w_bn128_bk64_w4_st4_pf64_ev", f(128, 64, 4, 4, 64, evict=True)),
-                ("w_bn128_bk64_w4_st4_pf128_ev", f(128, 64, 4, 4, 128, evict=True)),
-                ("w_bn128_bk64_w8_st3_pf0", f(128, 64, 8, 3, 0)),
+        return [("w_bn128_bk64_w8_st3_pf0", f(128, 64, 8, 3, 0)),
                 ("w_bn128_bk64_w8_st3_pf128", f(128, 64, 8, 3, 128)),
                 ("w_bn128_bk64_w8_st3_pfall", f(128, 64, 8, 3, 1024)),
                 ("w_bn128_bk64_w8_st4_pf64", f(128, 64, 8, 4, 64)),
                 ("w_bn128_bk64_w8_st5_pf0", f(128, 64, 8, 5, 0)),
                 ("w_bn128_bk128_w8_st2_pf0", f(128, 128, 8, 2, 0)),
                 ("w_bn128_bk64_w4_st4_pf0", f(128, 64, 4, 4, 0)),
-                ("w_bn64_bk64_w4_st3_pfall", f(64, 64, 4, 3, 1024))]
+                ("w_bn64_bk64_w4_st3_pfall", f(64, 64, 4, 3, 1024)),
+                # session 4: the 4-warp plan with a short L2 prefetch (one or two 64-column chunks per tile)
+                ("w_bn128_bk64_w4_st4_pf64", f(128, 64, 4, 4, 64)),
+                ("w_bn128_bk64_w4_st4_pf128", f(128, 64, 4, 4, 128))]
     return [("w_bn64_bk128_s8_st3_pf256", f(64, 128, 4, 3, 256, 8)),
             ("w_bn64_bk128_s8_st3_pfall", f(64, 128, 4, 3, 1024, 8)),
             ("w_bn64_bk128_s8_st3_pf0", f(64, 128, 4, 3, 0, 8)),
@@ -556,17 +543,7 @@ def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
             ("w_bn64_bk128_s4_w8_st4_pf256", f(64, 128, 8, 4, 256, 4)),
             ("w_bn64_bk64_s4_st8_pf256", f(64, 64, 4, 8, 256, 4)),
             ("w_bn64_bk256_s4_st2_pf256", f(64, 256, 4, 2, 256, 4)),
-            ("w_bn64_bk128_s4_st3_pf512", f(64, 128, 4, 3, 512, 4)),
-            # round six (session 4): rounds four and five found a deeper L2 prefetch slower (pf 512: 12.2 us,
-            # pf 1024: 13.2 us at split 4), as if the prefetched lines were evicted by the previous launch's
-            # stream before use; with evict-first stream loads and an evict-last prefetch they should stay
-            ("w_bn64_bk128_s4_st4_pf256_ev", f(64, 128, 4, 4, 256, 4, True)),
-            ("w_bn64_bk128_s4_st4_pf512_ev", f(64, 128, 4, 4, 512, 4, True)),
-            ("w_bn64_bk128_s4_st4_pf1024_ev", f(64, 128, 4, 4, 1024, 4, True)),
-            ("w_bn64_bk128_s4_st4_pfall_ev", f(64, 128, 4, 4, 2048, 4, True)),
-            ("w_bn64_bk128_s8_st4_pf256_ev", f(64, 128, 4, 4, 256, 8, True)),
-            ("w_bn64_bk128_s8_st4_pf512_ev", f(64, 128, 4, 4, 512, 8, True)),
-            ("w_bn64_bk64_s4_st8_pf512_ev", f(64, 64, 4, 8, 512, 4, True))]
+            ("w_bn64_bk128_s4_st3_pf512", f(64, 128, 4, 3, 512, 4))]
 
 
 @dataclass
@@ -629,7 +606,6 @@ def launch_constexprs(plan: GemvPlan, nmb: int) -> dict:
     """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks."""
     return dict(SPLIT=plan.split, CPS=plan.chunks_per_split, BN=plan.bn, BK=plan.block_k, NUM_MB=nmb,
                 EVEN_N=plan.even_n, EVEN_K=plan.even_k, PF_K=plan.prefetch_k, PRELOAD=plan.preload,
-                EVICT=plan.evict and not plan.preload, LATE_LAUNCH=plan.late_launch and not plan.preload,
                 num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
 
 
@@ -648,39 +624,15 @@ def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Ten
 
 # ---------------------------------------------------------------------------------------------- device
 @triton.jit
-def _l2_lines(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr):
-    """One pointer per 128-byte line of rows n0..n0+BN, columns k_begin..min(k_begin+PF_K, K) of a bf16
-    weight (lines outside the weight point at its first line)."""
+def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr):
+    """Prefetch rows n0..n0+BN, columns k_begin..min(k_begin+PF_K, K) of a bf16 weight into L2:
+    one `prefetch.global.L2` per 128-byte line. GPU only (inline asm): call under USE_PDL."""
     rn = n0 + tl.arange(0, BN)
     rk = k_begin + tl.arange(0, PF_K // 64) * 64
     ok = (rn < N)[:, None] & (rk < K)[None, :]
-    return tl.where(ok, w_ptr + rn[:, None] * stride_wn + rk[None, :], w_ptr)
-
-
-@triton.jit
-def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr,
-                EVICT: tl.constexpr = False):
-    """Prefetch rows n0..n0+BN, columns k_begin..min(k_begin+PF_K, K) of a bf16 weight into L2:
-    one `prefetch.global.L2` per 128-byte line; with EVICT `prefetch.global.L2::evict_last` (PTX ISA
-    7.4+, sm_80+: kept in preference to evict-normal lines; pair it with `demote_l2` after use).
-    GPU only (inline asm): call under USE_PDL."""
-    ptrs = _l2_lines(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
-    if EVICT:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def demote_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr):
-    """Set the lines `prefetch_l2(..., EVICT=True)` marked evict-last back to evict-normal
-    (`applypriority.global.L2::evict_normal`, PTX ISA 7.4+, sm_80+), once they have been read, so used
-    weights do not linger in L2 ahead of other data. GPU only (inline asm)."""
-    ptrs = _l2_lines(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
-    tl.inline_asm_elementwise("applypriority.global.L2::evict_normal [$1], 128; // $0", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    ptrs = tl.where(ok, w_ptr + rn[:, None] * stride_wn + rk[None, :], w_ptr)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit

@@ -92,7 +92,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import argmax_key, demote_l2, key_id, key_value, prefetch_l2
+from lowlat.kernels._gemv import argmax_key, key_id, key_value
 from lowlat.kernels.philox import philox_exponential
 
 #: most top-k candidates the kernel merges (top_k above this is refused)
@@ -171,16 +171,13 @@ def _draft_sample_kernel(
         NEED_NOISE: tl.constexpr,
         K_CAP: tl.constexpr, LOG_K: tl.constexpr, FANIN: tl.constexpr, LOG_FANIN: tl.constexpr, NLEV: tl.constexpr,
         PCH: tl.constexpr, NCH: tl.constexpr, FIX_SUM: tl.constexpr, FIX_SUM_INV: tl.constexpr,
-        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, EVICT: tl.constexpr, PF_H: tl.constexpr,
-        LATE_LAUNCH: tl.constexpr):
+        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, STORE_X: tl.constexpr = True,
+        VEC_ARRIVAL: tl.constexpr = False):
     pid = tl.program_id(0)
     rb = tl.program_id(1)
     if USE_PDL:
-        if PF_H > 0:      # the LM head does not depend on the previous launch: start its first columns early
-            prefetch_l2(w_ptr, stride_w, pid * BLOCK_V, V, 0, HIDDEN, BLOCK_V, PF_H, EVICT)
         tl.extra.cuda.gdc_wait()
-        if not LATE_LAUNCH:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = rb * 16 + tl.arange(0, 16)
     rmask = rows < R
     cols = pid * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -205,21 +202,27 @@ def _draft_sample_kernel(
             acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
         else:        # bf16 x bf16 products are exact in fp32; fp32 accumulation
             acc = tl.dot(w, ht, acc)
-    if USE_PDL:
-        if PF_H > 0 and EVICT:    # the evict-last prefetch is read: back to evict-normal
-            demote_l2(w_ptr, stride_w, pid * BLOCK_V, V, 0, HIDDEN, BLOCK_V, PF_H)
-        if LATE_LAUNCH:           # the next launch's programs start during this one's reduction tail
-            tl.extra.cuda.gdc_launch_dependents()
 
     if GREEDY:
         # ---- greedy launch: logits as is, per-row key max via atomic_max (lm_head's epilogue) ----------
         key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
         tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
         tl.debug_barrier()        # every thread's atomic is issued before the release below
-        old = tl.atomic_add(cnt, 1, sem="acq_rel")
-        # logits after the arrival: the release above then waits only for the key maxima, not these stores
-        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+        if VEC_ARRIVAL:
+            lane = tl.arange(0, 128)      # one element per thread of 4 warps: no broadcast of the result here
+            oldv = tl.atomic_add(cnt + lane * 0, (lane == 0).to(tl.int32), mask=lane == 0, sem="release")
+            if STORE_X:
+                tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+            old = tl.max(tl.where(lane == 0, oldv, -1), axis=0)
+        else:
+            old = tl.atomic_add(cnt, 1, sem="acq_rel")
+            # logits after the arrival: the release above then waits only for the key maxima, not these stores
+            if STORE_X:
+                tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         if old == NUM_PROGS - 1:
+            if VEC_ARRIVAL:       # acquire pattern: the release-add's read, then a fence
+                tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [old], dtype=tl.int32,
+                                          is_pure=False, pack=1)
             # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
             best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
             val = key_value(best)
@@ -412,67 +415,6 @@ def _draft_sample_kernel(
                 tl.store(cnt, 0)
 
 
-@triton.jit
-def _greedy_persistent_kernel(
-        h_ptr, w_ptr, temp_ptr, tok_ptr, x_ptr, lse_ptr, cutv_ptr, cuti_ptr, ws_gkeys, cnt_ptr,
-        R, V, stride_h, stride_w, stride_x, NUM_PROGS, CNT_ROW,
-        HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, TILES: tl.constexpr,
-        UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    """Greedy-only launch, persistent: NUM_PROGS programs per row block, program p computes the logits of
-    vocabulary tiles p, p + NUM_PROGS, ... (TILES of them; tiles past V are masked) in one flattened,
-    software-pipelined loop over (tile, H chunk), keeps the best key of its tiles in registers, and
-    then joins the same cross-program argmax as the greedy branch of `_draft_sample_kernel` (one
-    relaxed `atomic_max` per row, the arrival counter, the last program swaps the slots back). Its last
-    tile's logits are stored after the arrival; the earlier tiles' while later tiles stream."""
-    pid = tl.program_id(0)
-    rb = tl.program_id(1)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = rb * 16 + tl.arange(0, 16)
-    rmask = rows < R
-    cnt = cnt_ptr + rb * CNT_ROW
-    NCH: tl.constexpr = (HIDDEN + BLOCK_H - 1) // BLOCK_H
-    best = tl.full([16], _KEY_MIN, tl.int64)
-    acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
-    for it in range(TILES * NCH):                     # constexpr trip count: pipelined across tiles
-        t = it // NCH
-        c = it - t * NCH
-        cols = (pid + t * NUM_PROGS) * BLOCK_V + tl.arange(0, BLOCK_V)
-        vmask = cols < V
-        hk = c * BLOCK_H + tl.arange(0, BLOCK_H)
-        w = tl.load(w_ptr + cols[:, None] * stride_w + hk[None, :], mask=vmask[:, None] & (hk < HIDDEN)[None, :],
-                    other=0.0)
-        ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None], mask=rmask[None, :] & (hk < HIDDEN)[:, None],
-                     other=0.0)
-        if UPCAST:   # the interpreter computes bf16 wrongly: upcast right after the load
-            acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
-        else:        # bf16 x bf16 products are exact in fp32; fp32 accumulation
-            acc = tl.dot(w, ht, acc)
-        if c == NCH - 1:
-            key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
-            best = tl.maximum(best, tl.max(key, axis=0))
-            if t < TILES - 1:     # the last tile's logits wait until after the arrival (below)
-                tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
-                acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
-    tl.atomic_max(ws_gkeys + rows, best, mask=rmask, sem="relaxed")
-    tl.debug_barrier()            # every thread's atomic is issued before the release below
-    old = tl.atomic_add(cnt, 1, sem="acq_rel")
-    cols = (pid + (TILES - 1) * NUM_PROGS) * BLOCK_V + tl.arange(0, BLOCK_V)
-    tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & (cols < V)[:, None])
-    if old == NUM_PROGS - 1:
-        # relaxed: the arrival's acquire orders it (as in `_draft_sample_kernel`'s greedy branch)
-        bk = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
-        val = key_value(bk)
-        tid = key_id(bk)
-        tmp = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
-        tl.store(tok_ptr + rows, tl.where(tmp > 0.0, -1, tid).to(tl.int64), mask=rmask)
-        tl.store(lse_ptr + rows, val, mask=rmask)
-        tl.store(cutv_ptr + rows, val, mask=rmask)
-        tl.store(cuti_ptr + rows, tid, mask=rmask)
-        tl.store(cnt, 0)
-
-
 # ----------------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------------
@@ -602,9 +544,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
                       k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
                       group: int | None = None, row_chunk: int | None = None, num_warps: int = 4, num_stages: int = 4,
-                      maxnreg: int | None = -1, use_pdl: bool = False, pf_h: int = 0,
-                      pf_evict_last: bool = True, late_launch: bool = False, greedy_persistent: bool = True,
-                      greedy_tiles: int | None = None) -> DraftSample:
+                      maxnreg: int | None = -1, use_pdl: bool = False, store_logits: bool = True,
+                      vec_arrival: bool = False) -> DraftSample:
     """Launch-level entry (no host sync, CUDA-graph capturable): one launch, writes into `out`.
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
@@ -617,13 +558,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     block_v (power of two in [max(16, k_cap), 1024]), block_h, group (fan-in of the top-k merge tree,
     power of two >= 2; default `merge_tree`'s), row_chunk (rows the top-k parts handle at a time, power of
     two; default `default_row_chunk`), num_warps, num_stages: launch tuning (outputs never depend on them). maxnreg: register
-    cap per thread (-1: `default_maxnreg`, which keeps three 4-warp programs per SM; None: no cap).
-    pf_h (0 or a power of two >= 64; PDL launches only): columns of each program's LM-head tile
-    prefetched into L2 before `gdc_wait`, while the previous launch drains; pf_evict_last: that prefetch
-    is evict-last (set back to evict-normal after the GEMV reads it; see `_gemv.prefetch_l2`);
-    late_launch (PDL): the next launch may start after this one's GEMV, not at its start.
-    greedy_persistent: a greedy-only launch runs `_greedy_persistent_kernel` (greedy_tiles vocabulary tiles
-    per program; default `default_greedy_tiles`) instead of one tile per program. Raises
+    cap per thread (-1: `default_maxnreg`, which keeps three 4-warp programs per SM; None: no cap). Raises
     StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
@@ -649,10 +584,6 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         raise UnsupportedConfigError("k_cap", k_cap, "must be 0 or a power of two in [2, 64]")
     if block_h < 16 or block_h & (block_h - 1):
         raise UnsupportedConfigError("block_h", block_h, "must be a power of two >= 16")
-    if greedy_tiles is not None and greedy_tiles < 1:
-        raise UnsupportedConfigError("greedy_tiles", greedy_tiles, "must be >= 1 (or None for the default)")
-    if pf_h < 0 or (pf_h and (pf_h < 64 or pf_h & (pf_h - 1))):
-        raise UnsupportedConfigError("pf_h", pf_h, "must be 0 or a power of two >= 64")
     if block_v < max(k_cap, 16) or block_v > 1024 or block_v & (block_v - 1):
         raise UnsupportedConfigError("block_v", block_v, f"must be a power of two in [max(k_cap={k_cap}, 16), 1024]")
     if (tuple(out.tokens.shape) != (r,) or tuple(out.logits.shape) != (r, v) or out.logits.dtype != torch.float32
@@ -683,15 +614,6 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         kwargs["maxnreg"] = maxnreg
     if use_pdl and not interp:
         kwargs["launch_pdl"] = True
-    if k_cap == 0 and not need_noise and greedy_persistent:
-        tiles = greedy_tiles or default_greedy_tiles(cfg["num_progs"], h.device)
-        progs = triton.cdiv(cfg["num_progs"], tiles)
-        _greedy_persistent_kernel[(progs, n_rb)](
-            h, lm_head, temperature, out.tokens, out.logits, out.lse, out.cut_value, out.cut_id, ws.gkeys,
-            ws.counters, r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0), progs, ws.counters.stride(0),
-            HIDDEN=hd, BLOCK_V=block_v, BLOCK_H=block_h, TILES=tiles, UPCAST=interp or h.dtype == torch.float32,
-            USE_PDL=use_pdl and not interp, **kwargs)
-        return out
     _draft_sample_kernel[(cfg["num_progs"], n_rb)](
         h, lm_head, temperature, top_k, top_p, seeds, offsets,
         out.tokens, out.logits, out.lse, out.cut_value, out.cut_id,
@@ -699,19 +621,9 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0), cfg["num_progs"], ws.keys.stride(0),
         ws.counters.stride(0),
         UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
-        EVICT=bool(pf_evict_last), PF_H=min(pf_h, triton.next_power_of_2(hd)) if use_pdl and not interp else 0,
-        LATE_LAUNCH=bool(late_launch),
+        STORE_X=bool(store_logits), VEC_ARRIVAL=bool(vec_arrival) and not interp,
         **cfg["constexprs"], **kwargs)
     return out
-
-
-def default_greedy_tiles(num_tiles: int, device) -> int:
-    """Vocabulary tiles per program of the persistent greedy launch: enough that the programs fit in one
-    program per SM (4 SMs assumed off the GPU). The argmax and every logit are the same whatever the
-    partition (a tile's GEMV does not depend on it; max is order-free), so this may follow the machine."""
-    device = torch.device(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return triton.cdiv(num_tiles, sms)
 
 
 def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, block_v: int = 128,

@@ -43,7 +43,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
-                                  demote_l2, gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
+                                  gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
                                   preload_product, preload_weights, row_blocks, valid_rows_tensor)
 
 _INT64_MIN = -(2 ** 63)
@@ -83,18 +83,17 @@ def _lm_head_kernel(
         x_ptr, stride_xm, w_ptr, stride_wn, nw_ptr, nvalid_ptr, logits_ptr, stride_lm, tokens_ptr,
         keys_ptr, cnt_ptr, M, V, K, n_tiles, eps,
         SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CPS: tl.constexpr, NUM_MB: tl.constexpr,
-        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, EVICT: tl.constexpr, LATE_LAUNCH: tl.constexpr, PRELOAD: tl.constexpr,
+        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
         USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     n0 = pid * BN
     if PRELOAD:                                       # vocabulary-row loads issued before the wait
         ws = preload_weights(w_ptr, stride_wn, n0, V, 0, K, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
-        prefetch_l2(w_ptr, stride_wn, n0, V, 0, K, BN, PF_K, EVICT)
+        prefetch_l2(w_ptr, stride_wn, n0, V, 0, K, BN, PF_K)
     if USE_PDL:
         gdc_wait()
-        if not LATE_LAUNCH:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
     nvalid = tl.load(nvalid_ptr)
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
@@ -104,10 +103,6 @@ def _lm_head_kernel(
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
             w_ptr, 0, stride_wn, x_ptr, stride_xm, M, V, n0, 0, K, nw_ptr, z, z, z,
             BN, BK, CPS, NUM_MB, False, 2, EVEN_N, EVEN_K, UPCAST)
-        if USE_PDL and PF_K > 0 and EVICT:       # the evict-last prefetch is read: back to evict-normal
-            demote_l2(w_ptr, stride_wn, n0, V, 0, K, BN, PF_K)
-        if USE_PDL and LATE_LAUNCH:     # the next launch's programs start during this one's tail
-            gdc_launch_dependents()
     l0 = _tile_logits(a0, s0, 0, n0, M, V, K, eps, nvalid, keys_ptr, BN)
     l1 = l0
     l2 = l0

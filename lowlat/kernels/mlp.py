@@ -31,7 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
-                                  demote_l2, interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
+                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
 from lowlat.kernels.out_proj import _launch_residual_gemv
 
@@ -89,7 +89,7 @@ def _gate_up_kernel(
         x_ptr, stride_xm, w_ptr, stride_wn, nw_ptr, rstd_ptr, act_ptr, stride_am, ws_ptr, sss_ptr, cnt_ptr,
         M, I, K, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
-        NORM: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, EVICT: tl.constexpr, LATE_LAUNCH: tl.constexpr,
+        NORM: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr,
         PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     """act[:, n0:n0+BN] = silu(h Wg^T) * (h Wu^T) for this program's columns.
 
@@ -108,12 +108,11 @@ def _gate_up_kernel(
         uws = preload_weights(w_ptr + w2_off, stride_wn, n0, I, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K,
                               UPCAST)
     elif USE_PDL and PF_K > 0:
-        prefetch_l2(w_ptr, stride_wn, n0, I, k_begin, K, BN, PF_K, EVICT)
-        prefetch_l2(w_ptr + w2_off, stride_wn, n0, I, k_begin, K, BN, PF_K, EVICT)
+        prefetch_l2(w_ptr, stride_wn, n0, I, k_begin, K, BN, PF_K)
+        prefetch_l2(w_ptr + w2_off, stride_wn, n0, I, k_begin, K, BN, PF_K)
     if USE_PDL:
         gdc_wait()
-        if not LATE_LAUNCH:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
     r0 = _load_rstd(rstd_ptr, 0, M, NORM)
     r1 = _load_rstd(rstd_ptr, 16, M, NORM)
     r2 = _load_rstd(rstd_ptr, 32, M, NORM)
@@ -126,11 +125,6 @@ def _gate_up_kernel(
         g0, g1, g2, u0, u1, u2, s0, s1, s2 = gemv_loop(
             w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, I, n0, k_begin, K, nw_ptr, r0, r1, r2,
             BN, BK, CPS, NUM_MB, True, XMODE, EVEN_N, EVEN_K, UPCAST)
-        if USE_PDL and PF_K > 0 and EVICT:       # the evict-last prefetches are read: back to evict-normal
-            demote_l2(w_ptr, stride_wn, n0, I, k_begin, K, BN, PF_K)
-            demote_l2(w_ptr + w2_off, stride_wn, n0, I, k_begin, K, BN, PF_K)
-        if USE_PDL and LATE_LAUNCH:     # the next launch's programs start during this one's tail
-            gdc_launch_dependents()
     MP: tl.constexpr = 16 * NUM_MB
     finished = True
     if SPLIT > 1:

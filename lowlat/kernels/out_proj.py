@@ -34,7 +34,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
-                                  demote_l2, interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
+                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
 
 
@@ -91,7 +91,7 @@ def _residual_gemv_kernel(
         M, N, K, n_tiles, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
-        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, EVICT: tl.constexpr, LATE_LAUNCH: tl.constexpr, PRELOAD: tl.constexpr,
+        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
         USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc)."""
     pid_n = tl.program_id(0)
@@ -102,11 +102,10 @@ def _residual_gemv_kernel(
     if PRELOAD:                                       # weight loads issued before the wait
         ws = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
-        prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K, EVICT)
+        prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
     if USE_PDL:
         gdc_wait()
-        if not LATE_LAUNCH:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
     # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
     # a tile is written only after all its splits arrived, so an in-place residual is safe)
     r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
@@ -125,10 +124,6 @@ def _residual_gemv_kernel(
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(
             w_ptr, 0, stride_wn, a_ptr, stride_am, M, N, n0, k_begin, K, nw_ptr, z, z, z,
             BN, BK, CPS, NUM_MB, False, 0, EVEN_N, EVEN_K, UPCAST)
-        if USE_PDL and PF_K > 0 and EVICT:       # the evict-last prefetch is read: back to evict-normal
-            demote_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
-        if USE_PDL and LATE_LAUNCH:     # the next launch's programs start during this one's tail
-            gdc_launch_dependents()
     MP: tl.constexpr = 16 * NUM_MB
     finished = True
     if SPLIT > 1:

@@ -346,16 +346,6 @@ def test_kernel_matches_reference_full_vocab_gpu(r, case, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("r", [1, 8])
-def test_persistent_greedy_equals_one_tile_per_program_gpu(r, device):
-    """At SmolLM2's V = 49152, H = 576: the persistent greedy launch with the default tiles per program (3 on
-    an H200) and with 1, 2, 5 equals one tile per program bitwise in every output, and leaves the workspace
-    empty."""
-    hh, ww = random_inputs(r, SMOL["h"], SMOL["v"], seed=90 + r, device=device)
-    persistent_variants_agree(hh, ww, (None, 1, 2, 5), device)
-
-
-@pytest.mark.gpu
 def test_kernel_exact_logits_tokens_bitwise_gpu(device):
     hh, ww = exact_inputs(8, SMOL["h"], SMOL["v"], seed=23, device=device)
     for step in range(10):
@@ -441,9 +431,8 @@ SM90_POINTERS = dict(h_ptr="*bf16", w_ptr="*bf16", temp_ptr="*fp32", topk_ptr="*
                      ws_keys="*i64", ws_gkeys="*i64", cnt_ptr="*i32")
 
 
-# (rows, k_cap, need_noise): greedy-only, temperature, top-k, mixed, at 1 / 8 rows (and 16 with top-k); the
-# 8-row variants compile the PDL launch with the L2 prefetch and evict-first weight loads
-SM90_VARIANTS = [(1, 0, False), (8, 0, False), (1, 0, True), (8, 0, True), (1, 64, False), (4, 64, False), (8, 64, True),
+# (rows, k_cap, need_noise): greedy-only, temperature, top-k, mixed, at 1 / 8 rows (and 16 with top-k)
+SM90_VARIANTS = [(1, 0, False), (1, 0, True), (8, 0, True), (1, 64, False), (4, 64, False), (8, 64, True),
                  (4, 2, False), (2, 8, True), (16, 64, True), (8, 32, False)]
 
 
@@ -456,9 +445,7 @@ def test_kernel_compiles_for_sm90_three_programs_per_sm():
     for r, k_cap, need_noise in SM90_VARIANTS:
         cfg = kernel.launch_config(r, SMOL["v"], SMOL["h"], k_cap=k_cap, need_noise=need_noise)
         specs.append({"pointers": SM90_POINTERS, "constexprs": {**cfg["constexprs"], "UPCAST": False,
-                                                                   "USE_PDL": r == 8, "EVICT": r == 8,
-                                                                   "PF_H": 128 if r == 8 else 0,
-                                                                   "LATE_LAUNCH": r == 8},
+                                                                   "USE_PDL": r == 8},
                       "divisible": ["stride_h", "stride_w", "stride_x", "V", "NUM_PROGS", "KEY_ROW", "CNT_ROW"],
                       "num_warps": 4, "num_stages": 4, "maxnreg": kernel.default_maxnreg(4)})
     res = compile_sm90("lowlat.kernels.draft_sampling:_draft_sample_kernel", specs)
@@ -569,41 +556,6 @@ def test_greedy_launch_equals_general_path(device):
     assert_same_outputs(outs[2], outs[0], what="[top-k path]")
     tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
     check_bitwise("draft_sampling", outs[0].tokens, tokens, output="tokens")
-
-
-def persistent_variants_agree(hh, ww, tiles_list, device, **launch):
-    """Greedy launches with every `greedy_tiles` in tiles_list (persistent kernel) and one tile per program
-    (the general kernel's greedy branch): each writes every output, and all are bitwise equal to the latter;
-    the workspace is left empty after each. Returns the one-tile-per-program outputs."""
-    r, v = hh.shape[0], ww.shape[0]
-    seeds, offsets = counters(r, seed=71, device=device)
-    args = (torch.zeros(r, device=device), torch.zeros(r, dtype=torch.int32, device=device),
-            torch.ones(r, device=device), seeds, offsets)
-    base = poisoned_out(r, v, device)
-    kernel.draft_sample_into(hh, ww, *args, base, k_cap=0, need_noise=False, greedy_persistent=False, **launch)
-    assert_all_written(base)
-    for tiles in tiles_list:
-        out = poisoned_out(r, v, device)
-        kernel.draft_sample_into(hh, ww, *args, out, k_cap=0, need_noise=False, greedy_tiles=tiles, **launch)
-        assert_all_written(out)
-        assert_same_outputs(out, base, what=f"[greedy_tiles={tiles}]")
-        for ws in kernel._WORKSPACES.values():
-            assert bool((ws.counters == 0).all()) and bool((ws.gkeys == int(kernel._KEY_MIN)).all()), tiles
-    return base
-
-
-def test_persistent_greedy_equals_one_tile_per_program(device):
-    """The persistent greedy launch (program p takes tiles p, p + P, ...) gives every output bitwise equal
-    to one tile per program, for 1..all tiles per program, including a last round with tiles past V
-    (V = 452: 8 tiles of 64, the last one 4 tokens; 3 per program leaves one slot past V), at 1, 5 and
-    19 rows (two row blocks); the tokens equal the reference's."""
-    h, v = 24, 452
-    for r in (1, 5, 19):
-        hh, ww = random_inputs(r, h, v, seed=70 + r, device=device)
-        base = persistent_variants_agree(hh, ww, (1, 2, 3, 5, 8), device, block_v=64)
-        seeds, offsets = counters(r, seed=71, device=device)
-        tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
-        check_bitwise("draft_sampling", base.tokens, tokens, output=f"tokens[{r} rows]")
 
 
 def test_greedy_ragged_vocab_with_only_negative_logits(device):
