@@ -76,9 +76,7 @@ def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: 
 SWEEP = {
     "greedy": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                ((128, 4, 3), (128, 4, 5), (64, 4, 4), (64, 4, 5), (256, 4, 3), (256, 4, 4), (256, 8, 3),
-                (256, 8, 4), (128, 8, 4))] + [dict(maxnreg=None), dict(maxnreg=128)]
-              + [dict(store_logits=False), dict(vec_arrival=True), dict(store_logits=False, vec_arrival=True),
-                 dict(store_logits=False, use_pdl=True), dict(use_pdl=True)],
+                (256, 8, 4), (128, 8, 4))] + [dict(maxnreg=None), dict(maxnreg=128)],
     "temperature": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                     ((128, 4, 3), (64, 4, 4), (256, 4, 3), (256, 8, 4))],
     "top_k_top_p": [dict(row_chunk=rc, group=g) for rc, g in ((8, 8), (8, 4), (4, 4), (4, 16), (2, 8), (1, 8))]

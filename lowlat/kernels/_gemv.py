@@ -351,13 +351,16 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
     ('gate_up', 8192, 2048): dict(
         block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
-    # Llama-3.2-1B: w_bn64_bk128_s4_st4_pf256 (round five, 2026-12-01, after the finisher lost its
-    # counter-reset round trip): 11.63 / 11.70 us at 1 / 6 rows vs the split-8 default's 11.95 / 11.78
+    # Llama-3.2-1B: w_bn64_bk128_s4_st4_pf128 (round six, session 4, 2026-12-01): 11.44 / 11.63 / 11.78 us at
+    # 1 row and 11.50 / 11.70 / 11.80 at 6 rows in three interleaved rounds against pf 256's 11.71 / 12.03 /
+    # 12.00 and 11.73 / 12.00 / 12.23 (pf 64: 11.48 / 11.55 / 11.70 and 11.71 / 11.70 / 11.78; bench/results/
+    # session4/explore8_h200.json): 68.1-70.2% of copy bandwidth at 1 row. Before, w_bn64_bk128_s4_st4_pf256
+    # (round five, 2026-12-01, after the finisher lost its counter-reset round trip): 11.63 / 11.70 us at 1 / 6 rows vs the split-8 default's 11.95 / 11.78
     # (bench/results/session3/tune5_down_h200.json), 11.72 / 11.74 vs 11.68 / 12.04 in a second run
     # (tune5b_down_h200.json): 69.0-69.3% of copy bandwidth at 1 row. Before: the split-8 default, fastest
     # of 13 candidates in perf2_step_h200.json (11.79 us) and of 17 in round four (12.00 us).
     ('residual', 2048, 8192): dict(
-        block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=256),
+        block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=128),
 }
 
 _ENV_TABLE = "LOWLAT_GEMV_PLANS"
@@ -543,7 +546,10 @@ def _wide_candidates(kind: str) -> list[tuple[str, dict]]:
             ("w_bn64_bk128_s4_w8_st4_pf256", f(64, 128, 8, 4, 256, 4)),
             ("w_bn64_bk64_s4_st8_pf256", f(64, 64, 4, 8, 256, 4)),
             ("w_bn64_bk256_s4_st2_pf256", f(64, 256, 4, 2, 256, 4)),
-            ("w_bn64_bk128_s4_st3_pf512", f(64, 128, 4, 3, 512, 4))]
+            ("w_bn64_bk128_s4_st3_pf512", f(64, 128, 4, 3, 512, 4)),
+            # round six (session 4): a shorter L2 prefetch than round five's pf 256 (deeper ones were slower)
+            ("w_bn64_bk128_s4_st4_pf128", f(64, 128, 4, 4, 128, 4)),
+            ("w_bn64_bk128_s4_st4_pf64", f(64, 128, 4, 4, 64, 4))]
 
 
 @dataclass

@@ -171,8 +171,7 @@ def _draft_sample_kernel(
         NEED_NOISE: tl.constexpr,
         K_CAP: tl.constexpr, LOG_K: tl.constexpr, FANIN: tl.constexpr, LOG_FANIN: tl.constexpr, NLEV: tl.constexpr,
         PCH: tl.constexpr, NCH: tl.constexpr, FIX_SUM: tl.constexpr, FIX_SUM_INV: tl.constexpr,
-        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, STORE_X: tl.constexpr = True,
-        VEC_ARRIVAL: tl.constexpr = False):
+        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rb = tl.program_id(1)
     if USE_PDL:
@@ -208,21 +207,10 @@ def _draft_sample_kernel(
         key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
         tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
         tl.debug_barrier()        # every thread's atomic is issued before the release below
-        if VEC_ARRIVAL:
-            lane = tl.arange(0, 128)      # one element per thread of 4 warps: no broadcast of the result here
-            oldv = tl.atomic_add(cnt + lane * 0, (lane == 0).to(tl.int32), mask=lane == 0, sem="release")
-            if STORE_X:
-                tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
-            old = tl.max(tl.where(lane == 0, oldv, -1), axis=0)
-        else:
-            old = tl.atomic_add(cnt, 1, sem="acq_rel")
-            # logits after the arrival: the release above then waits only for the key maxima, not these stores
-            if STORE_X:
-                tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+        old = tl.atomic_add(cnt, 1, sem="acq_rel")
+        # logits after the arrival: the release above then waits only for the key maxima, not these stores
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         if old == NUM_PROGS - 1:
-            if VEC_ARRIVAL:       # acquire pattern: the release-add's read, then a fence
-                tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [old], dtype=tl.int32,
-                                          is_pure=False, pack=1)
             # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
             best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
             val = key_value(best)
@@ -544,8 +532,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
                       k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
                       group: int | None = None, row_chunk: int | None = None, num_warps: int = 4, num_stages: int = 4,
-                      maxnreg: int | None = -1, use_pdl: bool = False, store_logits: bool = True,
-                      vec_arrival: bool = False) -> DraftSample:
+                      maxnreg: int | None = -1, use_pdl: bool = False) -> DraftSample:
     """Launch-level entry (no host sync, CUDA-graph capturable): one launch, writes into `out`.
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
@@ -621,7 +608,6 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0), cfg["num_progs"], ws.keys.stride(0),
         ws.counters.stride(0),
         UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
-        STORE_X=bool(store_logits), VEC_ARRIVAL=bool(vec_arrival) and not interp,
         **cfg["constexprs"], **kwargs)
     return out
 
