@@ -1,7 +1,8 @@
-"""Experiment (session 3): the two GEMVs under their bandwidth targets with the weight stream loaded by TMA
+"""Experiment (sessions 3-4): the two GEMVs under their bandwidth targets with the weight stream loaded by TMA
 (tensor descriptors) instead of cp.async, with switches that take parts of the kernel out (EPI, FIN) or
-change the weight layout (PACKED). Not used by lowlat; timed by bench/explore/explore5*.py against the
-production kernels in the same run (see bench/explore/README.md).
+change the weight layout (PACKED); session 4 added the greedy tails EPI 6 (stores only) and EPI 7 (no
+fence). Not used by lowlat; timed by bench/explore/explore5*.py and explore8.py against the production
+kernels in the same run (see bench/explore/README.md).
 
 * `tma_residual`: out = res + a W^T for M <= 16 rows, split-K with the production finisher
   (`_gemv.store_partial` / `sum_partials`, arrival counter), the Llama-3.2-1B down projection's shape.
@@ -168,8 +169,9 @@ def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_pt
         # point of coherence) when they return; the PTX memory model does not promise it (timing study only).
         prev = tl.atomic_max(gkeys_ptr + rows, key, mask=rmask, sem="relaxed")
         dep = tl.max(tl.where(rmask, prev, 0), axis=0)
-        inc = tl.inline_asm_elementwise("{ .reg .pred p; setp.eq.s64 p, $1, 0x7ffffffffffffff0; selp.b32 $0, 2, 1, p; }",
-                                        "=r,l", [dep], dtype=tl.int32, is_pure=True, pack=1)
+        inc = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.eq.s64 p, $1, 0x7ffffffffffffff0; selp.b32 $0, 2, 1, p; }",
+            "=r,l", [dep], dtype=tl.int32, is_pure=True, pack=1)
         old = tl.atomic_add(cnt_ptr, inc, sem="relaxed")
         tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
         if old == NUM_PROGS - 1:

@@ -102,6 +102,21 @@ bandwidth), a fence-free finisher on self-validating partials (a relaxed arrival
 polls for an empty-marker NaN, then re-empties the tiles: 12.5 us, the resets and volatile loads cost more
 than the fence). The target (70%, <= 11.46 us at 4188 GB/s) stays ~0.2 us away.
 
+Sixth round (session 4, 2026-12-01, bench/results/session4/; scripts at commit 002f097 / 235d9f0 / 1377b5a,
+bench/explore/README.md). Predicted from round five that a deeper L2 prefetch lost because the next
+launch's prefetched lines were evicted by this launch's stream before use; an evict-last prefetch
+(`prefetch.global.L2::evict_last`, set back with `applypriority.global.L2::evict_normal` after the loop;
+Triton's cp.async takes no L2 policy, so the stream itself cannot be evict-first) measured slower at every
+depth (split 4: pf 256 11.78 vs 11.58 us, pf 1024 14.7 vs 13.2; the whole slice 19.6; explore6_h200.json).
+Predicted next that the prefetch should be issued during this launch's split-K tail rather than its start
+(`gdc_launch_dependents` after the main loop): no gain (11.5-12.4 us at pf 0-1024; explore7_h200.json).
+Measured a shorter prefetch instead: pf 128 and pf 64 beat pf 256 by 0.2-0.4 us in three interleaved
+rounds (explore8_h200.json); the plan is now pf 128, and the per-kernel section of `lowlat bench` reads
+11.20-11.59 us = 70.6-71.3% of copy bandwidth at 1 row in four runs (session4/call6, call7; 70.5-71.0% at
+6 rows), while explore8's timing (the tuner's `_GemvCase` launches, 41 graph replays) reads 68.1-70.2%
+for the same plan; the cause of that 1-2 point gap between the two methods is not known. SmolLM2's LM head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76%
+of copy bandwidth, was 72-73%).
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
@@ -354,11 +369,13 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # Llama-3.2-1B: w_bn64_bk128_s4_st4_pf128 (round six, session 4, 2026-12-01): 11.44 / 11.63 / 11.78 us at
     # 1 row and 11.50 / 11.70 / 11.80 at 6 rows in three interleaved rounds against pf 256's 11.71 / 12.03 /
     # 12.00 and 11.73 / 12.00 / 12.23 (pf 64: 11.48 / 11.55 / 11.70 and 11.71 / 11.70 / 11.78; bench/results/
-    # session4/explore8_h200.json): 68.1-70.2% of copy bandwidth at 1 row. Before, w_bn64_bk128_s4_st4_pf256
-    # (round five, 2026-12-01, after the finisher lost its counter-reset round trip): 11.63 / 11.70 us at 1 / 6 rows vs the split-8 default's 11.95 / 11.78
-    # (bench/results/session3/tune5_down_h200.json), 11.72 / 11.74 vs 11.68 / 12.04 in a second run
-    # (tune5b_down_h200.json): 69.0-69.3% of copy bandwidth at 1 row. Before: the split-8 default, fastest
-    # of 13 candidates in perf2_step_h200.json (11.79 us) and of 17 in round four (12.00 us).
+    # session4/explore8_h200.json): 68.1-70.2% of copy bandwidth at 1 row there; 70.6-71.3% in four runs of
+    # the per-kernel section (session4/call6, call7). Before, w_bn64_bk128_s4_st4_pf256 (round five,
+    # 2026-12-01, after the finisher lost its counter-reset round trip): 11.63 / 11.70 us at 1 / 6 rows vs the
+    # split-8 default's 11.95 / 11.78 (bench/results/session3/tune5_down_h200.json), 11.72 / 11.74 vs
+    # 11.68 / 12.04 in a second run (tune5b_down_h200.json): 69.0-69.3% of copy bandwidth at 1 row. Before:
+    # the split-8 default, fastest of 13 candidates in perf2_step_h200.json (11.79 us) and of 17 in round four
+    # (12.00 us).
     ('residual', 2048, 8192): dict(
         block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=128),
 }

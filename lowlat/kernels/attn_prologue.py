@@ -20,11 +20,8 @@ order) and runs the epilogue:
 
 The split partition depends on H and the head count only (never on M), the counter is reset by the
 last arriver, and all buffers are preallocated (`PrologueWorkspace`): one launch, CUDA-graph capturable.
-Every weight tile of a program's slice is loaded at once, before `gdc_wait()` under PDL (`use_pdl`;
-the wait for the previous kernel's output x), and dependents are released right after it; the
-activation tiles are then loaded at once too, and the dots run in K order. (Until session 4 the slice
-was streamed one tile ahead in a loop, with only the first tile before the wait: Llama-3.2-1B's 12.6 MB
-QKV at 1 row took 10.0 us PDL-chained, 30% of copy bandwidth, bench/results/attn_prologue_h200_2026-11-29.json.)
+PDL (`use_pdl`): the first weight tile is loaded before `gdc_wait()` (the wait for the previous
+kernel's output x), and dependents are released right after it.
 
 Numerics vs the reference: x * attn_norm is rounded to bf16 once (the reference rounds the normalised
 x to bf16 and multiplies in bf16), rstd is applied in fp32 after the dot, QK-norm and RoPE run in
@@ -149,41 +146,39 @@ def _attn_prologue_kernel(
     wrow_hi = (hh * D + HALF + jl).to(tl.int64) * H
     k0 = sp * (K_ITERS * BK)
 
-    # constant inputs first: every weight tile of the program's slice (and attn_norm) is loaded at once,
-    # before waiting on the previous kernel (PDL), so the whole slice is in flight while it drains.
+    # constant inputs first (weights): issued before waiting on the previous kernel (PDL).
     # H is a multiple of BK, so a K tile is either wholly inside [0, H) or wholly past it: the masks
     # are uniform per tile and the loads stay vectorised.
-    ws_lo = ()
-    ws_hi = ()
-    ans = ()
-    for it in tl.static_range(K_ITERS):
-        kt = k0 + it * BK
-        live = kt < H
-        ws_lo = ws_lo + (tl.load(w_ptr + wrow_lo[:, None] + (kt + kk)[None, :], mask=live, other=0.0),)
-        ws_hi = ws_hi + (tl.load(w_ptr + wrow_hi[:, None] + (kt + kk)[None, :], mask=live, other=0.0),)
-        ans = ans + (tl.load(an_ptr + kt + kk, mask=live, other=0.0).to(tl.float32),)
+    live = k0 < H
+    w_lo = tl.load(w_ptr + wrow_lo[:, None] + (k0 + kk)[None, :], mask=live, other=0.0)
+    w_hi = tl.load(w_ptr + wrow_hi[:, None] + (k0 + kk)[None, :], mask=live, other=0.0)
+    an = tl.load(an_ptr + k0 + kk, mask=live, other=0.0).to(tl.float32)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
-    # the activations: every tile's loads issued before the first use (one round trip)
-    xs_t = ()
-    for it in tl.static_range(K_ITERS):
-        kt = k0 + it * BK
-        xs_t = xs_t + (tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + (kt + kk)[None, :],
-                               mask=rmask[:, None] & (kt < H), other=0.0),)
     acc_lo = tl.zeros([BM, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BM, HALF], dtype=tl.float32)
     ss = tl.zeros([BM], dtype=tl.float32)
-    for it in tl.static_range(K_ITERS):     # K order, as the reference's single dot sums (fp32 accumulation)
-        xv = xs_t[it].to(tl.float32)
+    for it in range(K_ITERS):   # constexpr trip count: the slice is K_ITERS * BK columns (masked past H)
+        kt = k0 + it * BK
+        xv = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + (kt + kk)[None, :],
+                     mask=rmask[:, None] & (kt < H), other=0.0).to(tl.float32)
         ss += tl.sum(xv * xv, axis=1)
-        xs = xv * ans[it][None, :]
+        xs = xv * an[None, :]
         if INTERP:
             xs = round_bf16(xs)
+        # prefetch the next tile before the dots (masked off past the slice)
+        nlive = (kt + BK < H) & (it + 1 < K_ITERS)
+        w_lo_n = tl.load(w_ptr + wrow_lo[:, None] + (kt + BK + kk)[None, :], mask=nlive, other=0.0)
+        w_hi_n = tl.load(w_ptr + wrow_hi[:, None] + (kt + BK + kk)[None, :], mask=nlive, other=0.0)
+        an_n = tl.load(an_ptr + kt + BK + kk, mask=nlive, other=0.0).to(tl.float32)
         xd = to_dot(xs, INTERP)
-        acc_lo += tl.dot(xd, tl.trans(to_dot(ws_lo[it], INTERP)))
-        acc_hi += tl.dot(xd, tl.trans(to_dot(ws_hi[it], INTERP)))
+        acc_lo += tl.dot(xd, tl.trans(to_dot(w_lo, INTERP)))
+        acc_hi += tl.dot(xd, tl.trans(to_dot(w_hi, INTERP)))
+        w_lo = w_lo_n
+        w_hi = w_hi_n
+        an = an_n
 
     do_epilogue = True
     if SPLIT_K > 1:
@@ -360,15 +355,8 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         D=d, HALF=d // 2, BM=ROW_TILE, BK=workspace.block_k, K_ITERS=workspace.k_chunk // workspace.block_k,
         SPLIT_K=workspace.split_k,
         HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
-        USE_PDL=pdl, INTERP=interp, num_warps=prologue_warps(d, workspace.k_chunk), **extra)
+        USE_PDL=pdl, INTERP=interp, num_warps=4, **extra)
     return out_q
-
-
-def prologue_warps(head_dim: int, k_chunk: int) -> int:
-    """Warps per program: 4, or 8 when a program's weight slice (D x k_chunk bf16, all held in registers
-    from before the PDL wait) exceeds 64 KB (Qwen3's D = 128: 80 KB; ptxas, sm_90: 255 registers at 4
-    warps, 170 at 8; Llama-3.2-1B's 48 KB: 168 at 4)."""
-    return 8 if 2 * head_dim * k_chunk > 64 * 1024 else 4
 
 
 def _check_values(positions, out_cache_loc, n, max_pos, num_slots) -> None:

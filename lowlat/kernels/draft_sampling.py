@@ -17,12 +17,20 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   `kernels/lm_head.py`). No per-tile workspace, no sum-exp (q is
   one-hot). Where the time goes (2026-12-01, bench/results/session3/explore5c_h200.json, a TMA copy of
   this launch): 16.8 us with no cross-program reduction at all, 18.6-20.3 with this tail, 19.5-21.0 with
-  the former one (acq_rel `atomic_max` behind the logits store). The relaxed exchange here came after the
-  session's device time (found in review; until then an acq_rel exchange waited for the logits and the
-  launch measured 19.2-20.7 us as before): not yet timed on the GPU in this kernel. Tried and slower
-  (draft_sampling_slots*_h200.json): per-program key slots with a relaxed counter and a polling last
-  program (19.3-24.8 us at 1-8 rows: the scattered slot stores and the [rows, tiles] read cost more than
-  the fence they save), and spreading the max / counter over 16 groups (no gain: not contention).
+  the former one (acq_rel `atomic_max` behind the logits store). With the relaxed exchange this launch
+  measured 19.0-20.6 us (1.88-1.95x the torch ops; bench/results/session4/draft_sampling_h200.json). Tried
+  and slower (draft_sampling_slots*_h200.json): per-program key slots with a relaxed counter and a polling
+  last program (19.3-24.8 us at 1-8 rows: the scattered slot stores and the [rows, tiles] read cost more
+  than the fence they save), and spreading the max / counter over 16 groups (no gain: not contention).
+  Session 4 (bench/results/session4/, code at the commits bench/explore/README.md names): a persistent
+  launch (128 programs of 3 tiles, one flattened pipelined loop, one atomic per program) 19.1-20.4 us, no
+  better; an L2 prefetch of each tile's first columns before a PDL wait, plain or evict-last, and a late
+  `gdc_launch_dependents`: 0-0.3 us on the PDL launch only; the tail split in the TMA copy (explore8):
+  16.9-17.5 us with no reduction and no logits, 18.3-18.5 with the logits and one key per program stored
+  (their layout change through shared memory and the stores: ~1-1.5 us), 18.6-19.5 with this tail, and no
+  better without the fence (an arrival that waits for the max's returned value instead). A greedy launch
+  that writes no logits (q is one-hot) measured 18.6-19.1 us (1.95-2.05x): not a clean 2x either, so the
+  logits stay.
 * general launch. The NR = min(16, next_pow2(R)) rows that exist are taken out of the accumulator once
   ([NR, BLOCK_V], bits moved, not recomputed) and everything after is vectorised over rows, with no
   per-row loop: x = acc / T (IEEE division) is stored; per row the tile max m_p, the tile sum-exp s_p,
@@ -42,10 +50,10 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
 (`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
 
-Measured on an H200 (bench/results/session3/draft_sampling_final_h200.json, V 49152, H 576, CUDA graphs,
-rows 1-8): greedy 19.2-20.7 us (1.81-1.96x the torch ops; 19.0-19.4 us with PDL), temperature 21.1-31.3 us
-(3.3-4.5x), top-k 50 + top-p 0.9 33.9-56.7 us (2.3-3.8x); the greedy launch then still had its acq_rel
-slot exchange (see above). Session 2: greedy 19.7-20.7 us (bench/results/draft_sampling_h200.json).
+Measured on an H200 (bench/results/session4/draft_sampling_h200.json, V 49152, H 576, CUDA graphs, rows
+1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8`): greedy 19.0-20.6 us (1.88-1.95x the torch ops;
+18.8-20.0 us with PDL), temperature 21.3-31.6 us (3.2-4.4x), top-k 50 + top-p 0.9 33.9-59.5 us (2.3-3.7x).
+Session 3 (acq_rel slot exchange): greedy 19.2-20.7 us (session3/draft_sampling_final_h200.json).
 
 Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
 168 (`default_maxnreg`), so three programs fit on an SM and V = 49152 (384 tiles) runs in one wave on
