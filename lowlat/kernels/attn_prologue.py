@@ -23,6 +23,12 @@ last arriver, and all buffers are preallocated (`PrologueWorkspace`): one launch
 PDL (`use_pdl`): the first weight tile is loaded before `gdc_wait()` (the wait for the previous
 kernel's output x), and dependents are released right after it.
 
+Measured on an H200 (session 4, bench/results/session4/call10/, `python bench/bench_attn_prologue.py`):
+Llama-3.2-1B (QKV 12.6 MB) 9.8 us PDL-chained at 1 row = 31% of copy bandwidth, Qwen3-30B-A3B (21 MB) 11.6 us
+= 44%. Two variants with the same arithmetic were slower and are not kept: the whole slice loaded before
+the wait (Llama 10.8 us, Qwen3 23.1 us) and a software-pipelined K loop with an L2 prefetch of the slice
+(Llama 12.3 us, Qwen3 15.8 us); see NOTES.md ("Left", issue 3).
+
 Numerics vs the reference: x * attn_norm is rounded to bf16 once (the reference rounds the normalised
 x to bf16 and multiplies in bf16), rstd is applied in fp32 after the dot, QK-norm and RoPE run in
 fp32 with fp32 cos/sin (the reference rounds every step to bf16), outputs are rounded once to bf16.
