@@ -114,8 +114,7 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         temp = torch.full((r,), cfg["temperature"], dtype=torch.float32, device=dev)
         topk = torch.full((r,), cfg["top_k"], dtype=torch.int32, device=dev)
         topp = torch.full((r,), cfg["top_p"], dtype=torch.float32, device=dev)
-        k_cap = ds.k_cap_for(cfg["top_k"]) if cfg["temperature"] > 0 else 0
-        need_noise = cfg["temperature"] > 0 and cfg["top_k"] == 0      # per-token Gumbel noise: rows without top-k
+        k_cap, need_noise = ds.launch_flags(temp.cpu(), topk.cpu(), v)
         outs = [ds.empty_draft_sample(r, v, dev) for _ in range(rot)]
 
         def fused(i, **launch):
@@ -162,8 +161,11 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         if name in sweep:
             rec["sweep"] = []
             for launch in SWEEP[name]:
-                for o in outs:
+                for o in outs:                         # poison every output: a variant must write all of them
                     o.tokens.fill_(-2)
+                    o.cut_id.fill_(-7)
+                    for t in (o.logits, o.lse, o.cut_value):
+                        t.fill_(float("nan"))
                 t = try_time(lambda i: fused(i, **launch), max(20, iters // 4))
                 key = "us" if isinstance(t, float) else "error"
                 entry = {**launch, key: t}
@@ -199,10 +201,10 @@ def smoke() -> int:
         temp = torch.full((r,), cfg["temperature"])
         topk = torch.full((r,), k, dtype=torch.int32)
         topp = torch.full((r,), cfg["top_p"])
-        k_cap = ds.k_cap_for(k) if cfg["temperature"] > 0 else 0
+        k_cap, need_noise = ds.launch_flags(temp, topk, v)
         for launch in SWEEP[name]:
             o = ds.draft_sample_into(h, w, temp, topk, topp, seeds, offsets, ds.empty_draft_sample(r, v, "cpu"),
-                                     k_cap=k_cap, need_noise=cfg["temperature"] > 0 and k == 0, **launch)
+                                     k_cap=k_cap, need_noise=need_noise, **launch)
             assert torch.equal(o.tokens, res.tokens), (name, launch, o.tokens, res.tokens)
     return 0
 

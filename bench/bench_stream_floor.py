@@ -93,12 +93,13 @@ def bench_size(nbytes: int, bw: float, iters: int, rec) -> None:
         rec.add(bytes=nbytes, variant=variant, us=us, floor_us=nbytes / bw * 1e6, **extra)
 
     timed("torch_sum", lambda i: torch.sum(ws[i], dim=0, dtype=torch.float32, out=sums[i]))
-    for p in program_counts(numel):
+    counts = program_counts(numel)
+    for p in counts:
         for mode, suffix in ((0, ""), (1, "_pdl"), (2, "_early")):
             timed(f"read_p{p}{suffix}", read_launcher(ws, out, p, mode), programs=p)
     # the sums are right (a kernel that skipped its loads would time faster than memory allows)
-    read_launcher(ws, out, program_counts(numel)[0], 0)(0)
-    got = out[: program_counts(numel)[0]].double().sum()
+    read_launcher(ws, out, counts[0], 0)(0)
+    got = out[: counts[0]].double().sum()
     want = ws[0].double().sum()
     if not torch.isclose(got, want, rtol=1e-3, atol=1e-1 * numel ** 0.5 * 1e-3):
         raise AssertionError(f"read kernel sum {float(got)} != torch {float(want)}")

@@ -128,6 +128,9 @@ def random_weights_on_device(cfg, device, *, seed: int = 0):
             e, ie = cfg.num_experts, cfg.moe_intermediate_size
             lw.router = lin(e, h)
             lw.expert_gate, lw.expert_up, lw.expert_down = lin(ie, h, e), lin(ie, h, e), lin(h, ie, e)
+            if cfg.shared_expert_intermediate_size:
+                si = cfg.shared_expert_intermediate_size
+                lw.shared_gate, lw.shared_up, lw.shared_down = lin(si, h), lin(si, h), lin(h, si)
         else:
             i = cfg.intermediate_size
             lw.w_gate, lw.w_up, lw.w_down = lin(i, h), lin(i, h), lin(h, i)
@@ -465,9 +468,7 @@ class _DecodeCase:
         self.step = StepBatch(
             input_ids=torch.randint(0, cfg.vocab_size, (rows,), generator=g, device=device),
             positions=torch.full((rows,), ctx, dtype=torch.int64, device=device),
-            # contiguous: a 1-row column slice keeps its stride C under a plain clone (kernels that take
-            # out_cache_loc directly, e.g. the TP layer's, need stride 1)
-            out_cache_loc=self.page_table[:, ctx].clone(memory_format=torch.contiguous_format),
+            out_cache_loc=self.page_table[:, ctx].clone(),
             req_indices=torch.arange(rows, dtype=torch.int32, device=device),
             seq_lens=torch.full((rows,), c, dtype=torch.int32, device=device),
             page_table=self.page_table, num_valid_rows=rows)
@@ -485,11 +486,11 @@ def _step_bytes(cfg, weights, rows: int, ctx: int) -> int:
 def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, *, lm_head: bool = True):
     """A plain-PyTorch decode step from the reference pieces, capturable (no host syncs): attention
     over a fixed C = ctx + 1 page-table columns with a causal mask instead of paged_attention's
-    data-dependent length; Qwen3's per-head QK RMSNorm when the config has it; MoE layers in the
-    gathered-weights form of torch-native decode MoE (router softmax -> top-k -> renormalise, then
-    each row's top-k experts' weights indexed by expert id and applied with einsum: no host sync,
-    no sort over tokens). Returns step(case) -> logits (or the last hidden state without `lm_head`);
-    compiled pieces when `compiled`."""
+    data-dependent length; the QKV bias (Qwen2) and Qwen3's per-head QK RMSNorm when the config has them;
+    MoE layers (plus the shared expert when there is one) in the gathered-weights form of torch-native
+    decode MoE (router softmax -> top-k -> renormalise, then each row's top-k experts' weights indexed
+    by expert id and applied with einsum: no host sync, no sort over tokens). Returns step(case) -> logits
+    (or the last hidden state without `lm_head`); compiled pieces when `compiled`."""
     import torch
     import torch.nn.functional as F
 
@@ -499,13 +500,13 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, 
 
     d, eps, c = cfg.head_dim, cfg.rms_eps, ctx + 1
 
-    def pre(x, attn_norm, wq, wk, wv, q_norm, k_norm, cos, sin):
+    def pre(x, attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, cos, sin):
         m = x.shape[0]
         hn = rms_norm(x, attn_norm, eps)
-        q, k = F.linear(hn, wq).view(m, -1, d), F.linear(hn, wk).view(m, -1, d)
+        q, k = F.linear(hn, wq, bq).view(m, -1, d), F.linear(hn, wk, bk).view(m, -1, d)
         if q_norm is not None:
             q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), F.linear(hn, wv).view(m, -1, d)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), F.linear(hn, wv, bv).view(m, -1, d)
 
     def attn(x, q, k_cache, v_cache, slots, visible, wo):
         m, hq, _ = q.shape
@@ -521,7 +522,7 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, 
     def dense(x, mlp_norm, wg, wu, wd):
         return x + swiglu_mlp(rms_norm(x, mlp_norm, eps), wg, wu, wd)
 
-    def moe(x, mlp_norm, router, eg, eu, ed):
+    def moe(x, mlp_norm, router, eg, eu, ed, shared):
         h = rms_norm(x, mlp_norm, eps)
         acc = torch.promote_types(x.dtype, torch.float32)
         probs = torch.softmax((h @ router.T).to(acc), dim=-1)                # [M, E]
@@ -531,7 +532,10 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, 
         g = torch.einsum("mh,mkih->mki", h, eg[ids])                         # [M, k, Ie]
         u = torch.einsum("mh,mkih->mki", h, eu[ids])
         y = torch.einsum("mki,mkhi->mkh", F.silu(g) * u, ed[ids])           # [M, k, H]
-        return x + (gate[..., None] * y.to(acc)).sum(1).to(x.dtype)
+        y = (gate[..., None] * y.to(acc)).sum(1).to(x.dtype)
+        if shared is not None:                                               # Qwen2-MoE's shared expert
+            y = y + swiglu_mlp(h, *shared)
+        return x + y
 
     def head(x, final_norm, lm):
         logits = F.linear(rms_norm(x, final_norm, eps), lm)
@@ -548,12 +552,13 @@ def _torch_step_fns(cfg, weights, ctx: int, rope_cos, rope_sin, compiled: bool, 
         visible = torch.arange(c, device=x.device)[None, :] <= st.positions[:, None]
         loc = st.out_cache_loc.long()
         for i, lw in enumerate(weights.layers):
-            q, k, v = pre(x, lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.q_norm, lw.k_norm, cos, sin)
+            q, k, v = pre(x, lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.bq, lw.bk, lw.bv, lw.q_norm, lw.k_norm, cos, sin)
             kc[i][loc] = k
             vc[i][loc] = v
             x = attn(x, q, kc[i], vc[i], slots, visible, lw.wo)
             if lw.router is not None:
-                x = moe(x, lw.mlp_norm, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down)
+                shared = (lw.shared_gate, lw.shared_up, lw.shared_down) if lw.shared_gate is not None else None
+                x = moe(x, lw.mlp_norm, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down, shared)
             else:
                 x = dense(x, lw.mlp_norm, lw.w_gate, lw.w_up, lw.w_down)
         return head(x, weights.final_norm, weights.lm_head) if lm_head else x

@@ -80,10 +80,10 @@ def cmd_signoff(args: argparse.Namespace) -> int:
         if args.quick or args.pytest_args:
             raise SystemExit("lowlat signoff: --quality-only runs no test suite; drop --quick and the pytest "
                              f"arguments {args.pytest_args}")
-        args.quality, code = True, 0
+        code = 0
     else:
         code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
-    if not args.quality:
+    if not (args.quality or args.quality_only):
         return code
     from pathlib import Path
 
@@ -122,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", default="auto", help="pytest-xdist workers (0 = in-process)")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     q = s.add_argument_group("task quality (lm-eval tasks: reference plain vs fused + speculative decoding)")
-    q.add_argument("--quality", action="store_true", help="also run the task-quality sign-off (lowlat/eval)")
-    q.add_argument("--quality-only", action="store_true",
-                   help="run only the task-quality sign-off (no test suites; the report goes to OUT/quality)")
+    which = q.add_mutually_exclusive_group()
+    which.add_argument("--quality", action="store_true", help="also run the task-quality sign-off (lowlat/eval)")
+    which.add_argument("--quality-only", action="store_true",
+                       help="run only the task-quality sign-off (no test suites; the report goes to OUT/quality)")
     q.add_argument("--quality-limit", type=int, default=200, help="items per task")
     q.add_argument("--quality-backends", nargs=2, default=None, metavar=("BASELINE", "CANDIDATE"),
                    help="default: reference fused (fused falls back to reference without a GPU)")

@@ -93,7 +93,7 @@ def time_gemv_plans(rec, deadline: float, kind: str, n: int, k: int, eps: float,
     """Time `lowlat.kernels._gemv.plan_gemv(n, k, kind=kind, **fields)` for each (label, fields) in variants,
     as the fused step runs them (`lowlat.bench._GemvCase`: PDL-chained launches over rotating cold copies),
     after the tuner's correctness check; `reps` rounds over all plans interleaved, each at `rows`."""
-    from lowlat.bench import _GemvCase
+    from lowlat.bench import MIN_LAUNCHES, _GemvCase, _nbytes
     from lowlat.kernels._gemv import plan_gemv
 
     case = _GemvCase(kind, n, k, eps, torch.device("cuda"))
@@ -112,9 +112,8 @@ def time_gemv_plans(rec, deadline: float, kind: str, n: int, k: int, eps: float,
                 return
             for r in rows:
                 def one(label=label, plan=plan, r=r):
-                    d = case.inputs(r)
-                    nbytes = case.wbytes + sum(t.numel() * t.element_size() for t in (d["x"], d["out"]))
-                    us = t_us(lambda i: case.launch(plan, r, i), max(case.nc, 8), 41)
+                    nbytes = case.wbytes + _nbytes(case.inputs(r)["x"], case.inputs(r)["out"])
+                    us = t_us(lambda i: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), 41)
                     rec(dict(op=kind, n=n, k=k, rows=r, rep=rep, variant=label, us=us,
                              pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1), plan=plan.describe()))
                 rec.guard(label, one, op=kind, rows=r)

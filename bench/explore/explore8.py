@@ -4,7 +4,7 @@ no cross-program step), EPI 3 (the production tail: relaxed atomic_max, acq_rel 
 EPI 7 (EPI 3 with no fence: the arrival waits for the max's returned value instead; a timing study, not a
 memory-model-correct tail). (2) The down projection's L2 prefetch depth below pf 256 at split 4.
 
-    python bench/explore/explore8.py --out $OUT/explore8.json [--budget-s 150]
+    python bench/explore/explore8.py --out $OUT/explore8.json [--budget-s 150] [--reps 3] [--greedy-reps 2]
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import torch
 
 S4 = dict(split=4, block_k=128, bn=64, stages=4, preload=False)
 # "tuned" was pf 256 when this ran (explore8_h200.json); the table's plan is pf 128 since
-DOWN = [("tuned", {}), ("s4_pf256", dict(S4, pf_k=256)), ("s4_pf128", dict(S4, pf_k=128)), ("s4_pf64", dict(S4, pf_k=64))]
+DOWN = [("tuned", {}), ("s4_pf256", dict(S4, pf_k=256)), ("s4_pf128", dict(S4, pf_k=128)),
+        ("s4_pf64", dict(S4, pf_k=64))]
 
 
 def greedy_tails(rec, deadline, reps):
@@ -47,11 +48,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=150)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="rounds over the down-projection plans")
+    p.add_argument("--greedy-reps", type=int, default=2, help="rounds over the greedy tails")
     a = p.parse_args()
     deadline = time.time() + a.budget_s
     rec = Recorder(a.out)
-    rec.guard("greedy", lambda: greedy_tails(rec, deadline, 2), op="greedy")
+    rec.guard("greedy", lambda: greedy_tails(rec, deadline, a.greedy_reps), op="greedy")
     rec.guard("down", lambda: time_gemv_plans(rec, deadline, "residual", 2048, 8192, 1e-5, DOWN, a.reps),
               op="down")
 

@@ -4,8 +4,10 @@ change the weight layout (PACKED); session 4 added the greedy tails EPI 6 (store
 fence). Not used by lowlat; timed by bench/explore/explore5*.py and explore8.py against the production
 kernels in the same run (see bench/explore/README.md).
 
-* `tma_residual`: out = res + a W^T for M <= 16 rows, split-K with the production finisher
-  (`_gemv.store_partial` / `sum_partials`, arrival counter), the Llama-3.2-1B down projection's shape.
+* `tma_residual`: out = res + a W^T for M <= 16 rows, split-K with the production finisher's partials
+  (`_gemv.store_partial` / `sum_partials`, arrival counter) but its session-3 counter reset (an acq_rel
+  exchange before the output store, one round trip more than the production kernel's plain store after
+  it; the explore5* timings were taken with it), the Llama-3.2-1B down projection's shape.
 * `tma_greedy`: logits = h W^T for R <= 16 rows + greedy argmax (the draft sampler's greedy epilogue:
   int64 keys, atomic_max per row, arrival counter, last program writes the tokens).
 """

@@ -199,8 +199,8 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
                      "accept_lengths": [a for r in log.results for a in r.accept_lengths],
                      "token_latency_s": [x for r in log.results for x in r.token_latency_s]}
         (out / "runs_partial.json").write_text(json.dumps(      # kept if a later run is cut short
-            {k: {x: v[x] for x in ("label", "backend", "mode", "temperature", "wall_s", "scores", "items")}
-             for k, v in runs.items()}, indent=1, default=str))
+            {name: {x: run[x] for x in ("label", "backend", "mode", "temperature", "wall_s", "scores", "items")}
+             for name, run in runs.items()}, indent=1, default=str))
         say(f"[signoff] run {key} done in {wall:.1f} s: " + ", ".join(
             f"{t}={sum(items[t].values()) / max(1, len(items[t])):.3f}" for t in run_tasks))
 

@@ -89,7 +89,7 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | 
                     f"{name} has shape {tuple(t.shape)}: dim {i} must be {letter}={size}, got {t.shape[i]}")
     if device is not None and t.device != device:
         raise StepContractError(f"{name} is on {t.device}, expected {device} (same device as x/q)")
-    if last_contiguous and t.dim() > 0 and t.numel() > 0 and t.stride(-1) != 1:
+    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:   # size 1: stride unused
         raise StepContractError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
 
 

@@ -27,11 +27,11 @@ row-invariance hold.
 
 Split-K (grid too small otherwise) is reduced deterministically: every split writes its fp32 partial
 tile to a workspace, raises a per-tile counter, and the program that sees the counter reach SPLIT-1
-(the last to arrive) sums the partials in split order 0..SPLIT-1 and runs the epilogue, then resets
-the counter to 0 for the next launch with a plain store (no other program touches that counter again in
-this launch, and the next launch reaches it only after `gdc_wait` or the kernel boundary; an acq_rel
-`atomic_xchg` there put one more round trip before the output store). The result is bitwise independent
-of arrival order.
+(the last to arrive) sums the partials in split order 0..SPLIT-1 and runs the epilogue. It resets the
+counter to 0 for the next launch with a plain store (the residual kernel after its output store, gate/up
+right after reading the partials; no other program touches that counter again in this launch, and the next
+launch reaches it only after `gdc_wait` or the kernel boundary; an acq_rel `atomic_xchg` there put one more
+round trip before the output store). The result is bitwise independent of arrival order.
 
 Where the time goes (2026-12-01, bench/results/session3/explore5b_h200.json; the down projection
 [2048, 8192] at 1 row, TMA weight stream): 12.21 us with the split-K finisher, 10.32 us when every split
@@ -114,8 +114,8 @@ Measured a shorter prefetch instead: pf 128 and pf 64 beat pf 256 by 0.2-0.4 us 
 rounds (explore8_h200.json); the plan is now pf 128, and the per-kernel section of `lowlat bench` reads
 11.20-11.59 us = 70.6-71.3% of copy bandwidth at 1 row in four runs (session4/call6, call7; 70.5-71.0% at
 6 rows), while explore8's timing (the tuner's `_GemvCase` launches, 41 graph replays) reads 68.1-70.2%
-for the same plan; the cause of that 1-2 point gap between the two methods is not known. SmolLM2's LM head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76%
-of copy bandwidth, was 72-73%).
+for the same plan; the cause of that 1-2 point gap between the two methods is not known. SmolLM2's LM
+head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76% of copy bandwidth, was 72-73%).
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
@@ -934,9 +934,11 @@ def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constex
 def argmax_key(x, ids):
     """int64 keys that sort like (value descending, token id ascending), unique per token: (order-preserving
     int32 image of the fp32 value) << 32 | (2^32 - 1 - id). The max over a set is its largest value with
-    the lowest id (-0.0 is canonicalised to +0.0 first, so the zeros tie as in torch.argmax; NaN is the
-    largest, as torch.argmax treats it); max is order-free, so an argmax across programs by `atomic_max`
-    or by merging is exact whatever the arrival order (the LM head's and the draft sampler's epilogues)."""
+    the lowest id (-0.0 is canonicalised to +0.0 first, so the zeros tie as in torch.argmax); max is
+    order-free, so an argmax across programs by `atomic_max` or by merging is exact whatever the arrival
+    order (the LM head's and the draft sampler's epilogues). NaN logits are not given torch.argmax's meaning:
+    a NaN with the sign bit clear sorts above +inf, one with it set below -inf (the interpreter's default
+    NaN is negative; the GPU's is positive)."""
     b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
     s = tl.where(b < 0, b ^ 0x7FFFFFFF, b)                    # monotone int32 image of the float
     low = (ids.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int64)      # larger for smaller ids

@@ -3,7 +3,7 @@
 Matches `lowlat.reference.draft_sampling.draft_sample` (tokens, and q through `DraftSample.probs()`).
 
 One launch per draft position, grid (P = cdiv(V, BLOCK_V) vocabulary tiles, cdiv(R, 16) row blocks).
-Every program computes its logits tile for 16 rows with the LM head's GEMV main loop ("swap AB": the
+Every program computes its logits tile for 16 rows in the loop form of the LM head's GEMV ("swap AB": the
 weight tile [BLOCK_V, BLOCK_H] is the wgmma m64 operand, h^T [BLOCK_H, 16] the n16 operand, rows padded
 to 16; fp32 accumulation; a software-pipelined loop over H, `num_stages` deep; default tile 128 x 64, 4
 warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows depends on the launch:
@@ -38,13 +38,14 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   id), `lowlat.kernels.philox`; computed only when some row samples without top-k (NEED_NOISE); the
   plain argmax for the other rows), and with top-k on (K_CAP > 0) the tile's top-K_CAP keys (same key
   as above, `tl.topk` along the vocabulary axis of [NR, BLOCK_V]). The key lists are merged up a tree
-  of fan-in FANIN (the last program to arrive at a node loads its children's sorted lists [NR, FANIN,
-  K_CAP] and merges them with a tree of bitonic merges, Batcher 1968; FANIN 8, fewer when NR * 8 *
-  K_CAP would exceed 4096 keys: V = 49152 takes 384 -> 48 -> 6 -> 1, three levels); the last program
+  of fan-in FANIN (the last program to arrive at a node loads its children's sorted lists [RC, FANIN,
+  K_CAP] at a time and merges them with a tree of bitonic merges, Batcher 1968; FANIN 8, fewer when
+  RC * 8 * K_CAP would exceed 4096 keys: V = 49152 takes 384 -> 48 -> 6 -> 1, three levels); the last program
   at the root (or, without top-k, the last at the row block's counter) does the final reduction for
   all NR rows at once: global max and sum-exp over the P tiles, the Gumbel argmax (ties to the lowest token id), and
   for top-k rows the root list -> top-k -> top-p (mass before < top_p, as `filtered_probs`) -> Gumbel
-  argmax over the kept tokens. It resets every counter it used, so the workspace needs no clearing
+  argmax over the kept tokens. Every counter is reset by the program that read it last (a merge node's
+  by its finishing child, the row block's by the final program), so the workspace needs no clearing
   between launches (CUDA-graph friendly).
 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
@@ -100,13 +101,13 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import argmax_key, key_id, key_value
+from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value
 from lowlat.kernels.philox import philox_exponential
 
 #: most top-k candidates the kernel merges (top_k above this is refused)
 MAX_TOP_K = 64
 BLOCK_R = 16
-#: keys a merge node holds in registers at most (NR * FANIN * K_CAP; fan-in 8 unless that exceeds it)
+#: keys a merge node holds in registers at most (RC * FANIN * K_CAP; fan-in 8 unless that exceeds it)
 NODE_KEYS = 4096
 #: per-row tile partials the final program loads per chunk, over its NR rows (NR * chunk)
 FINAL_CHUNK = 1024
@@ -117,11 +118,6 @@ _FIX_TILE_INV = tl.constexpr(2.220446049250313e-16)     # 2^-52
 _FIX_TOPK = tl.constexpr(72057594037927936.0)           # 2^56: top-k probs <= 1, at most 64 of them
 _FIX_TOPK_INV = tl.constexpr(1.3877787807814457e-17)    # 2^-56
 _LOWEST = tl.constexpr(-3.4028234663852886e38)          # lowest finite float32: cut that keeps every token
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -509,8 +505,9 @@ def default_row_chunk(nr: int, k_cap: int) -> int:
 def merge_tree(num_progs: int, nr: int, k_cap: int, group: int | None = None) -> tuple[int, list[int]]:
     """(fan-in, [nodes per level above the tiles]) of the top-k merge tree; the last level has one node.
 
-    Default fan-in: 8 while a node holds at most NODE_KEYS keys (NR * 8 * k_cap), else NODE_KEYS /
-    (NR * k_cap); never above the tile count (rounded up to a power of two). Chosen from ptxas register
+    nr: the rows a node merges at a time (`launch_config` passes the row chunk RC). Default fan-in: 8
+    while a node holds at most NODE_KEYS keys (nr * 8 * k_cap), else NODE_KEYS / (nr * k_cap); never above
+    the tile count (rounded up to a power of two). Chosen from ptxas register
     counts for sm_90 (a node's keys live in registers; fan-in 16 / 32 went to 164-255 registers and spilled
     under the cap at some row counts). The tokens do not depend on it (exact top-k of unique keys)."""
     if group is None:
@@ -601,7 +598,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                         group=group, row_chunk=row_chunk)
     n_rb = triton.cdiv(r, BLOCK_R)
     ws = _workspace(h.device, n_rb * BLOCK_R, cfg["num_progs"], k_cap, cfg["nodes"], cfg["n_counters"])
-    interp = _interpreting()
+    interp = interpreting()
     kwargs = {} if interp else {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg == -1:
         maxnreg = default_maxnreg(num_warps)
@@ -642,6 +639,8 @@ def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, 
         LOG_K=max(k_cap, 1).bit_length() - 1, FANIN=fanin,
         LOG_FANIN=fanin.bit_length() - 1, NLEV=len(levels), PCH=pch, NCH=triton.cdiv(num_progs, pch),
         FIX_SUM=float(2.0 ** fix_bits), FIX_SUM_INV=float(2.0 ** -fix_bits), RC=rc)
+    if constexprs["GREEDY"]:     # the greedy branch reads none of the row / tree tiling: one compile for any R
+        constexprs.update(NR=BLOCK_R, LOG_SPLIT=0, RC=BLOCK_R, PCH=1, NCH=1, FANIN=2, LOG_FANIN=1)
     return {"num_progs": num_progs, "nodes": num_progs + sum(levels), "n_counters": 1 + sum(levels),
             "constexprs": constexprs}
 
@@ -703,12 +702,24 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
         i = int(bad.nonzero()[0, 0])
         raise UnsupportedConfigError(f"top_p[{i}]", float(pc[i]), "top_p < 1 needs 1 <= top_k <= 64 in the fused "
                                      "draft sampler (the nucleus is taken within the top-k candidates)")
-    max_k = int(torch.where(sampled, k_eff, 0).max()) if r else 0
+    k_cap, need_noise = launch_flags(tc, kc, v)
     out = out if out is not None else empty_draft_sample(r, v, dev)
     return draft_sample_into(h, lm_head, temp_t, topk_t, topp_t, seeds, offsets, out,
-                             k_cap=k_cap_for(max_k), need_noise=bool((sampled & (k_eff == 0)).any()), **launch)
+                             k_cap=k_cap, need_noise=need_noise, **launch)
+
+
+def launch_flags(temperature: torch.Tensor, top_k: torch.Tensor, vocab_size: int) -> tuple[int, bool]:
+    """(k_cap, need_noise) of the launch that serves these rows: temperature [R] float, top_k [R] int (CPU
+    tensors, values already checked as `draft_sample` does). k_cap covers the largest top-k of a sampled row
+    (`k_cap_for`; top_k 0 or >= V is off), need_noise whether some sampled row has no top-k (per-token
+    Gumbel noise). Greedy rows need neither."""
+    k_eff = torch.where(top_k >= vocab_size, 0, top_k)
+    sampled = temperature > 0
+    max_k = int(torch.where(sampled, k_eff, 0).max()) if top_k.numel() else 0
+    return k_cap_for(max_k), bool((sampled & (k_eff == 0)).any())
 
 
 __all__ = ["DraftSample", "default_row_chunk", "draft_sample", "draft_sample_into", "empty_draft_sample", "k_cap_for",
+           "launch_flags",
            "merge_tree",
            "rows_per_launch", "MAX_TOP_K"]

@@ -46,8 +46,6 @@ from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace
                                   gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
                                   preload_product, preload_weights, row_blocks, valid_rows_tensor)
 
-_INT64_MIN = -(2 ** 63)
-
 
 @triton.jit
 def _tile_logits(acc, ss, m0, n0, M, V, K, eps, nvalid, keys_ptr, BN: tl.constexpr):

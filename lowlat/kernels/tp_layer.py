@@ -42,10 +42,12 @@ modes (`use_pdl`, `TPFusedLayer(overlap=...)`):
     reduce), so every push program runs to completion regardless of the spinning reduce programs:
     they can occupy free SM slots but cannot starve a program they wait for.
   - Reduce, USE_PDL: NO `gdc_wait` before the flag waits (that would wait for the whole GEMV and
-    remove the overlap); the pushed tiles are ordered by the flags (release store after the tile's
+    remove the overlap); the pushed tiles are ordered by the flags (release exchange after the tile's
     stores + block barrier in the push, acquire load + block barrier before the `.cg` slot loads in
     the reduce), as between any two ranks. Everything else it reads (residual x, norm weight, epoch
-    counter, abort words, pointer tables) was written by kernels launched BEFORE the push kernel:
+    counter, pointer tables, and the abort words' values from earlier collectives; during its waits
+    it reads them volatile, since programs of this same reduce grid may write them) was written by
+    kernels launched BEFORE the push kernel:
     those completed (and their writes were made visible) before the push kernel's `gdc_wait`
     returned, and the push programs trigger only after that wait, so the reduce grid starts after
     all of them completed. The reduce kernel writes nothing the push of the same collective reads.

@@ -320,7 +320,7 @@ class FusedModel:
         x = bufs.x
         torch.index_select(self.embed, 0, bufs.input_ids, out=x)
         page_table = self._page_table[:w]
-        for i, L in enumerate(self.layers[: num_layers or len(self.layers)]):
+        for i, L in enumerate(self.layers[:num_layers]):
             if "attention" not in parts:
                 if "ffn" in parts:
                     self._ffn(L, bufs, bufs.attn)

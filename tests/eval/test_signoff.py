@@ -89,6 +89,34 @@ def test_quality_signoff_tiny_cpu_run_writes_a_passing_report(tmp_path, smollm2,
 
 
 @needs_eval
+def test_runs_partial_json_holds_the_runs_before_a_cut(tmp_path, monkeypatch, smollm2, smollm2_tokenizer):
+    """runs_partial.json is written after every run, not at the end: when the second run dies, the file
+    holds the first run's scores (1 LAMBADA item, reference backend)."""
+    import lm_eval
+
+    from lowlat.eval.signoff import run_quality_signoff
+    from lowlat.runtime.engine import reference_engine
+
+    real, calls = lm_eval.simple_evaluate, []
+
+    def evaluate(**kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cut short")
+        return real(**kw)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", evaluate)
+    cfg, w = smollm2
+    eng = reference_engine(cfg, w, num_slots=2 * 330, max_reqs=2, max_ctx=330)
+    with pytest.raises(RuntimeError, match="cut short"):
+        run_quality_signoff(tmp_path, limit=1, backends=("reference", "fused"), seed=3, progress=lambda s: None,
+                            tasks=["lowlat_lambada"], drafter="layers", draft_layers=6, batch_size=1,
+                            max_length=320, engines={"reference": eng}, tokenizer=smollm2_tokenizer)
+    partial = json.loads((tmp_path / "runs_partial.json").read_text())
+    assert list(partial) == ["A"] and "lowlat_lambada" in partial["A"]["scores"]
+
+
+@needs_eval
 @pytest.mark.eval
 @pytest.mark.slow
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ step is correct.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -264,12 +265,17 @@ def test_pdl_machine_code_has_the_order_the_overlap_relies_on():
     """PTX of both kernels with USE_PDL (kernels/tp_layer.py's argument): the push waits for its
     predecessor, then triggers, before any load, store or flag; the reduce never triggers and its one
     wait comes after every flag poll (acquire), store and abort CAS (so the overlap is real and the
-    reduce's completion implies the push's)."""
-    facts = {}
+    reduce's completion implies the push's). The reduce starts before the push grid completes, so what
+    earlier kernels wrote must come from L2, never a stale L1 line: its only plain (L1-cached) global
+    loads are the three pointer tables and the norm weight; the epoch and abort words are volatile, the
+    residual and slots `.cg`, the flags acquire."""
+    facts, ptx = {}, {}
     for name, spec in sm90_compile_specs(2048, 1024, 4, 8, pdl=True).items():
-        lines = compile_sm90(f"lowlat.kernels.tp_layer:{name}", [{**spec, "launch_pdl": True, "ptx": True}])[0]
-        lines = lines["ptx"].splitlines()
+        ptx[name] = compile_sm90(f"lowlat.kernels.tp_layer:{name}", [{**spec, "launch_pdl": True, "ptx": True}])[0]
+        lines = ptx[name]["ptx"].splitlines()
         facts[name] = {key: [i for i, ln in enumerate(lines) if pat in ln] for key, pat in _PTX_PATTERNS}
+    plain = re.findall(r"\bld\.global\.(?!cg\b)\S+", ptx["_reduce_residual_norm_kernel"]["ptx"])
+    assert sorted(plain) == ["ld.global.b16"] + ["ld.global.b64"] * 3, plain
     push, red = facts["_partial_gemv_push_kernel"], facts["_reduce_residual_norm_kernel"]
     assert len(push["wait"]) == 1 and len(push["trigger"]) == 1, push
     first_mem = min(push["store"] + push["atom"] + push["load"])

@@ -9,7 +9,8 @@ functions); the tests call it through `subprocess`:
     python tests/unit/compile_sm90.py MODULE:KERNEL 'JSON [{"constexprs": {...}, "pointers": {...}}, ...]'
 
 compiles each variant of the list and prints one JSON line, a list of
-{"ok": true, "registers": N, "spill_bytes": N, "shared": N, "cp_async": N (cp.async.cg in the PTX)}, or raises.
+{"ok": true, "registers": N, "spill_bytes": N, "shared": N, "cp_async": N (cp.async.cg in the PTX),
+"source": the kernel module's file (which checkout was compiled)}, or raises.
 A spec's keys: "constexprs", "pointers" (name -> "*bf16" ...), "scalars" (name -> type; default i32),
 "num_warps" (4), "num_stages" (3), and optionally
   "divisible"   scalar names a launch specialises as divisible by 16; with it every pointer is taken as
@@ -78,8 +79,9 @@ def compile_for_sm90(fn, spec: dict) -> dict:
 def main() -> int:
     target, specs = sys.argv[1], json.loads(sys.argv[2])
     mod, name = target.split(":")
-    fn = getattr(importlib.import_module(mod), name)
-    print(json.dumps([compile_for_sm90(fn, spec) for spec in specs]))
+    module = importlib.import_module(mod)
+    fn = getattr(module, name)
+    print(json.dumps([dict(compile_for_sm90(fn, spec), source=os.path.realpath(module.__file__)) for spec in specs]))
     return 0
 
 

@@ -214,6 +214,17 @@ def _error_cases():
     ]
 
 
+def test_last_dim_stride_checked_only_where_it_is_used():
+    """A last dim of size 1 has no stride to respect (a 1-row column slice of a page table, stride C, is a
+    valid out_cache_loc); a strided last dim of size > 1 is refused, naming the tensor."""
+    from lowlat.kernels._attn_common import check_tensor
+
+    col = torch.arange(15, dtype=torch.int32).view(3, 5)
+    check_tensor("out_cache_loc", col[:1, 2], dtype=torch.int32, ndim=1)
+    with pytest.raises(StepContractError, match=re.escape("out_cache_loc must have a contiguous last dim")):
+        check_tensor("out_cache_loc", col[:, 2], dtype=torch.int32, ndim=1)
+
+
 @pytest.mark.parametrize("case", range(12))
 def test_attn_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
     cfg, base, cases = _error_cases()

@@ -20,6 +20,9 @@ CONFIGS = {
     "moe_qk_norm": dict(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_experts=8, top_k=3,
                         moe_intermediate_size=32, norm_topk_prob=True),
     "moe_no_renorm": dict(num_experts=6, top_k=2, moe_intermediate_size=24, norm_topk_prob=False),
+    "dense_qkv_bias": dict(qkv_bias=True),                                   # Qwen2 / Qwen2.5
+    "moe_shared_expert": dict(num_experts=4, top_k=2, moe_intermediate_size=16, norm_topk_prob=False,
+                              shared_expert_intermediate_size=24),           # Qwen2-MoE
 }
 
 

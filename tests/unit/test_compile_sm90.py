@@ -4,6 +4,8 @@ ignored or a ptxas report it stopped parsing fails here instead of silently pass
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import triton
 import triton.language as tl
 from sampling_stats import compile_sm90
@@ -33,3 +35,13 @@ def test_register_cap_spills_and_dump_are_reported(tmp_path):
     assert "ld.global" in dumped["ptx"] and dumped["registers"] == small["registers"]
     for suffix in (".ptx", ".cubin", ".sass"):
         assert (tmp_path / f"k{suffix}").stat().st_size > 0, suffix
+
+
+def test_the_checkout_under_test_is_compiled():
+    """The harness compiles this checkout's modules, not another installed lowlat (a scratch copy or a
+    worktree testing a change must not silently compile the main tree)."""
+    root = Path(__file__).resolve().parents[2]
+    [info] = compile_sm90("lowlat.kernels.moe:_router_logits_kernel", [{
+        "constexprs": {"BE": 16, "HS": 64, "BK": 64, "BM": 16, "INTERP": False, "USE_PDL": False},
+        "pointers": {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32"}}])
+    assert Path(info["source"]).is_relative_to(root), (info["source"], root)

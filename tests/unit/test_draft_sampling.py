@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")     # Philox int64 ops:
 def exact_inputs(r: int, h: int, v: int, seed: int, device="cpu"):
     """bf16 h [R, H], W [V, H] holding multiples of 1/8 in [-0.5, 0.5]: every product and partial sum is
     exact in fp32, so the kernel's logits equal the reference's bit for bit whatever the summation order
-    (and many logits tie exactly: tie-breaking is exercised)."""
+    (many logits tie exactly, though rarely at a row's maximum: `test_ties_at_the_maximum_go_to_the_lowest_token_id`
+    sets that up)."""
     g = torch.Generator().manual_seed(seed)
     hh = (torch.randint(-4, 5, (r, h), generator=g) * 0.125).to(torch.bfloat16)
     ww = (torch.randint(-4, 5, (v, h), generator=g) * 0.125).to(torch.bfloat16)
@@ -389,14 +390,15 @@ def test_kernel_rows_invariant_pdl_and_cuda_graph_gpu(device):
 
 @pytest.mark.gpu
 def test_kernel_deterministic_across_launches_gpu(device):
-    """Twenty launches of every path at SmolLM2's shape (384 tiles arriving in a different order each
-    time; counters and greedy slots reused): bitwise identical outputs."""
+    """Twenty launches of each path at SmolLM2's shape (384 tiles arriving in a different order each
+    time; counters and greedy slots reused): bitwise identical outputs. Paths: mixed rows with top-k
+    lists of 16 (all 8 rows at a time) and of 64 (row chunks of 4), and the greedy launch."""
     r = 8
     hh, ww = random_inputs(r, SMOL["h"], SMOL["v"], seed=28, device=device)
     seeds, offsets = counters(r, seed=29, device=device)
     mixed = [torch.tensor(p, dtype=dt, device=device) for p, dt in zip(MIXED8, (torch.float32, torch.int32,
                                                                                  torch.float32))]
-    for temp, topk, topp, k_cap, need_noise in [(*mixed, 16, True),
+    for temp, topk, topp, k_cap, need_noise in [(*mixed, 16, True), (*mixed, 64, True),
                                                 (torch.zeros(r, device=device), mixed[1], mixed[2], 0, False)]:
         first = None
         for _ in range(LAUNCHES):
@@ -485,6 +487,56 @@ def test_mixed_rows_one_launch_multi_level_tree(device):
     check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
 
 
+def test_top_p_cut_inside_top_k_matches_reference(device):
+    """Peaked rows (low temperature) whose top-p nucleus is smaller than their top-k list: the cut falls
+    inside the list (1-6 kept of 8) and keeps exactly the reference's tokens (mass before < top_p)."""
+    r, h, v = 4, 16, 128
+    hh, ww = exact_inputs(r, h, v, seed=11, device=device)
+    seeds, offsets = counters(r, seed=12, device=device)
+    out, tokens, q = run_both(hh, ww, [0.1, 0.15, 0.1, 0.15], [8] * 4, [0.5, 0.6, 0.7, 0.8], seeds, offsets)
+    kept = (q > 0).sum(1)
+    assert bool(((kept > 1) & (kept < 8)).any()), f"no row cut inside its top-k: kept {kept.tolist()}"
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+
+
+@pytest.mark.parametrize("tied", [(70, 100), (5, 70, 100)], ids=["in_one_tile", "across_tiles"])
+def test_ties_at_the_maximum_go_to_the_lowest_token_id(tied, device):
+    """Identical vocabulary rows holding the largest logit of every row, tied inside one tile of 64
+    (70, 100) or across two tiles (5 and 70, 100): greedy rows pick the lowest id, as torch.argmax does,
+    in the greedy launch, on the noise path and on the top-k path."""
+    r, h, v = 3, 16, 192
+    hh, ww = exact_inputs(r, h, v, seed=5, device=device)
+    hh = hh.abs() + 0.125
+    for t in tied:
+        ww[t] = 0.5
+    want = torch.full((r,), tied[0], device=device)
+    seeds, offsets = counters(r, seed=6, device=device)
+    args = (torch.zeros(r, device=device), torch.zeros(r, dtype=torch.int32, device=device),
+            torch.ones(r, device=device), seeds, offsets)
+    assert torch.equal(torch.argmax(hh.float() @ ww.float().T, -1), want)
+    for k_cap, need_noise in ((0, False), (0, True), (4, False)):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, *args, out, k_cap=k_cap, need_noise=need_noise, block_v=64)
+        check_bitwise("draft_sampling", out.tokens, want, output=f"tokens[k_cap={k_cap}, noise={need_noise}]")
+        assert torch.equal(out.cut_id, want.to(torch.int32))
+
+
+def test_final_reduction_over_several_chunks_of_tile_partials(device):
+    """69 vocabulary tiles at 16 rows: the last program reduces the per-tile partials in 2 chunks of 64
+    (NCH 2), all kinds of rows; the reference's tokens and kept sets."""
+    r, h, v = 16, 16, 1100
+    cfg = kernel.launch_config(r, v, h, k_cap=8, need_noise=True, block_v=16)
+    assert cfg["constexprs"]["NCH"] == 2, cfg["constexprs"]
+    hh, ww = exact_inputs(r, h, v, seed=50, device=device)
+    seeds, offsets = counters(r, seed=51, device=device)
+    temp, topk, topp = ([x for x in MIXED8[i] for _ in range(2)] for i in range(3))
+    topk = [min(k, 8) if k < 10 ** 6 else k for k in topk]
+    out, tokens, q = run_both(hh, ww, temp, topk, topp, seeds, offsets, block_v=16)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
 @pytest.mark.parametrize("r", [2, 5, 8])
 def test_each_row_alone_equals_row_in_batch(r, device):
     """Row i of an R-row launch (NR = 2 / 8 / 8 epilogue rows, padding rows at R = 5) equals the same row
@@ -517,7 +569,8 @@ def test_outputs_independent_of_merge_fan_in(device):
 
 def test_outputs_independent_of_row_chunk(device):
     """The top-k parts working on 1 / 2 / 4 / all 8 rows at a time (a loop over row chunks; the root list
-    reloaded by the final) change nothing, with mixed rows, a padding row (R = 7) and a 3-level tree."""
+    reloaded by the final) change nothing, with mixed rows, a padding row (R = 7) and two merge levels
+    (10 tiles -> 3 -> 1)."""
     r, h, v = 7, 16, 640
     hh, ww = exact_inputs(r, h, v, seed=50, device=device)
     hh = hh + torch.randn(r, h, generator=torch.Generator().manual_seed(51)).to(hh) * 0.01   # inexact sums
@@ -559,7 +612,7 @@ def test_greedy_launch_equals_general_path(device):
 
 
 def test_greedy_ragged_vocab_with_only_negative_logits(device):
-    """V = 100 over tiles of 64 (the last tile is 28 tokens plus 36 padding columns, whose masked GEMV gives
+    """V = 100 over tiles of 64 (the last tile is 36 tokens plus 28 padding columns, whose masked GEMV gives
     0) with every real logit negative: the argmax must be a real token (the padding is never a candidate),
     in the greedy launch and the general path alike."""
     r, h, v = 3, 16, 100
@@ -574,6 +627,13 @@ def test_greedy_ragged_vocab_with_only_negative_logits(device):
                                  offsets, out, k_cap=k_cap, need_noise=need_noise, block_v=64)
         assert bool((out.logits < 0).all())
         check_bitwise("draft_sampling", out.tokens, tokens, output=f"tokens_noise_{need_noise}")
+
+
+def test_greedy_launch_compiles_once_for_every_row_count():
+    """The greedy-only launch's constexprs do not depend on R (its branch reads no row or tree tiling), so
+    drafting with a changing number of live rows reuses one compiled kernel."""
+    cfgs = [kernel.launch_config(r, 49152, 576, k_cap=0, need_noise=False)["constexprs"] for r in range(1, 17)]
+    assert all(c == cfgs[0] for c in cfgs), [c["NR"] for c in cfgs]
 
 
 def test_launch_leaves_workspace_empty(device):

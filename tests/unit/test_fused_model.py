@@ -282,6 +282,20 @@ def test_early_exit_hidden_matches_reference_first_layers():
         fm.early_exit_hidden(case.step, pool, 4)
 
 
+def test_early_exit_leaves_the_full_steps_outputs_alone():
+    """A draft forward runs no LM head: the logits and tokens the last full step returned (views of the
+    runner's static buffers) are unchanged by it."""
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    case, ks, vs = _early_exit_case(cfg, 9)
+    pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    logits = fm.forward(case.step, pool)
+    want_logits, want_tokens = logits.clone(), fm.last_tokens.clone()
+    fm.early_exit_hidden(case.step, pool, 1)
+    assert torch.equal(logits, want_logits) and torch.equal(fm.last_tokens, want_tokens)
+
+
 def test_layer_skip_drafter_uses_the_fused_runner_when_built():
     """LayerSkipDrafter drafts through the built runner's early_exit_hidden (not the reference model)
     when the engine's backend has one, and through the reference model with fused=False."""

@@ -45,7 +45,8 @@ def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
 
 def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp_path):
     """`lowlat signoff --quality-only` goes straight to the task-quality sign-off (no pytest suite) and
-    its exit code is that sign-off's verdict; --quick or pytest arguments with it are a clear error."""
+    its exit code is that sign-off's verdict; --quick or pytest arguments with it, or --quality beside it,
+    are a clear error."""
     import lowlat.eval.signoff as quality
     import lowlat.signoff as suites
     from lowlat.cli import build_parser
@@ -64,3 +65,5 @@ def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp
         with pytest.raises(SystemExit, match="runs no test suite"):
             args.func(args)
     assert len(calls) == 1
+    with pytest.raises(SystemExit):                   # argparse: --quality and --quality-only exclude each other
+        build_parser().parse_args(["signoff", "--quality", "--quality-only"])
