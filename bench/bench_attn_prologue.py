@@ -1,6 +1,6 @@
 """Benchmark: fused attention prologue (lowlat/kernels/attn_prologue.py) vs its reference.
 
-For SmolLM2-135M and Llama-3.2-1B shapes (lowlat.config.preset) at rows 1, 6, 8, 16, 48:
+For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) at rows 1, 6, 8, 16, 48:
   fused            one launch, CUDA graph, cold L2 (weights / x / outputs rotated over R copies)
   fused_pdl        the same launched with programmatic dependent launch (back-to-back calls overlap)
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
@@ -30,7 +30,7 @@ from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue  #
 from lowlat.reference.rope import rope_inv_freq  # noqa: E402
 from lowlat.weights import random_layer_weights  # noqa: E402
 
-MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
+MODELS = ("SmolLM2-135M", "Llama-3.2-1B", "Qwen3-30B-A3B")
 ROWS = (1, 6, 8, 16, 48)
 MAX_POS = 4096
 
@@ -72,7 +72,9 @@ def main() -> None:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
                 g = torch.Generator().manual_seed(0)
-                lw = random_layer_weights(cfg.replace(intermediate_size=16), generator=g, device=dev)
+                # attention weights only: a dense config with a tiny MLP (experts would only cost time here)
+                lw = random_layer_weights(cfg.replace(intermediate_size=16, num_experts=0, top_k=0,
+                                                      moe_intermediate_size=0), generator=g, device=dev)
                 w0, b0 = pack_qkv(lw), pack_qkv_bias(lw)
                 table = rope_table(cfg, MAX_POS, dev)
                 inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
@@ -86,7 +88,7 @@ def main() -> None:
                 pos = torch.randint(0, MAX_POS, (m,), device=dev)
                 qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
                 wsp = make_prologue_workspace(w0, d, m)
-                base.update(split_k=wsp.split_k, grid=[-(-m // 16), w0.shape[0] // d, wsp.split_k])
+                base.update(plan=wsp.plan.describe(), early_inputs=wsp.early_inputs)
                 if variant.startswith("fused"):
                     pdl = variant == "fused_pdl"
                     calls = [lambda i=i: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos,

@@ -159,8 +159,11 @@ PRELOAD_TARGET_BYTES = 32 << 10
 #: Shared memory a preload program may use at three row blocks (weights + x tiles of every chunk).
 PRELOAD_MAX_SMEM = 200 << 10
 #: GEMV kinds, the keys of plans: out_proj (+ RMSNorm statistics), residual (x + a W^T: the fused
-#: step's out_proj and the MLP's down projection), gate_up (pairs of weight rows), lm_head (split 1).
-KINDS = ("out_proj", "residual", "gate_up", "lm_head")
+#: step's out_proj and the MLP's down projection), gate_up (pairs of weight rows), lm_head (split 1),
+#: qkv (the attention prologue: pairs of rotary half-rows, N = heads * head_dim / 2).
+KINDS = ("out_proj", "residual", "gate_up", "lm_head", "qkv")
+#: kinds whose programs multiply two weight rows per output (their plans count both rows' bytes)
+PAIR_KINDS = ("gate_up", "qkv")
 
 
 def interpreting() -> bool:
@@ -378,6 +381,18 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # (12.00 us).
     ('residual', 2048, 8192): dict(
         block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=128),
+    # Llama-3.2-1B attention prologue (session 5, bench/results/session5/): preload bn 64, split 8 (192 programs of
+    # 64 KB). call1/explore12.json: 7.87 / 8.07 us at 1 row against the default plan (stream, split 4) 10.4-10.8 us
+    # and the session-4 prologue kernel 9.8-10.2 us in the same runs; call3/explore14.json (one row block per
+    # program, epilogue inputs loaded where used): 8.04-8.11 us at 1 / 6 rows, 16.1-16.2 at 48 (bn 128: 8.1-8.2,
+    # 19.2-19.4; stream bn 64 split 8: 8.9-9.1, 17.3-17.5)
+    ('qkv', 1536, 2048): dict(
+        block_k=128, split=8, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+    # Qwen3-30B-A3B attention prologue (session 5, same files): preload bn 64, split 8: 10.07-10.20 us at 1 / 6 rows,
+    # 24.9-25.0 at 48 (call3), against the default (stream, split 2) 17.2-17.6 and the session-4 kernel 11.7-12.1 us
+    # (23.3-23.5 at 48 rows: one row block per program too); block_k 64: 10.2-10.6 / 24.4-24.6
+    ('qkv', 2560, 2048): dict(
+        block_k=128, split=8, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
 }
 
 _ENV_TABLE = "LOWLAT_GEMV_PLANS"
@@ -424,7 +439,7 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
     kind = kind or ("gate_up" if pair else "residual")
     if kind not in KINDS:
         raise StepContractError(f"GEMV kind {kind!r} is not one of {KINDS}")
-    pair = pair or kind == "gate_up"
+    pair = pair or kind in PAIR_KINDS
     forced = dict(block_k=block_k, split=split, bn=bn, preload=preload, warps=warps, stages=stages, pf_k=pf_k)
     forced = {f: v for f, v in forced.items() if v is not None}
     if not forced:
@@ -465,7 +480,7 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
 def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
     """Plans the tuner times for (kind, N, K), labelled, default first, without duplicates or plans
     that cannot run (preload beyond its limits, more than ~200 KB of pipelined shared memory)."""
-    pair = kind == "gate_up"
+    pair = kind in PAIR_KINDS
     out: list[tuple[str, GemvPlan]] = []
 
     def add(label, fn):
@@ -647,13 +662,26 @@ def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Ten
 
 # ---------------------------------------------------------------------------------------------- device
 @triton.jit
-def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr):
-    """Prefetch rows n0..n0+BN, columns k_begin..min(k_begin+PF_K, K) of a bf16 weight into L2:
-    one `prefetch.global.L2` per 128-byte line. GPU only (inline asm): call under USE_PDL."""
+def weight_rows(rn, HALF_ROWS: tl.constexpr = 0):
+    """Weight row of each output row rn of a tile. HALF_ROWS 0: rn itself. HALF_ROWS > 0 (rotary pairs,
+    the attention prologue): output row rn is rotary index rn % HALF_ROWS of head rn // HALF_ROWS in a
+    weight whose heads are 2 * HALF_ROWS consecutive rows, so its row is the lower half's,
+    rn + (rn // HALF_ROWS) * HALF_ROWS, and the partner row (the upper half) lies HALF_ROWS rows further."""
+    if HALF_ROWS == 0:
+        return rn
+    else:
+        return rn + (rn // HALF_ROWS) * HALF_ROWS
+
+
+@triton.jit
+def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr,
+                HALF_ROWS: tl.constexpr = 0):
+    """Prefetch rows n0..n0+BN (`weight_rows`), columns k_begin..min(k_begin+PF_K, K) of a bf16 weight
+    into L2: one `prefetch.global.L2` per 128-byte line. GPU only (inline asm): call under USE_PDL."""
     rn = n0 + tl.arange(0, BN)
     rk = k_begin + tl.arange(0, PF_K // 64) * 64
     ok = (rn < N)[:, None] & (rk < K)[None, :]
-    ptrs = tl.where(ok, w_ptr + rn[:, None] * stride_wn + rk[None, :], w_ptr)
+    ptrs = tl.where(ok, w_ptr + weight_rows(rn, HALF_ROWS)[:, None] * stride_wn + rk[None, :], w_ptr)
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
 
@@ -714,17 +742,20 @@ def mma(w, xop, acc, UPCAST: tl.constexpr):
 def gemv_loop(w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, N, n0, k_begin, K,
               nw_ptr, rstd0, rstd1, rstd2,
               BN: tl.constexpr, BK: tl.constexpr, CPS: tl.constexpr, NUM_MB: tl.constexpr, TWO_W: tl.constexpr,
-              XMODE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+              XMODE: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+              HALF_ROWS: tl.constexpr = 0):
     """Stream mode. acc_j[BN, 16] = W[n0:n0+BN, kr] @ x[16j:16j+16, kr]^T, kr = the CPS chunks of BK
     columns from k_begin (columns >= K masked unless EVEN_K), for row blocks j < NUM_MB; with TWO_W
-    also the same for the weight rows at w_ptr + w2_off (gate/up pairs). The trip count is a
-    compile-time constant (Triton pipelines the loop `num_stages` deep).
+    also the same for the weight rows at w_ptr + w2_off (gate/up pairs, rotary halves). Weight rows
+    are `weight_rows(n0 + i, HALF_ROWS)`. The trip count is a compile-time constant (Triton pipelines
+    the loop `num_stages` deep).
 
     Returns (a0, a1, a2, b0, b1, b2, s0, s1, s2): a = first weight, b = second weight, s = sums of
     squares of each row block (XMODE 2); unused ones are zeros and are optimised away.
     """
     rn = n0 + tl.arange(0, BN)
     nmask = rn < N
+    wr = weight_rows(rn, HALF_ROWS)
     a0 = tl.zeros((BN, 16), dtype=tl.float32)
     a1 = tl.zeros((BN, 16), dtype=tl.float32)
     a2 = tl.zeros((BN, 16), dtype=tl.float32)
@@ -737,7 +768,7 @@ def gemv_loop(w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, N, n0, k_begin, K,
     for c in range(CPS):
         rk = k_begin + c * BK + tl.arange(0, BK)
         kmask = rk < K
-        wp = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        wp = w_ptr + wr[:, None] * stride_wn + rk[None, :]
         if EVEN_N and EVEN_K:
             w = tl.load(wp)
             if TWO_W:
@@ -779,8 +810,8 @@ def gemv_loop(w_ptr, w2_off, stride_wn, x_ptr, stride_xm, M, N, n0, k_begin, K,
 
 @triton.jit
 def _load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                  UPCAST: tl.constexpr):
-    ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+                  UPCAST: tl.constexpr, HALF_ROWS: tl.constexpr):
+    ptrs = w_ptr + weight_rows(rn, HALF_ROWS)[:, None] * stride_wn + rk[None, :]
     if EVEN_N and EVEN_K:
         w = tl.load(ptrs)
     else:
@@ -792,16 +823,17 @@ def _load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N: tl.constexpr, 
 
 @triton.jit
 def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, BK: tl.constexpr,
-                    CPS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
-    """Preload mode: weight rows n0..n0+BN over the program's CPS chunks of BK columns from k_begin
-    (columns >= k_end masked unless EVEN_K), as a tuple of CPS tiles [BN, BK]. Every load is issued at
-    once; call it before `gdc_wait` (weights never depend on the previous kernel)."""
+                    CPS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+                    HALF_ROWS: tl.constexpr = 0):
+    """Preload mode: weight rows of outputs n0..n0+BN (`weight_rows`) over the program's CPS chunks of
+    BK columns from k_begin (columns >= k_end masked unless EVEN_K), as a tuple of CPS tiles [BN, BK].
+    Every load is issued at once; call it before `gdc_wait` (weights never depend on the previous kernel)."""
     rn = n0 + tl.arange(0, BN)
     nmask = rn < N
     ws = ()
     for c in tl.static_range(CPS):
         rk = k_begin + c * BK + tl.arange(0, BK)
-        ws = ws + (_load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N, EVEN_K, UPCAST),)
+        ws = ws + (_load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N, EVEN_K, UPCAST, HALF_ROWS),)
     return ws
 
 
@@ -926,6 +958,29 @@ def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constex
         else:
             tot += tl.load(ws_ptr + (first_slot + s * SLOT_STRIDE) * N * MP + offs, mask=(rn < N)[:, None],
                            other=0.0, cache_modifier=".cg")
+    return tot
+
+
+@triton.jit
+def rstd_of(ss, K, eps):
+    """1 / sqrt(mean(x^2) + eps) from a row's sum of squares over its K columns."""
+    return tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
+
+
+@triton.jit
+def store_split_ss(sss_ptr, ss, pid_n, pid_k, m0, SPLIT: tl.constexpr):
+    """Store this (tile, split)'s per-row sums of squares; the finisher reads every split's."""
+    rm = m0 + tl.arange(0, 16)
+    tl.store(sss_ptr + (pid_n * SPLIT + pid_k) * 48 + rm, ss)
+
+
+@triton.jit
+def sum_split_ss(sss_ptr, pid_n, m0, SPLIT: tl.constexpr):
+    """sum over s = 0..SPLIT-1, in that order, of the stored sums of squares of tile pid_n."""
+    rm = m0 + tl.arange(0, 16)
+    tot = tl.zeros((16,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        tot += tl.load(sss_ptr + (pid_n * SPLIT + s) * 48 + rm, cache_modifier=".cg")
     return tot
 
 

@@ -3,31 +3,44 @@
 Matches `lowlat.reference.attn_prologue.attn_prologue` (which composes `rms_norm`, `F.linear`,
 `apply_rope` and `write_kv` exactly as `lowlat.reference.layer.attention_block` does).
 
-Parallelisation (decode GEMV, rows M <= 48): the fused weight W [N, H], N = (Hq + 2 Hkv) D, is cut
-into whole heads (D output columns each) times SPLIT_K contiguous slices of H. Program
-(row tile, head, split) loads its rows of x [16, k-slice] (M padded to tiles of 16 rows, so a row's
-arithmetic never depends on M), scales them by attn_norm, and streams its weight tile
-[D, k-slice] through `tl.dot` with fp32 accumulation, keeping each head's two RoPE halves in two
-accumulators. It also sums x^2 over its slice. With SPLIT_K > 1 every program stores its partial
-(sum x^2, acc) in fp32 and bumps a per-(row tile, head) counter; the last one to arrive re-reads all
-partials in split order 0..SPLIT_K-1 (so results are bitwise deterministic whatever the arrival
-order) and runs the epilogue:
+The QKV projection is a pair GEMV of `lowlat.kernels._gemv` (kind "qkv", the gate/up kernel's form):
+output row p of the GEMV (p < NP = (Hq + 2 Hkv) * D / 2) is rotary index j = p % (D/2) of head
+p // (D/2), and its program multiplies the two weight rows of that pair, the lower half's (row
+head * D + j of the packed [N, H] weight, `_gemv.weight_rows` with HALF_ROWS = D/2) and the upper
+half's (D/2 rows further), so each program holds both RoPE partners of its rows in the same registers:
 
-    rstd = rsqrt(sum x^2 / H + eps);  y = rstd * acc (+ bias)         (RMSNorm folded after the dot)
-    q, k heads: y = q_norm|k_norm * y * rsqrt(mean(y^2) + eps)        (QK_NORM)
-                y = RoPE(y) with cos/sin rows of a precomputed fp32 table
+    lo[p, m], hi[p, m] = sum_k W[head*D + j (+ D/2), k] * bf16(attn_norm[k] * x[m, k])     fp32, "swap AB"
+
+The grid is (tiles of BN output rows, `split` slices of K, blocks of 16 rows): BN is a multiple of D/2
+(whole heads), and each program takes one block of 16 rows (M padded), as the session-4 kernel did, so
+48 rows run three times the programs (looping over the row blocks in one program, as the other GEMVs
+of `_gemv` do, took SmolLM2's prologue 8.0 us at 48 rows against 4.4 this way). The plan (preload or
+stream mode, bn, block_k, split, PDL prefetch) is `plan_gemv(NP, H, kind="qkv")`, the tuned table
+included. With split > 1 the partial tiles and the per-row sums of x^2 are reduced in split order by
+the last program to arrive (deterministic whatever the arrival order, see `_gemv`), which then runs
+the epilogue on its [BN, 16] tiles:
+
+    rstd = 1 / sqrt(sum x^2 / H + eps);  y = rstd * (lo | hi) (+ bias)       (RMSNorm folded after the dot)
+    q, k heads: y = q_norm|k_norm * y / sqrt(mean over the head of y^2 + eps)      (QK_NORM)
+                (lo, hi) = (lo cos - hi sin, hi cos + lo sin), cos/sin rows of a precomputed fp32 table
     q -> out_q [M, Hq, D] bf16 (all rows); k, v -> k_cache / v_cache [out_cache_loc] (valid rows only)
 
-The split partition depends on H and the head count only (never on M), the counter is reset by the
-last arriver, and all buffers are preallocated (`PrologueWorkspace`): one launch, CUDA-graph capturable.
-PDL (`use_pdl`): the first weight tile is loaded before `gdc_wait()` (the wait for the previous
-kernel's output x), and dependents are released right after it.
+A row's arithmetic never depends on M or on the other rows (rows are padded to blocks of 16, the plan
+is a function of the weight's shape only). All buffers are preallocated (`PrologueWorkspace`): one
+launch, CUDA-graph capturable. PDL (`use_pdl`): a preload plan issues all its weight loads, a stream
+plan its L2 prefetch, before `gdc_wait`; dependents are released right after it.
 
-Measured on an H200 (session 4, bench/results/session4/call10/, `python bench/bench_attn_prologue.py`):
-Llama-3.2-1B (QKV 12.6 MB) 9.8 us PDL-chained at 1 row = 31% of copy bandwidth, Qwen3-30B-A3B (21 MB) 11.6 us
-= 44%. Two variants with the same arithmetic were slower and are not kept: the whole slice loaded before
-the wait (Llama 10.8 us, Qwen3 23.1 us) and a software-pipelined K loop with an L2 prefetch of the slice
-(Llama 12.3 us, Qwen3 15.8 us); see NOTES.md ("Left", issue 3).
+Measured on an H200 (session 5, bench/results/session5/call4/attn_prologue_h200.json, `python
+bench/bench_attn_prologue.py`, PDL-chained launches on rotating cold copies, copy bandwidth 4154 GB/s):
+SmolLM2-135M 3.65-3.85 us at 1-16 rows, 4.40 at 48; Llama-3.2-1B (QKV 12.6 MB) 8.24-8.36 us at 1-16 rows
+= 37% of copy bandwidth, 16.4 at 48; Qwen3-30B-A3B (21 MB, QK-norm) 10.24-10.45 us = 49%, 24.6 at 48.
+The session-4 kernel (x @ W^T with the rows as the MMA's M operand, one weight tile loaded ahead, 288
+programs of 64-column heads; bench/explore/README.md names the commit that still runs it) took 9.8-10.1
+/ 20.6-20.9 us (Llama, 1-6 / 48 rows), 11.7-12.1 / 23.3-23.5 (Qwen3) and 3.8-3.9 / 4.6 (SmolLM2) in the
+same A/B runs (call2, call3). Neither reaches 70% of copy bandwidth: a launch that waits for its input
+pays ~3.5-4 us of dependent round trips (x load, split-K arrival, partial loads, epilogue loads, stores)
+whatever it streams (SmolLM2's 1.1 MB takes 3.65 us), which is as much as a 12-21 MB read takes at copy
+bandwidth (3-5 us); see NOTES.md.
 
 Numerics vs the reference: x * attn_norm is rounded to bf16 once (the reference rounds the normalised
 x to bf16 and multiplies in bf16), rstd is applied in fp32 after the dot, QK-norm and RoPE run in
@@ -45,14 +58,12 @@ import triton.language as tl
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
-                                         interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
+                                         interpreting, pdl_supported, to_bf16)
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
+                                  prefetch_l2, preload_product, preload_weights, row_blocks, rstd_of,
+                                  store_partial, store_split_ss, sum_partials, sum_split_ss)
 from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import LayerWeights
-
-#: rows per row tile (tl.dot's M); fixed so a row's result never depends on how many rows there are
-ROW_TILE = 16
-#: programs per row tile the split-K heuristic aims for (about two waves on an H200's 132 SMs)
-TARGET_PROGRAMS = 264
 
 
 # --------------------------------------------------------------------------- build-time helpers
@@ -79,184 +90,248 @@ def rope_table(cfg: ModelConfig, max_pos: int, device: torch.device | str = "cpu
     return torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32).contiguous().to(device)
 
 
-def split_plan(hidden: int, num_heads_total: int, block_k: int | None = None,
-               split_k: int | None = None) -> tuple[int, int, int]:
-    """(split_k, k_chunk, block_k): H is cut into split_k slices of k_chunk columns (a multiple of
-    block_k; the last slice may be shorter). Depends on H and the head count only, never on M."""
-    if hidden % 16:
-        raise StepContractError(f"hidden size H={hidden} must be a multiple of 16")
-    bk = block_k or next(b for b in (64, 32, 16) if hidden % b == 0)
-    if bk < 16 or bk & (bk - 1) or hidden % bk:
-        raise StepContractError(f"block_k={bk} must be a power of two >= 16 dividing H={hidden}")
-    tiles = triton.cdiv(hidden, bk)
-    want = split_k or max(1, triton.cdiv(TARGET_PROGRAMS, num_heads_total))
-    want = max(1, min(want, tiles))
-    k_chunk = triton.cdiv(tiles, want) * bk
-    return triton.cdiv(hidden, k_chunk), k_chunk, bk
+def prologue_plan(qkv_weight: torch.Tensor, head_dim: int, **fields) -> GemvPlan:
+    """The GEMV plan of the prologue for `qkv_weight` [N, H]: `plan_gemv(N / 2, H, kind="qkv", **fields)`
+    (fields: block_k, split, bn, preload, warps, stages, pf_k, forced as in `plan_gemv`), with bn raised
+    to D/2 where it is narrower, so that a tile holds whole heads (QK-norm reduces over a head)."""
+    n, hidden = qkv_weight.shape
+    half = head_dim // 2
+    if half > 128:
+        raise StepContractError(f"head_dim D={head_dim} > 256: a head's rotary half must fit one tile (bn <= 128)")
+    plan = plan_gemv(n // 2, hidden, kind="qkv", **fields)
+    if plan.bn < half:
+        plan = plan_gemv(n // 2, hidden, kind="qkv", **{**fields, "bn": half})
+    return plan
+
+
+#: launches of fewer (tile, split) programs than this issue the epilogue's loads early (see `PrologueWorkspace`)
+EARLY_INPUTS_PROGRAMS = 128
 
 
 @dataclass
 class PrologueWorkspace:
-    """Preallocated scratch of `attn_prologue` for up to `max_rows` rows (CUDA-graph capturable).
+    """Preallocated scratch of `attn_prologue` (CUDA-graph capturable): its tile plan, a `GemvWorkspace`
+    for 2 * N / 2 pair rows (split-K partials, per-split sums of squares, arrival counters per (tile,
+    row block): zero between launches, each launch's last arriver resets them), and where the
+    epilogue's inputs are loaded: `early_inputs` (positions and KV slots right after the PDL wait,
+    cos / sin, bias and norm weights together with the finisher's partial tiles: one round trip fewer,
+    more registers) or at their point of use. Measured (session 5, bench/results/session5/call3/
+    explore14.json, 1 / 6 rows): early pays where the grid is smaller than the GPU (SmolLM2, 40
+    programs: 3.7 vs 4.9 us) and costs where it is not (Llama-3.2-1B, 192: 8.5 vs 8.0 us; Qwen3-30B-A3B,
+    320, QK-norm: 14.0 vs 10.1 us), hence the default `n_tiles * split < EARLY_INPUTS_PROGRAMS`. The
+    results are the same bits either way (only the loads move)."""
 
-    partial_acc [SPLIT_K, R, N] fp32 (R = max_rows rounded up to 16), partial_ss [SPLIT_K, NH, R] fp32,
-    counters [R/16, NH] int32 (zero between launches: each launch's last arriver resets them).
-    """
+    plan: GemvPlan
+    gemv: GemvWorkspace
+    early_inputs: bool
 
-    split_k: int
-    k_chunk: int
-    block_k: int
-    max_rows: int
-    partial_acc: torch.Tensor
-    partial_ss: torch.Tensor
-    counters: torch.Tensor
+    @property
+    def counters(self) -> torch.Tensor:
+        return self.gemv.counters
 
 
-def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, max_rows: int, *,
-                            block_k: int | None = None, split_k: int | None = None) -> PrologueWorkspace:
-    """Workspace for `qkv_weight` [N, H] (N = NH * head_dim) and up to max_rows rows, on its device."""
-    n, hidden = qkv_weight.shape
-    nh = n // head_dim
-    sk, chunk, bk = split_plan(hidden, nh, block_k, split_k)
-    rows = triton.cdiv(max(max_rows, 1), ROW_TILE) * ROW_TILE
-    dev = qkv_weight.device
-    return PrologueWorkspace(
-        split_k=sk, k_chunk=chunk, block_k=bk, max_rows=rows,
-        partial_acc=torch.empty((sk, rows, n) if sk > 1 else (1,), dtype=torch.float32, device=dev),
-        partial_ss=torch.empty((sk, nh, rows) if sk > 1 else (1,), dtype=torch.float32, device=dev),
-        counters=torch.zeros((rows // ROW_TILE, nh), dtype=torch.int32, device=dev))
+def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, max_rows: int = MAX_ROWS, *,
+                            plan: GemvPlan | None = None, early_inputs: bool | None = None,
+                            **fields) -> PrologueWorkspace:
+    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) and up to max_rows (1..48) rows, on its device.
+    plan: a `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`); early_inputs:
+    see `PrologueWorkspace` (default: its rule)."""
+    if not 1 <= max_rows <= MAX_ROWS:
+        raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_ROWS}")
+    plan = prologue_plan(qkv_weight, head_dim, **fields) if plan is None else plan
+    # counters per (tile, row block): 3 * N / bn <= 3 * N / 16, within the 2 * (2N / 16) + 2 of a 2N-column one
+    if early_inputs is None:
+        early_inputs = plan.n_tiles * plan.split < EARLY_INPUTS_PROGRAMS
+    return PrologueWorkspace(plan=plan, gemv=GemvWorkspace.create(2 * plan.n, qkv_weight.device),
+                             early_inputs=bool(early_inputs))
 
 
 # --------------------------------------------------------------------------- the kernel
 @triton.jit
+def _rope_rows(tab_ptr, pos, mok, max_pos, j, D: tl.constexpr, HALF: tl.constexpr):
+    """cos and sin [BN, 16] fp32 of rotary indices j [BN] at positions pos [16] (0 where not mok or the
+    position is outside the table)."""
+    ok = (mok & (pos >= 0) & (pos < max_pos))[None, :]
+    tab = tab_ptr + pos.to(tl.int64)[None, :] * D + j[:, None]
+    return tl.load(tab, mask=ok, other=0.0), tl.load(tab + HALF, mask=ok, other=0.0)
+
+
+@triton.jit
+def _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos, n0, NP, Hq, D: tl.constexpr,
+                     HALF: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr):
+    """What the epilogue of tile rows n0..n0+BN (pair rows) and rows m0..m0+15 (positions `pos`) reads:
+    cos, sin [BN, 16] fp32 (0 past M or outside the table), and per tile row the bias of the lower /
+    upper half and the QK-norm weights of both halves, fp32 [BN] (zeros where unused). Issued together
+    (and, in the finisher, with the partial tiles' loads): one round trip, not one per input (EARLY)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    nok = rn < NP
+    hd = rn // HALF
+    j = rn % HALF
+    cos, sin = _rope_rows(tab_ptr, pos, rm < M, max_pos, j, D, HALF)
+    blo = tl.zeros((BN,), dtype=tl.float32)
+    bhi = tl.zeros((BN,), dtype=tl.float32)
+    nlo = tl.zeros((BN,), dtype=tl.float32)
+    nhi = tl.zeros((BN,), dtype=tl.float32)
+    if HAS_BIAS:
+        blo = tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)
+        bhi = tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)
+    if QK_NORM:
+        is_q = hd < Hq
+        nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
+        nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
+    return cos, sin, blo, bhi, nlo, nhi
+
+
+@triton.jit
+def _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, blo, bhi, nlo, nhi,
+                   b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, tab_ptr, kc_ptr, vc_ptr, q_ptr, Hq, Hkv, max_pos,
+                   stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                   D: tl.constexpr, HALF: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   QK_NORM: tl.constexpr, EARLY: tl.constexpr, UPCAST: tl.constexpr):
+    """RMSNorm scale, bias, QK-norm, RoPE and the stores of one [BN, 16] tile pair (lower / upper
+    rotary halves of pair rows n0.., rows m0..m0+15). EARLY: positions, slots, cos / sin, bias and norm
+    weights are given (`_epilogue_inputs`); else each is loaded here, where it is used (pos, loc, cos,
+    sin, blo, bhi, nlo, nhi are then placeholders)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    nok = rn < NP
+    mok = rm < M
+    hd = rn // HALF                        # head of the fused weight: q heads, then k heads, then v heads
+    j = rn % HALF                          # rotary index within the head
+    rstd = rstd_of(ss, K, eps)
+    ylo = lo * rstd[None, :]
+    yhi = hi * rstd[None, :]
+    if HAS_BIAS:
+        if not EARLY:
+            blo = tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)
+            bhi = tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)
+        ylo += blo[:, None]
+        yhi += bhi[:, None]
+    is_q = hd < Hq
+    is_v = hd >= Hq + Hkv
+    is_k = (hd >= Hq) & (hd < Hq + Hkv)
+    if QK_NORM:                            # per head and row: the head's BN // HALF groups of HALF tile rows
+        G: tl.constexpr = BN // HALF
+        sq = tl.reshape(ylo * ylo + yhi * yhi, [G, HALF, 16])
+        r2 = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(sq, axis=1) / D + eps))             # [G, 16]
+        r2 = tl.reshape(tl.broadcast_to(r2[:, None, :], [G, HALF, 16]), [BN, 16])
+        if not EARLY:
+            nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
+            nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32),
+                           tl.load(kn_ptr + HALF + j).to(tl.float32))
+        ylo = tl.where(is_v[:, None], ylo, ylo * r2 * nlo[:, None])
+        yhi = tl.where(is_v[:, None], yhi, yhi * r2 * nhi[:, None])
+    if not EARLY:
+        pos = tl.load(pos_ptr + rm, mask=mok, other=0)
+        cos, sin = _rope_rows(tab_ptr, pos, mok, max_pos, j, D, HALF)
+    rlo = ylo * cos - yhi * sin
+    rhi = yhi * cos + ylo * sin
+    olo = to_bf16(tl.where(is_v[:, None], ylo, rlo), UPCAST)
+    ohi = to_bf16(tl.where(is_v[:, None], yhi, rhi), UPCAST)
+
+    qp = q_ptr + rm.to(tl.int64)[None, :] * stride_qm + (hd * stride_qh + j)[:, None]
+    qmask = (nok & is_q)[:, None] & mok[None, :]
+    tl.store(qp, olo, mask=qmask)
+    tl.store(qp + HALF, ohi, mask=qmask)
+    wok = mok & (rm < nvr)
+    if not EARLY:
+        loc = tl.load(loc_ptr + rm, mask=wok, other=0).to(tl.int64)
+    kp = kc_ptr + loc[None, :] * stride_kcs + ((hd - Hq) * stride_kch + j)[:, None]
+    kmask = (nok & is_k)[:, None] & wok[None, :]
+    tl.store(kp, olo, mask=kmask)
+    tl.store(kp + HALF, ohi, mask=kmask)
+    vp = vc_ptr + loc[None, :] * stride_vcs + ((hd - Hq - Hkv) * stride_vch + j)[:, None]
+    vmask = (nok & is_v)[:, None] & wok[None, :]
+    tl.store(vp, olo, mask=vmask)
+    tl.store(vp + HALF, ohi, mask=vmask)
+
+
+@triton.jit(do_not_specialize=["M"])
 def _attn_prologue_kernel(
-        x_ptr, w_ptr, b_ptr, an_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int,
-        kc_ptr, vc_ptr, tab_ptr, q_ptr, wsa_ptr, wss_ptr, cnt_ptr,
-        M, H, Hq, Hkv, max_pos, eps, ws_rows,
-        stride_xm, stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
-        D: tl.constexpr, HALF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_ITERS: tl.constexpr,
-        SPLIT_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NVR_FROM_PTR: tl.constexpr,
-        USE_PDL: tl.constexpr, INTERP: tl.constexpr):
-    rt = tl.program_id(0)          # row tile
-    hh = tl.program_id(1)          # head of the fused weight: q heads, then k heads, then v heads
-    sp = tl.program_id(2)          # K split
-    NH = tl.num_programs(1)
-    N = NH * D
-
-    rows = rt * BM + tl.arange(0, BM)
-    rmask = rows < M
-    jl = tl.arange(0, HALF)
-    kk = tl.arange(0, BK)
-    wrow_lo = (hh * D + jl).to(tl.int64) * H
-    wrow_hi = (hh * D + HALF + jl).to(tl.int64) * H
-    k0 = sp * (K_ITERS * BK)
-
-    # constant inputs first (weights): issued before waiting on the previous kernel (PDL).
-    # H is a multiple of BK, so a K tile is either wholly inside [0, H) or wholly past it: the masks
-    # are uniform per tile and the loads stay vectorised.
-    live = k0 < H
-    w_lo = tl.load(w_ptr + wrow_lo[:, None] + (k0 + kk)[None, :], mask=live, other=0.0)
-    w_hi = tl.load(w_ptr + wrow_hi[:, None] + (k0 + kk)[None, :], mask=live, other=0.0)
-    an = tl.load(an_ptr + k0 + kk, mask=live, other=0.0).to(tl.float32)
+        x_ptr, stride_xm, w_ptr, stride_wn, an_ptr, ws_ptr, sss_ptr, cnt_ptr,
+        b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, kc_ptr, vc_ptr, tab_ptr, q_ptr,
+        M, NP, K, Hq, Hkv, max_pos, eps,
+        stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+        D: tl.constexpr, HALF: tl.constexpr,
+        SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
+        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
+        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NVR_FROM_PTR: tl.constexpr, EARLY: tl.constexpr,
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+    # grid (tile, split, row block): each program one block of 16 rows (NUM_MB is the launch's row-block
+    # count, for the workspace layout; the GEMV helpers run with one block at rows m0..m0+15)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n0 = pid_n * BN
+    m0 = pid_m * 16
+    k_begin = pid_k * (CPS * BK)
+    k_end = tl.minimum(k_begin + CPS * BK, K)
+    w2_off = HALF * stride_wn                          # the upper rotary half: HALF weight rows further
+    if PRELOAD:                                        # weight loads issued before the wait
+        lws = preload_weights(w_ptr, stride_wn, n0, NP, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST, HALF)
+        hws = preload_weights(w_ptr + w2_off, stride_wn, n0, NP, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K,
+                              UPCAST, HALF)
+    elif USE_PDL and PF_K > 0:
+        prefetch_l2(w_ptr, stride_wn, n0, NP, k_begin, K, BN, PF_K, HALF)
+        prefetch_l2(w_ptr + w2_off, stride_wn, n0, NP, k_begin, K, BN, PF_K, HALF)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-    acc_lo = tl.zeros([BM, HALF], dtype=tl.float32)
-    acc_hi = tl.zeros([BM, HALF], dtype=tl.float32)
-    ss = tl.zeros([BM], dtype=tl.float32)
-    for it in range(K_ITERS):   # constexpr trip count: the slice is K_ITERS * BK columns (masked past H)
-        kt = k0 + it * BK
-        xv = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + (kt + kk)[None, :],
-                     mask=rmask[:, None] & (kt < H), other=0.0).to(tl.float32)
-        ss += tl.sum(xv * xv, axis=1)
-        xs = xv * an[None, :]
-        if INTERP:
-            xs = round_bf16(xs)
-        # prefetch the next tile before the dots (masked off past the slice)
-        nlive = (kt + BK < H) & (it + 1 < K_ITERS)
-        w_lo_n = tl.load(w_ptr + wrow_lo[:, None] + (kt + BK + kk)[None, :], mask=nlive, other=0.0)
-        w_hi_n = tl.load(w_ptr + wrow_hi[:, None] + (kt + BK + kk)[None, :], mask=nlive, other=0.0)
-        an_n = tl.load(an_ptr + kt + BK + kk, mask=nlive, other=0.0).to(tl.float32)
-        xd = to_dot(xs, INTERP)
-        acc_lo += tl.dot(xd, tl.trans(to_dot(w_lo, INTERP)))
-        acc_hi += tl.dot(xd, tl.trans(to_dot(w_hi, INTERP)))
-        w_lo = w_lo_n
-        w_hi = w_hi_n
-        an = an_n
-
-    do_epilogue = True
-    if SPLIT_K > 1:
-        # partials in fp32; the last program of this (row tile, head) sums them in split order
-        racc = rows[:, None].to(tl.int64) * N + hh * D
-        base = sp.to(tl.int64) * ws_rows * N
-        tl.store(wsa_ptr + base + racc + jl[None, :], acc_lo)
-        tl.store(wsa_ptr + base + racc + HALF + jl[None, :], acc_hi)
-        tl.store(wss_ptr + (sp * NH + hh).to(tl.int64) * ws_rows + rows, ss)
+    rm = m0 + tl.arange(0, 16)
+    if NVR_FROM_PTR:
+        nvr = tl.load(nvr_ptr)
+    else:
+        nvr = nvr_int
+    pos = tl.zeros((16,), dtype=tl.int64)   # EARLY: the rows' positions and KV slots now (two [16] vectors),
+    loc = pos                               # so the finisher's table loads go out with its partial-tile loads
+    if EARLY:
+        pos = tl.load(pos_ptr + rm, mask=rm < M, other=0)
+        loc = tl.load(loc_ptr + rm, mask=(rm < M) & (rm < nvr), other=0).to(tl.int64)
+    xb = x_ptr + m0 * stride_xm                        # this program's row block, as rows 0..15 of the helpers
+    z = tl.zeros((16,), dtype=tl.float32)
+    if PRELOAD:
+        lo, _l1, _l2, hi, _h1, _h2, ss, _s1, _s2 = preload_product(
+            lws, hws, xb, stride_xm, M - m0, k_begin, k_end, an_ptr, z, z, z, BN, BK, CPS, 1, True, 2, EVEN_K, UPCAST)
+    else:
+        lo, _l1, _l2, hi, _h1, _h2, ss, _s1, _s2 = gemv_loop(
+            w_ptr, w2_off, stride_wn, xb, stride_xm, M - m0, NP, n0, k_begin, K, an_ptr, z, z, z,
+            BN, BK, CPS, 1, True, 2, EVEN_N, EVEN_K, UPCAST, HALF)
+    MP: tl.constexpr = 16 * NUM_MB
+    cos = tl.zeros((BN, 16), dtype=tl.float32)     # placeholders unless EARLY (`_rope_epilogue` loads them)
+    sin = cos
+    blo = tl.zeros((BN,), dtype=tl.float32)
+    bhi = blo
+    nlo = blo
+    nhi = blo
+    if SPLIT > 1:
+        store_partial(ws_ptr, lo, 2 * pid_k, NP, MP, n0, m0, BN, EVEN_N)
+        store_partial(ws_ptr, hi, 2 * pid_k + 1, NP, MP, n0, m0, BN, EVEN_N)
+        store_split_ss(sss_ptr, ss, pid_n, pid_k, m0, SPLIT)
         tl.debug_barrier()
-        cnt = tl.atomic_add(cnt_ptr + rt * NH + hh, 1, sem="acq_rel", scope="gpu")
-        do_epilogue = cnt == SPLIT_K - 1
-        if do_epilogue:
-            acc_lo = tl.zeros([BM, HALF], dtype=tl.float32)
-            acc_hi = tl.zeros([BM, HALF], dtype=tl.float32)
-            ss = tl.zeros([BM], dtype=tl.float32)
-            for s in range(SPLIT_K):
-                b2 = s * ws_rows * N
-                acc_lo += tl.load(wsa_ptr + b2 + racc + jl[None, :], cache_modifier=".cg")
-                acc_hi += tl.load(wsa_ptr + b2 + racc + HALF + jl[None, :], cache_modifier=".cg")
-                ss += tl.load(wss_ptr + (s * NH + hh).to(tl.int64) * ws_rows + rows, cache_modifier=".cg")
-            tl.store(cnt_ptr + rt * NH + hh, 0)
-
-    if do_epilogue:
-        rstd = 1.0 / tl.sqrt(ss / H + eps)
-        y_lo = acc_lo * rstd[:, None]
-        y_hi = acc_hi * rstd[:, None]
-        if HAS_BIAS:
-            y_lo += tl.load(b_ptr + hh * D + jl).to(tl.float32)[None, :]
-            y_hi += tl.load(b_ptr + hh * D + HALF + jl).to(tl.float32)[None, :]
-        is_q = hh < Hq
-        is_k = (hh >= Hq) & (hh < Hq + Hkv)
-        is_v = hh >= Hq + Hkv
-        if QK_NORM:
-            msq = (tl.sum(y_lo * y_lo, axis=1) + tl.sum(y_hi * y_hi, axis=1)) / D
-            r2 = 1.0 / tl.sqrt(msq + eps)
-            nw_lo = tl.where(is_q, tl.load(qn_ptr + jl).to(tl.float32), tl.load(kn_ptr + jl).to(tl.float32))
-            nw_hi = tl.where(is_q, tl.load(qn_ptr + HALF + jl).to(tl.float32),
-                             tl.load(kn_ptr + HALF + jl).to(tl.float32))
-            y_lo = tl.where(is_v, y_lo, y_lo * r2[:, None] * nw_lo[None, :])
-            y_hi = tl.where(is_v, y_hi, y_hi * r2[:, None] * nw_hi[None, :])
-        pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
-        pmask = rmask & (pos >= 0) & (pos < max_pos)
-        trow = pos.to(tl.int64) * D
-        cos = tl.load(tab_ptr + trow[:, None] + jl[None, :], mask=pmask[:, None], other=0.0)
-        sin = tl.load(tab_ptr + trow[:, None] + HALF + jl[None, :], mask=pmask[:, None], other=0.0)
-        r_lo = y_lo * cos - y_hi * sin
-        r_hi = y_hi * cos + y_lo * sin
-        y_lo = tl.where(is_v, y_lo, r_lo)
-        y_hi = tl.where(is_v, y_hi, r_hi)
-        o_lo = to_bf16(y_lo, INTERP)
-        o_hi = to_bf16(y_hi, INTERP)
-
-        qrow = rows[:, None].to(tl.int64) * stride_qm + hh * stride_qh
-        qmask = rmask[:, None] & is_q
-        tl.store(q_ptr + qrow + jl[None, :], o_lo, mask=qmask)
-        tl.store(q_ptr + qrow + HALF + jl[None, :], o_hi, mask=qmask)
-
-        if NVR_FROM_PTR:
-            nvr = tl.load(nvr_ptr)
-        else:
-            nvr = nvr_int
-        wmask = rmask & (rows < nvr)
-        loc = tl.load(loc_ptr + rows, mask=wmask, other=0).to(tl.int64)
-        krow = loc[:, None] * stride_kcs + (hh - Hq) * stride_kch
-        kmask2 = wmask[:, None] & is_k
-        tl.store(kc_ptr + krow + jl[None, :], o_lo, mask=kmask2)
-        tl.store(kc_ptr + krow + HALF + jl[None, :], o_hi, mask=kmask2)
-        vrow = loc[:, None] * stride_vcs + (hh - Hq - Hkv) * stride_vch
-        vmask = wmask[:, None] & is_v
-        tl.store(vc_ptr + vrow + jl[None, :], o_lo, mask=vmask)
-        tl.store(vc_ptr + vrow + HALF + jl[None, :], o_hi, mask=vmask)
+        cnt = cnt_ptr + pid_n * NUM_MB + pid_m
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        finished = arrived == SPLIT - 1
+        if finished:                   # the last to arrive: every split's partials, in split order
+            if EARLY:
+                cos, sin, blo, bhi, nlo, nhi = _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos,
+                                                                n0, NP, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
+            lo = sum_partials(ws_ptr, 0, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
+            hi = sum_partials(ws_ptr, 1, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
+            ss = sum_split_ss(sss_ptr, pid_n, m0, SPLIT)
+            tl.store(cnt, 0)           # reset for the next launch (plain store, see `_gemv` "Split-K")
+            _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, blo, bhi, nlo, nhi,
+                           b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, tab_ptr, kc_ptr, vc_ptr, q_ptr, Hq, Hkv, max_pos,
+                           stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                           D, HALF, BN, HAS_BIAS, QK_NORM, EARLY, UPCAST)
+    else:
+        if EARLY:
+            cos, sin, blo, bhi, nlo, nhi = _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos, n0,
+                                                            NP, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
+        _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, blo, bhi, nlo, nhi,
+                       b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, tab_ptr, kc_ptr, vc_ptr, q_ptr, Hq, Hkv, max_pos,
+                       stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                       D, HALF, BN, HAS_BIAS, QK_NORM, EARLY, UPCAST)
 
 
 # --------------------------------------------------------------------------- the wrapper
@@ -272,7 +347,7 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py).
 
     Parameters:
-        x             [M, H] bf16, last dim contiguous: the layer's input rows (pre-norm)
+        x             [M, H] bf16 (M = 1..48), last dim contiguous: the layer's input rows (pre-norm)
         qkv_weight    [N, H] bf16 contiguous, N = Hq*D + 2*Hkv*D (`pack_qkv`)
         qkv_bias      [N] bf16 (`pack_qkv_bias`) or None
         attn_norm     [H] bf16; q_norm, k_norm: [D] bf16, both given (Qwen3 QK-norm) or both None
@@ -283,8 +358,8 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         cos_sin_table [P, D] float32 contiguous (`rope_table`): cos | sin halves per position
         cfg           gives head_dim (D) and rms_eps; head counts come from the shapes (TP shards work)
         out_q         optional preallocated [M, Hq, D] bf16 output (last dim contiguous)
-        workspace     optional `make_prologue_workspace(qkv_weight, D, max_rows >= M)`; allocated
-                      (not capturable) when None
+        workspace     optional `make_prologue_workspace(qkv_weight, D)` (its plan decides the tiling);
+                      allocated (not capturable) when None
         use_pdl       launch with programmatic dependent launch (sm_90; ignored when interpreting)
         check_values  also check positions / out_cache_loc values (host sync; not under capture)
     Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
@@ -294,8 +369,8 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     dev = x.device
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
     m, hidden = x.shape
-    if m < 1:
-        raise StepContractError("x has M=0 rows; a step needs at least one row")
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"x has M={m} rows; the fused prologue takes 1..{MAX_ROWS}")
     d = cfg.head_dim
     check_tensor("k_cache", k_cache, dtype=torch.bfloat16, ndim=3, shape=(None, None, ("D", d)), device=dev)
     s_slots, hkv, _ = k_cache.shape
@@ -310,10 +385,8 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
             f"qkv_weight has N={n} rows; must be (Hq + 2*Hkv)*D with D={d}, Hkv={hkv} and Hq a multiple of Hkv")
     nh = n // d
     hq = nh - 2 * hkv
-    if d % 32:
-        raise StepContractError(f"head_dim D={d} must be a multiple of 32 (each RoPE half feeds tl.dot)")
-    if d & (d - 1):
-        raise StepContractError(f"head_dim D={d} must be a power of two")
+    if d & (d - 1) or not 16 <= d <= 256:
+        raise StepContractError(f"head_dim D={d} must be a power of two in 16..256 (a tile holds whole heads)")
     if qkv_bias is not None:
         check_tensor("qkv_bias", qkv_bias, dtype=torch.bfloat16, ndim=1, shape=(("N", n),), device=dev)
     check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
@@ -334,34 +407,33 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         check_tensor("out_q", out_q, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)),
                      device=dev)
     if workspace is None:
-        workspace = make_prologue_workspace(qkv_weight, d, m)
-    elif workspace.max_rows < m or workspace.counters.shape[1] != nh or workspace.counters.device != dev or (
-            workspace.split_k > 1 and workspace.partial_acc.shape[2] != n):
+        workspace = make_prologue_workspace(qkv_weight, d)
+    plan = workspace.plan
+    if (plan.n, plan.k) != (n // 2, hidden) or plan.bn % (d // 2) or workspace.gemv.max_n < 2 * plan.n or \
+            workspace.counters.device != dev:
         raise StepContractError(
-            f"workspace (max_rows={workspace.max_rows}, heads={workspace.counters.shape[1]}) does not fit "
-            f"M={m} rows of a weight with N={n} rows ({nh} heads) on {dev}")
+            f"workspace (plan N={plan.n}, K={plan.k}, bn={plan.bn}; scratch for 2N <= {workspace.gemv.max_n} on "
+            f"{workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} rotary pairs), "
+            f"H={hidden}, D={d} on {dev}")
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], s_slots)
 
-    interp = interpreting()
+    upcast = interpreting()
     pdl = bool(use_pdl) and pdl_supported(dev)
-    grid = (triton.cdiv(m, ROW_TILE), nh, workspace.split_k)
-    extra = {"launch_pdl": True} if pdl else {}
+    gws = workspace.gemv
     dummy = attn_norm
-    _attn_prologue_kernel[grid](
-        x, qkv_weight, qkv_bias if qkv_bias is not None else dummy, attn_norm,
-        q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
-        positions, out_cache_loc, nvr_t if nvr_t is not None else out_cache_loc, nvr_int,
-        k_cache, v_cache, cos_sin_table, out_q,
-        workspace.partial_acc, workspace.partial_ss, workspace.counters,
-        m, hidden, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps), workspace.max_rows,
-        x.stride(0), out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
-        D=d, HALF=d // 2, BM=ROW_TILE, BK=workspace.block_k, K_ITERS=workspace.k_chunk // workspace.block_k,
-        SPLIT_K=workspace.split_k,
-        HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
-        USE_PDL=pdl, INTERP=interp, num_warps=4, **extra)
+    nmb = row_blocks(m)
+    _attn_prologue_kernel[(*plan.grid, nmb)](
+        x, x.stride(0), qkv_weight, qkv_weight.stride(0), attn_norm, gws.partials, gws.split_ss, gws.counters,
+        qkv_bias if qkv_bias is not None else dummy, q_norm if q_norm is not None else dummy,
+        k_norm if k_norm is not None else dummy, positions, out_cache_loc,
+        nvr_t if nvr_t is not None else out_cache_loc, nvr_int, k_cache, v_cache, cos_sin_table, out_q,
+        m, plan.n, hidden, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps),
+        out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
+        EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl,
+        **{**launch_constexprs(plan, 1), "NUM_MB": nmb})     # one row block per program: stages of 1 block
     return out_q
 
 

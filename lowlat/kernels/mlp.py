@@ -32,7 +32,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
+                                  preload_weights, row_blocks, rstd_of, store_partial, store_split_ss,
+                                  sum_partials, sum_split_ss, to_bf16)
 from lowlat.kernels.out_proj import _launch_residual_gemv
 
 
@@ -59,29 +60,6 @@ def _load_rstd(rstd_ptr, m0, M, NORM: tl.constexpr):
         return tl.load(rstd_ptr + rm, mask=rm < M, other=0.0)
     else:
         return tl.zeros((16,), dtype=tl.float32)
-
-
-@triton.jit
-def _rstd_of(ss, K, eps):
-    """1 / sqrt(mean(x^2) + eps) from a row's sum of squares over its K columns."""
-    return tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
-
-
-@triton.jit
-def _split_ss(sss_ptr, ss, pid_n, pid_k, m0, SPLIT: tl.constexpr):
-    """Store this (tile, split)'s per-row sums of squares; the finisher reads every split's."""
-    rm = m0 + tl.arange(0, 16)
-    tl.store(sss_ptr + (pid_n * SPLIT + pid_k) * 48 + rm, ss)
-
-
-@triton.jit
-def _sum_split_ss(sss_ptr, pid_n, m0, SPLIT: tl.constexpr):
-    """sum over s = 0..SPLIT-1, in that order, of the stored sums of squares of tile pid_n."""
-    rm = m0 + tl.arange(0, 16)
-    tot = tl.zeros((16,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
-        tot += tl.load(sss_ptr + (pid_n * SPLIT + s) * 48 + rm, cache_modifier=".cg")
-    return tot
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -131,17 +109,17 @@ def _gate_up_kernel(
         store_partial(ws_ptr, g0, 2 * pid_k, I, MP, n0, 0, BN, EVEN_N)
         store_partial(ws_ptr, u0, 2 * pid_k + 1, I, MP, n0, 0, BN, EVEN_N)
         if NORM == 2:
-            _split_ss(sss_ptr, s0, pid_n, pid_k, 0, SPLIT)
+            store_split_ss(sss_ptr, s0, pid_n, pid_k, 0, SPLIT)
         if NUM_MB > 1:
             store_partial(ws_ptr, g1, 2 * pid_k, I, MP, n0, 16, BN, EVEN_N)
             store_partial(ws_ptr, u1, 2 * pid_k + 1, I, MP, n0, 16, BN, EVEN_N)
             if NORM == 2:
-                _split_ss(sss_ptr, s1, pid_n, pid_k, 16, SPLIT)
+                store_split_ss(sss_ptr, s1, pid_n, pid_k, 16, SPLIT)
         if NUM_MB > 2:
             store_partial(ws_ptr, g2, 2 * pid_k, I, MP, n0, 32, BN, EVEN_N)
             store_partial(ws_ptr, u2, 2 * pid_k + 1, I, MP, n0, 32, BN, EVEN_N)
             if NORM == 2:
-                _split_ss(sss_ptr, s2, pid_n, pid_k, 32, SPLIT)
+                store_split_ss(sss_ptr, s2, pid_n, pid_k, 32, SPLIT)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         finished = arrived == SPLIT - 1
@@ -149,29 +127,29 @@ def _gate_up_kernel(
             g0 = sum_partials(ws_ptr, 0, I, MP, n0, 0, BN, SPLIT, 2, EVEN_N)
             u0 = sum_partials(ws_ptr, 1, I, MP, n0, 0, BN, SPLIT, 2, EVEN_N)
             if NORM == 2:
-                s0 = _sum_split_ss(sss_ptr, pid_n, 0, SPLIT)
+                s0 = sum_split_ss(sss_ptr, pid_n, 0, SPLIT)
             if NUM_MB > 1:
                 g1 = sum_partials(ws_ptr, 0, I, MP, n0, 16, BN, SPLIT, 2, EVEN_N)
                 u1 = sum_partials(ws_ptr, 1, I, MP, n0, 16, BN, SPLIT, 2, EVEN_N)
                 if NORM == 2:
-                    s1 = _sum_split_ss(sss_ptr, pid_n, 16, SPLIT)
+                    s1 = sum_split_ss(sss_ptr, pid_n, 16, SPLIT)
             if NUM_MB > 2:
                 g2 = sum_partials(ws_ptr, 0, I, MP, n0, 32, BN, SPLIT, 2, EVEN_N)
                 u2 = sum_partials(ws_ptr, 1, I, MP, n0, 32, BN, SPLIT, 2, EVEN_N)
                 if NORM == 2:
-                    s2 = _sum_split_ss(sss_ptr, pid_n, 32, SPLIT)
+                    s2 = sum_split_ss(sss_ptr, pid_n, 32, SPLIT)
             tl.store(cnt_ptr + pid_n, 0)      # reset for the next launch (plain store, see `_gemv` "Split-K")
     if finished:
         if NORM == 2:                                 # factored RMSNorm: scale by rstd before SiLU
-            q0 = _rstd_of(s0, K, eps)
+            q0 = rstd_of(s0, K, eps)
             g0 = g0 * q0[None, :]
             u0 = u0 * q0[None, :]
             if NUM_MB > 1:
-                q1 = _rstd_of(s1, K, eps)
+                q1 = rstd_of(s1, K, eps)
                 g1 = g1 * q1[None, :]
                 u1 = u1 * q1[None, :]
             if NUM_MB > 2:
-                q2 = _rstd_of(s2, K, eps)
+                q2 = rstd_of(s2, K, eps)
                 g2 = g2 * q2[None, :]
                 u2 = u2 * q2[None, :]
         _finish_act(g0, u0, 0, n0, M, I, act_ptr, stride_am, BN, UPCAST)

@@ -1,13 +1,14 @@
-"""Compile lowlat's GEMV kernels for sm_90 without a GPU (Triton's bundled ptxas), and report what the
-machine code uses: tensor cores (wgmma or mma.sync), cp.async pipelining, griddepcontrol (PDL),
-L2 prefetches, registers, spills (local memory in the PTX or a ptxas stack frame), shared memory,
-and whether a preload kernel issues its weight loads before the PDL wait.
+"""Compile lowlat's GEMV kernels (the attention prologue included) for sm_90 without a GPU (Triton's
+bundled ptxas), and report what the machine code uses: tensor cores (wgmma or mma.sync), cp.async
+pipelining, griddepcontrol (PDL), L2 prefetches, registers, spills (local memory in the PTX or a ptxas
+stack frame), shared memory, and whether a preload kernel issues its weight loads before the PDL wait.
 
     python -m lowlat.kernels.sm90_check [--quick]   # needs TRITON_INTERPRET unset (the compiled path)
 
 Catches GPU-only failures (layouts, dot shapes, inline asm, atomics, register spills) on a CPU-only
 machine, where the interpreter runs none of that. Shapes are SmolLM2-135M's (and, without --quick,
-Llama-3.2-1B's), each with the plan the fused model uses (`plan_gemv`, tuned table included).
+Llama-3.2-1B's and Qwen3-30B-A3B's prologue), each with the plan the fused model uses (`plan_gemv`,
+tuned table included).
 """
 
 from __future__ import annotations
@@ -123,6 +124,34 @@ def compile_all(quick: bool = False) -> list[dict]:
                 NT_P2=nt, BH=512, N_COLS=h)
             run(f"{model}/gate_up", _gate_up_kernel, gu_sig, plan_gemv(i, h, kind="gate_up"), nmb, True, NORM=2)
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
+    # the attention prologue (a pair GEMV of kind "qkv"; one row block per program, NUM_MB only sizes the
+    # workspace rows), with its plan and epilogue-load rule; Qwen3 adds QK-norm
+    from lowlat.config import preset
+    import torch
+
+    from lowlat.kernels.attn_prologue import _attn_prologue_kernel, make_prologue_workspace
+
+    pro_sig = {a: "*bf16" for a in ("x_ptr", "w_ptr", "an_ptr", "b_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr",
+                                    "q_ptr")}
+    pro_sig.update({"ws_ptr": "*fp32", "sss_ptr": "*fp32", "cnt_ptr": "*i32", "pos_ptr": "*i64", "loc_ptr": "*i32",
+                    "nvr_ptr": "*i32", "tab_ptr": "*fp32", "nvr_int": "i32", "stride_xm": "i32", "stride_wn": "i32",
+                    "M": "i32", "NP": "i32", "K": "i32", "Hq": "i32", "Hkv": "i32", "max_pos": "i32", "eps": "fp32",
+                    "stride_qm": "i32", "stride_qh": "i32", "stride_kcs": "i32", "stride_kch": "i32",
+                    "stride_vcs": "i32", "stride_vch": "i32"})
+    for name in ["SmolLM2-135M"] + ([] if quick else ["Llama-3.2-1B", "Qwen3-30B-A3B"]):
+        cfg = preset(name)
+        w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
+        ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
+        for nmb in row_blocks:
+            lc = {**launch_constexprs(ws.plan, 1), "NUM_MB": nmb}
+            warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
+            const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
+                         NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)
+            t = time.time()
+            c = _compile(_attn_prologue_kernel, pro_sig, const, num_warps=warps, num_stages=stages, pdl=True)
+            p = ws.plan
+            out.append(_report(f"{name}/attn_prologue/{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}"
+                               f"/mb{nmb}", c, time.time() - t, preload=p.preload))
     return out
 
 

@@ -104,20 +104,64 @@ def _assert_only_slots_written(before, after, loc):
 # ----------------------------------------------------------------------------- CPU (interpreter)
 @FEW
 @given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4]),
-       hkv=st.sampled_from([1, 2]), d=st.sampled_from([32, 64]), hidden=st.sampled_from([32, 48, 96]),
-       bias=st.booleans(), qk_norm=st.booleans(), split_k=st.sampled_from([1, 2, 3]),
-       seed=st.integers(0, 2**16))
+       hkv=st.sampled_from([1, 2]), d=st.sampled_from([16, 32, 64]), hidden=st.sampled_from([32, 48, 96]),
+       bias=st.booleans(), qk_norm=st.booleans(), split_k=st.sampled_from([1, 2, 3]), preload=st.booleans(),
+       bn=st.sampled_from([None, 32, 128]), early=st.booleans(), seed=st.integers(0, 2**16))
 def test_attn_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, hidden, bias, qk_norm, split_k,
-                                                 seed):
+                                                 preload, bn, early, seed):
     """q of every row and the K/V written at each valid row's slot match the reference; nothing else
-    in the cache changes; padding rows write nothing."""
+    in the cache changes; padding rows write nothing. Both weight-stream modes of the plan (preload,
+    stream), split-K 1..3, tiles of one to several heads (bn 32..128; raised to D/2 where narrower);
+    tiles past the last head are masked (N/2 not a multiple of bn); the epilogue's inputs loaded early or
+    where they are used."""
     cfg = tiny_config(hidden_size=hidden, num_heads=group * hkv, num_kv_heads=hkv, head_dim=d,
                       qkv_bias=bias, qk_norm=qk_norm)
     rows = split_rows(m)
     ctxs = [(seed >> i) % 40 for i in range(len(rows))]
     lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device)
-    ws = make_prologue_workspace(pack_qkv(lw), d, x.shape[0], block_k=16, split_k=split_k)
+    fields = dict(block_k=16, split=split_k, preload=preload) | ({} if bn is None else dict(bn=bn))
+    ws = make_prologue_workspace(pack_qkv(lw), d, x.shape[0], early_inputs=early, **fields)
+    assert ws.plan.bn >= d // 2 and ws.plan.preload == preload and ws.early_inputs == early
     _check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws)
+    assert int(ws.counters.abs().sum()) == 0, "split-K counters must be reset by the last arriver"
+
+
+@pytest.mark.parametrize("hidden, heads, hkv, d, bias, qk_norm, split, preload, bn, m", [
+    (64, 4, 2, 32, True, True, 2, True, 64, 3),         # preload, split-K, two heads per tile
+    (96, 6, 2, 64, False, True, 3, False, 64, 7),       # stream, split 3, one head per tile, 5 tiles
+    (48, 3, 1, 32, True, False, 1, False, 64, 20),      # two row blocks, N/2 = 80: the last tile half masked
+    (64, 8, 2, 16, False, True, 1, True, 128, 33),      # three row blocks, 16 heads of D 16 in one tile
+])
+def test_attn_prologue_plan_modes(device, hidden, heads, hkv, d, bias, qk_norm, split, preload, bn, m):
+    """Fixed corners of the tiling, each against the reference: preload / stream weights, split-K with the
+    finisher's rotary epilogue, 1-3 row blocks, tiles of one or many heads, a masked last tile; the
+    epilogue's inputs loaded early and where they are used give the same bits."""
+    cfg = tiny_config(hidden_size=hidden, num_heads=heads, num_kv_heads=hkv, head_dim=d, qkv_bias=bias,
+                      qk_norm=qk_norm)
+    rows = split_rows(m)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[(5 * i) % 13 for i in range(len(rows))], rows=rows, pad=2, seed=m,
+                                device=device)
+    outs = []
+    for early in (False, True):
+        ws = make_prologue_workspace(pack_qkv(lw), d, block_k=16, split=split, preload=preload, bn=bn,
+                                     early_inputs=early)
+        assert (ws.plan.split, ws.plan.preload, ws.plan.bn, ws.early_inputs) == (split, preload, bn, early)
+        outs.append(_check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws))
+        assert int(ws.counters.abs().sum()) == 0
+    for name, late, early in zip(("q", "k_cache", "v_cache"), *outs):
+        check_bitwise("attn_prologue", early.nan_to_num(), late.nan_to_num(), output=f"{name}_early_inputs")
+
+
+def test_early_inputs_rule():
+    """The default: epilogue inputs loaded early only for launches of fewer (tile, split) programs than
+    EARLY_INPUTS_PROGRAMS (SmolLM2's 40 programs: early; Llama-3.2-1B's 192 and Qwen3-30B-A3B's 320: not)."""
+    from lowlat.kernels.attn_prologue import EARLY_INPUTS_PROGRAMS
+
+    for name, early in (("SmolLM2-135M", True), ("Llama-3.2-1B", False), ("Qwen3-30B-A3B", False)):
+        cfg = preset(name)
+        w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16)
+        ws = make_prologue_workspace(w, cfg.head_dim)
+        assert ws.early_inputs == early == (ws.plan.n_tiles * ws.plan.split < EARLY_INPUTS_PROGRAMS), name
 
 
 def test_attn_prologue_padding_rows_change_nothing_valid(device):
@@ -211,6 +255,13 @@ def _error_cases():
         ("out_q", dict(out_q=torch.empty(3, 4, 16, dtype=torch.bfloat16)), "out_q has shape (3, 4, 16)"),
         ("position value", dict(positions=far, check_values=True), "positions[0]=99 outside the RoPE table"),
         ("slot value", dict(out_cache_loc=bad_loc, check_values=True), "out_cache_loc[1]=0 outside"),
+        ("rows", dict(x=x[:1].expand(49, -1).contiguous()), "x has M=49 rows; the fused prologue takes 1..48"),
+        ("workspace", dict(workspace=make_prologue_workspace(w[:-64].contiguous(), 32)),
+         "workspace (plan N=96, K=64"),
+        ("head_dim", dict(cfg=cfg.replace(head_dim=8), k_cache=kc[..., :8].contiguous(),
+                          v_cache=vc[..., :8].contiguous(),
+                          cos_sin_table=tab[:, :8].contiguous(), q_norm=None, k_norm=None),
+         "head_dim D=8 must be a power of two in 16..256"),
     ]
 
 
@@ -225,14 +276,14 @@ def test_last_dim_stride_checked_only_where_it_is_used():
         check_tensor("out_cache_loc", col[:, 2], dtype=torch.int32, ndim=1)
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(15))
 def test_attn_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
     cfg, base, cases = _error_cases()
     name, change, msg = cases[case]
     kc0, vc0 = base["k_cache"].clone(), base["v_cache"].clone()
-    args = {**base, **change}
+    args = {"cfg": cfg, **base, **change}
     with pytest.raises(StepContractError, match=re.escape(msg)):
-        attn_prologue(**args, cfg=cfg)
+        attn_prologue(**args)
     assert torch.equal(base["k_cache"].nan_to_num(), kc0.nan_to_num()), name
     assert torch.equal(base["v_cache"].nan_to_num(), vc0.nan_to_num()), name
 
@@ -255,10 +306,11 @@ def test_attn_prologue_model_shapes_within_2x_baseline_error(device, name, reqs,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["SmolLM2-135M", "Qwen3-0.6B", "Qwen2.5-0.5B"])
+@pytest.mark.parametrize("name", ["SmolLM2-135M", "Llama-3.2-1B", "Qwen3-0.6B", "Qwen2.5-0.5B", "Qwen3-30B-A3B"])
 def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device, name):
     """Run-to-run bitwise; each row's q / K / V identical alone, among 48 rows and with padding;
-    PDL on == off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
+    PDL on == off; epilogue inputs early == late; a CUDA-graph replay (num_valid_rows as a device
+    tensor) == eager."""
     cfg = preset(name)
     lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
                                   device=device)
@@ -266,11 +318,12 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
     ws = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, 48)
     n = step.num_valid_rows
     runs = []
-    for pdl in (False, False, True):
+    other = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, 48, early_inputs=not ws.early_inputs)
+    for pdl, wsp in ((False, ws), (False, ws), (True, ws), (True, other)):
         kc, vc = kc0.clone(), vc0.clone()
-        runs.append((_run_kernel(cfg, lw, step, x, kc, vc, table=table, workspace=ws, use_pdl=pdl), kc, vc))
+        runs.append((_run_kernel(cfg, lw, step, x, kc, vc, table=table, workspace=wsp, use_pdl=pdl), kc, vc))
     for q, kc, vc in runs[1:]:
-        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_and_pdl")
+        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_pdl_early_inputs")
         check_bitwise("attn_prologue", kc.nan_to_num(), runs[0][1].nan_to_num(), output="k_cache_run_to_run")
     q_all, kc_all, vc_all = runs[0]
     loc = step.out_cache_loc[:n].long()

@@ -184,7 +184,7 @@ def test_kernels_compile_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("kernel=")]
-    assert len(lines) == 10, res.stdout
+    assert len(lines) == 12, res.stdout         # 10 GEMV launches + the attention prologue at 1 and 3 row blocks
     for ln in lines:
         assert "tensor_cores=True" in ln and "griddepcontrol=True" in ln and "local_memory=False" in ln, ln
         if "/preload-" in ln:

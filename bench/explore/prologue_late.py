@@ -1,0 +1,361 @@
+"""Fused attention prologue in one launch: RMSNorm -> QKV GEMV (+bias) -> QK-norm -> RoPE -> KV write.
+
+Matches `lowlat.reference.attn_prologue.attn_prologue` (which composes `rms_norm`, `F.linear`,
+`apply_rope` and `write_kv` exactly as `lowlat.reference.layer.attention_block` does).
+
+The QKV projection is a pair GEMV of `lowlat.kernels._gemv` (kind "qkv", the gate/up kernel's form):
+output row p of the GEMV (p < NP = (Hq + 2 Hkv) * D / 2) is rotary index j = p % (D/2) of head
+p // (D/2), and its program multiplies the two weight rows of that pair, the lower half's (row
+head * D + j of the packed [N, H] weight, `_gemv.weight_rows` with HALF_ROWS = D/2) and the upper
+half's (D/2 rows further), so each program holds both RoPE partners of its rows in the same registers:
+
+    lo[p, m], hi[p, m] = sum_k W[head*D + j (+ D/2), k] * bf16(attn_norm[k] * x[m, k])     fp32, "swap AB"
+
+The grid is (tiles of BN output rows, `split` slices of K, blocks of 16 rows): BN is a multiple of D/2
+(whole heads), and each program takes one block of 16 rows (M padded), as the session-4 kernel did, so
+48 rows run three times the programs (the other GEMVs of `_gemv` loop over the row blocks in one
+program: 8.0 vs 4.6 us for SmolLM2's prologue at 48 rows). The plan (preload or stream mode, bn,
+block_k, split, PDL prefetch) is `plan_gemv(NP, H, kind="qkv")`, the tuned table included. With split > 1 the partial tiles and the
+per-row sums of x^2 are reduced in split order by the last program to arrive (deterministic whatever
+the arrival order, see `_gemv`), which then runs the epilogue on its [BN, 16] tiles:
+
+    rstd = 1 / sqrt(sum x^2 / H + eps);  y = rstd * (lo | hi) (+ bias)       (RMSNorm folded after the dot)
+    q, k heads: y = q_norm|k_norm * y / sqrt(mean over the head of y^2 + eps)      (QK_NORM)
+                (lo, hi) = (lo cos - hi sin, hi cos + lo sin), cos/sin rows of a precomputed fp32 table
+    q -> out_q [M, Hq, D] bf16 (all rows); k, v -> k_cache / v_cache [out_cache_loc] (valid rows only)
+
+A row's arithmetic never depends on M or on the other rows (rows are padded to blocks of 16, the plan
+is a function of the weight's shape only). All buffers are preallocated (`PrologueWorkspace`): one
+launch, CUDA-graph capturable. PDL (`use_pdl`): a preload plan issues all its weight loads, a stream
+plan its L2 prefetch, before `gdc_wait`; dependents are released right after it.
+
+Before session 5 the prologue was its own kernel (x @ W^T with the rows as the MMA's M operand, one
+weight tile loaded ahead, 288 programs of 64-column heads): 9.8 us PDL-chained for Llama-3.2-1B's
+12.6 MB at 1 row (31% of copy bandwidth), 11.6 us for Qwen3-30B-A3B's 21 MB (44%); its x tile was
+loaded inside the K loop, one exposed L2 round trip per chunk (session 4, bench/results/session4/).
+
+Numerics vs the reference: x * attn_norm is rounded to bf16 once (the reference rounds the normalised
+x to bf16 and multiplies in bf16), rstd is applied in fp32 after the dot, QK-norm and RoPE run in
+fp32 with fp32 cos/sin (the reference rounds every step to bf16), outputs are rounded once to bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lowlat.config import ModelConfig
+from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
+                                         interpreting, pdl_supported, to_bf16)
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
+                                  prefetch_l2, preload_product, preload_weights, row_blocks, rstd_of,
+                                  store_partial, store_split_ss, sum_partials, sum_split_ss)
+from lowlat.reference.rope import rope_inv_freq
+from lowlat.weights import LayerWeights
+
+
+# --------------------------------------------------------------------------- build-time helpers
+def pack_qkv(lw: LayerWeights) -> torch.Tensor:
+    """Fused QKV weight [Hq*D + 2*Hkv*D, H] bf16 contiguous: rows Wq, then Wk, then Wv."""
+    return torch.cat([lw.wq, lw.wk, lw.wv], dim=0).to(torch.bfloat16).contiguous()
+
+
+def pack_qkv_bias(lw: LayerWeights) -> torch.Tensor | None:
+    """Fused QKV bias [Hq*D + 2*Hkv*D] bf16 (bq | bk | bv), or None when the layer has no bias."""
+    if lw.bq is None:
+        return None
+    return torch.cat([lw.bq, lw.bk, lw.bv]).to(torch.bfloat16).contiguous()
+
+
+def rope_table(cfg: ModelConfig, max_pos: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """cos/sin table [P, D] float32 for positions 0..P-1 (P = max_pos): columns 0..D/2-1 hold
+    cos(p * inv_freq[i]), columns D/2..D-1 hold sin(p * inv_freq[i]). Angles are computed in float64
+    (inv_freq from `lowlat.reference.rope.rope_inv_freq`, incl. llama3 scaling), then rounded once."""
+    if max_pos <= 0:
+        raise StepContractError(f"max_pos={max_pos} must be positive")
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=1).to(torch.float32).contiguous().to(device)
+
+
+def prologue_plan(qkv_weight: torch.Tensor, head_dim: int, **fields) -> GemvPlan:
+    """The GEMV plan of the prologue for `qkv_weight` [N, H]: `plan_gemv(N / 2, H, kind="qkv", **fields)`
+    (fields: block_k, split, bn, preload, warps, stages, pf_k, forced as in `plan_gemv`), with bn raised
+    to D/2 where it is narrower, so that a tile holds whole heads (QK-norm reduces over a head)."""
+    n, hidden = qkv_weight.shape
+    half = head_dim // 2
+    if half > 128:
+        raise StepContractError(f"head_dim D={head_dim} > 256: a head's rotary half must fit one tile (bn <= 128)")
+    plan = plan_gemv(n // 2, hidden, kind="qkv", **fields)
+    if plan.bn < half:
+        plan = plan_gemv(n // 2, hidden, kind="qkv", **{**fields, "bn": half})
+    return plan
+
+
+@dataclass
+class PrologueWorkspace:
+    """Preallocated scratch of `attn_prologue` (CUDA-graph capturable): its tile plan and a
+    `GemvWorkspace` for N / 2 pair rows (split-K partials, per-split sums of squares, arrival
+    counters: zero between launches, each launch's last arriver resets them)."""
+
+    plan: GemvPlan
+    gemv: GemvWorkspace
+
+    @property
+    def counters(self) -> torch.Tensor:
+        return self.gemv.counters
+
+
+def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, max_rows: int = MAX_ROWS, *,
+                            plan: GemvPlan | None = None, **fields) -> PrologueWorkspace:
+    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) and up to max_rows (1..48) rows, on its device.
+    plan: a `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`)."""
+    if not 1 <= max_rows <= MAX_ROWS:
+        raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_ROWS}")
+    plan = prologue_plan(qkv_weight, head_dim, **fields) if plan is None else plan
+    # counters per (tile, row block): 3 * N / bn <= 3 * N / 16, within the 2 * (2N / 16) + 2 of a 2N-column one
+    return PrologueWorkspace(plan=plan, gemv=GemvWorkspace.create(2 * plan.n, qkv_weight.device))
+
+
+# --------------------------------------------------------------------------- the kernel
+@triton.jit
+def _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr,
+                   kc_ptr, vc_ptr, tab_ptr, q_ptr, Hq, Hkv, max_pos,
+                   stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                   D: tl.constexpr, HALF: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   QK_NORM: tl.constexpr, UPCAST: tl.constexpr):
+    """RMSNorm scale, bias, QK-norm, RoPE and the stores of one [BN, 16] tile pair (lower / upper
+    rotary halves of pair rows n0.., rows m0..m0+15). Each input is loaded where it is used (loading
+    them all up front, to share one round trip, cost registers and measured slower)."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    nok = rn < NP
+    mok = rm < M
+    hd = rn // HALF                        # head of the fused weight: q heads, then k heads, then v heads
+    j = rn % HALF                          # rotary index within the head
+    rstd = rstd_of(ss, K, eps)
+    ylo = lo * rstd[None, :]
+    yhi = hi * rstd[None, :]
+    if HAS_BIAS:
+        ylo += tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)[:, None]
+        yhi += tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)[:, None]
+    is_q = hd < Hq
+    is_v = hd >= Hq + Hkv
+    is_k = (hd >= Hq) & (hd < Hq + Hkv)
+    if QK_NORM:                            # per head and row: the head's BN // HALF groups of HALF tile rows
+        G: tl.constexpr = BN // HALF
+        sq = tl.reshape(ylo * ylo + yhi * yhi, [G, HALF, 16])
+        r2 = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(sq, axis=1) / D + eps))             # [G, 16]
+        r2 = tl.reshape(tl.broadcast_to(r2[:, None, :], [G, HALF, 16]), [BN, 16])
+        nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
+        nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
+        ylo = tl.where(is_v[:, None], ylo, ylo * r2 * nlo[:, None])
+        yhi = tl.where(is_v[:, None], yhi, yhi * r2 * nhi[:, None])
+    pos = tl.load(pos_ptr + rm, mask=mok, other=0)
+    pok = (mok & (pos >= 0) & (pos < max_pos))[None, :]
+    tab = tab_ptr + pos.to(tl.int64)[None, :] * D + j[:, None]
+    cos = tl.load(tab, mask=pok, other=0.0)
+    sin = tl.load(tab + HALF, mask=pok, other=0.0)
+    rlo = ylo * cos - yhi * sin
+    rhi = yhi * cos + ylo * sin
+    olo = to_bf16(tl.where(is_v[:, None], ylo, rlo), UPCAST)
+    ohi = to_bf16(tl.where(is_v[:, None], yhi, rhi), UPCAST)
+
+    qp = q_ptr + rm.to(tl.int64)[None, :] * stride_qm + (hd * stride_qh + j)[:, None]
+    qmask = (nok & is_q)[:, None] & mok[None, :]
+    tl.store(qp, olo, mask=qmask)
+    tl.store(qp + HALF, ohi, mask=qmask)
+    wok = mok & (rm < nvr)
+    loc = tl.load(loc_ptr + rm, mask=wok, other=0).to(tl.int64)
+    kp = kc_ptr + loc[None, :] * stride_kcs + ((hd - Hq) * stride_kch + j)[:, None]
+    kmask = (nok & is_k)[:, None] & wok[None, :]
+    tl.store(kp, olo, mask=kmask)
+    tl.store(kp + HALF, ohi, mask=kmask)
+    vp = vc_ptr + loc[None, :] * stride_vcs + ((hd - Hq - Hkv) * stride_vch + j)[:, None]
+    vmask = (nok & is_v)[:, None] & wok[None, :]
+    tl.store(vp, olo, mask=vmask)
+    tl.store(vp + HALF, ohi, mask=vmask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _attn_prologue_kernel(
+        x_ptr, stride_xm, w_ptr, stride_wn, an_ptr, ws_ptr, sss_ptr, cnt_ptr,
+        b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, kc_ptr, vc_ptr, tab_ptr, q_ptr,
+        M, NP, K, Hq, Hkv, max_pos, eps,
+        stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+        D: tl.constexpr, HALF: tl.constexpr,
+        SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
+        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
+        HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NVR_FROM_PTR: tl.constexpr,
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+    # grid (tile, split, row block): each program one block of 16 rows (NUM_MB is the launch's row-block
+    # count, for the workspace layout; the GEMV helpers run with one block at rows m0..m0+15)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n0 = pid_n * BN
+    m0 = pid_m * 16
+    k_begin = pid_k * (CPS * BK)
+    k_end = tl.minimum(k_begin + CPS * BK, K)
+    w2_off = HALF * stride_wn                          # the upper rotary half: HALF weight rows further
+    if PRELOAD:                                        # weight loads issued before the wait
+        lws = preload_weights(w_ptr, stride_wn, n0, NP, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST, HALF)
+        hws = preload_weights(w_ptr + w2_off, stride_wn, n0, NP, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K,
+                              UPCAST, HALF)
+    elif USE_PDL and PF_K > 0:
+        prefetch_l2(w_ptr, stride_wn, n0, NP, k_begin, K, BN, PF_K, HALF)
+        prefetch_l2(w_ptr + w2_off, stride_wn, n0, NP, k_begin, K, BN, PF_K, HALF)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    xb = x_ptr + m0 * stride_xm                        # this program's row block, as rows 0..15 of the helpers
+    z = tl.zeros((16,), dtype=tl.float32)
+    if PRELOAD:
+        lo, _l1, _l2, hi, _h1, _h2, ss, _s1, _s2 = preload_product(
+            lws, hws, xb, stride_xm, M - m0, k_begin, k_end, an_ptr, z, z, z, BN, BK, CPS, 1, True, 2, EVEN_K, UPCAST)
+    else:
+        lo, _l1, _l2, hi, _h1, _h2, ss, _s1, _s2 = gemv_loop(
+            w_ptr, w2_off, stride_wn, xb, stride_xm, M - m0, NP, n0, k_begin, K, an_ptr, z, z, z,
+            BN, BK, CPS, 1, True, 2, EVEN_N, EVEN_K, UPCAST, HALF)
+    MP: tl.constexpr = 16 * NUM_MB
+    finished = True
+    if SPLIT > 1:
+        store_partial(ws_ptr, lo, 2 * pid_k, NP, MP, n0, m0, BN, EVEN_N)
+        store_partial(ws_ptr, hi, 2 * pid_k + 1, NP, MP, n0, m0, BN, EVEN_N)
+        store_split_ss(sss_ptr, ss, pid_n, pid_k, m0, SPLIT)
+        tl.debug_barrier()
+        cnt = cnt_ptr + pid_n * NUM_MB + pid_m
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        finished = arrived == SPLIT - 1
+        if finished:                   # the last to arrive: every split's partials, in split order
+            lo = sum_partials(ws_ptr, 0, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
+            hi = sum_partials(ws_ptr, 1, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
+            ss = sum_split_ss(sss_ptr, pid_n, m0, SPLIT)
+            tl.store(cnt, 0)           # reset for the next launch (plain store, see `_gemv` "Split-K")
+    if finished:
+        if NVR_FROM_PTR:
+            nvr = tl.load(nvr_ptr)
+        else:
+            nvr = nvr_int
+        _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, kc_ptr,
+                       vc_ptr, tab_ptr, q_ptr, Hq, Hkv, max_pos, stride_qm, stride_qh, stride_kcs, stride_kch,
+                       stride_vcs, stride_vch, D, HALF, BN, HAS_BIAS, QK_NORM, UPCAST)
+
+
+# --------------------------------------------------------------------------- the wrapper
+def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
+                  attn_norm: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  positions: torch.Tensor, out_cache_loc: torch.Tensor, num_valid_rows: int | torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *,
+                  cfg: ModelConfig, out_q: torch.Tensor | None = None,
+                  workspace: PrologueWorkspace | None = None, use_pdl: bool = False,
+                  check_values: bool = False) -> torch.Tensor:
+    """RMSNorm -> QKV projection (+bias) -> QK-norm (Qwen3) -> RoPE -> KV write, in one launch.
+
+    Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py).
+
+    Parameters:
+        x             [M, H] bf16 (M = 1..48), last dim contiguous: the layer's input rows (pre-norm)
+        qkv_weight    [N, H] bf16 contiguous, N = Hq*D + 2*Hkv*D (`pack_qkv`)
+        qkv_bias      [N] bf16 (`pack_qkv_bias`) or None
+        attn_norm     [H] bf16; q_norm, k_norm: [D] bf16, both given (Qwen3 QK-norm) or both None
+        positions     [M] int64, position of each row (rows of padding may hold anything in 0..P-1)
+        out_cache_loc [M] int32, KV slot each valid row writes
+        num_valid_rows  int in 0..M, or a 1-element int32 device tensor (read in-kernel, for graphs)
+        k_cache, v_cache [S, Hkv, D] bf16, last dim contiguous (SGLang's MHATokenToKVPool layout)
+        cos_sin_table [P, D] float32 contiguous (`rope_table`): cos | sin halves per position
+        cfg           gives head_dim (D) and rms_eps; head counts come from the shapes (TP shards work)
+        out_q         optional preallocated [M, Hq, D] bf16 output (last dim contiguous)
+        workspace     optional `make_prologue_workspace(qkv_weight, D)` (its plan decides the tiling);
+                      allocated (not capturable) when None
+        use_pdl       launch with programmatic dependent launch (sm_90; ignored when interpreting)
+        check_values  also check positions / out_cache_loc values (host sync; not under capture)
+    Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
+    Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows] (bf16); padding rows write nothing.
+    Raises: StepContractError naming the offending tensor / value; nothing is written then.
+    """
+    dev = x.device
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
+    m, hidden = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"x has M={m} rows; the fused prologue takes 1..{MAX_ROWS}")
+    d = cfg.head_dim
+    check_tensor("k_cache", k_cache, dtype=torch.bfloat16, ndim=3, shape=(None, None, ("D", d)), device=dev)
+    s_slots, hkv, _ = k_cache.shape
+    check_tensor("v_cache", v_cache, dtype=torch.bfloat16, ndim=3,
+                 shape=(("S", s_slots), ("Hkv", hkv), ("D", d)), device=dev)
+    check_tensor("qkv_weight", qkv_weight, dtype=torch.bfloat16, ndim=2, shape=(None, ("H", hidden)), device=dev)
+    if not qkv_weight.is_contiguous():
+        raise StepContractError(f"qkv_weight must be contiguous, got strides {qkv_weight.stride()}")
+    n = qkv_weight.shape[0]
+    if n % d or n // d <= 2 * hkv or (n // d - 2 * hkv) % hkv:
+        raise StepContractError(
+            f"qkv_weight has N={n} rows; must be (Hq + 2*Hkv)*D with D={d}, Hkv={hkv} and Hq a multiple of Hkv")
+    nh = n // d
+    hq = nh - 2 * hkv
+    if d & (d - 1) or not 16 <= d <= 256:
+        raise StepContractError(f"head_dim D={d} must be a power of two in 16..256 (a tile holds whole heads)")
+    if qkv_bias is not None:
+        check_tensor("qkv_bias", qkv_bias, dtype=torch.bfloat16, ndim=1, shape=(("N", n),), device=dev)
+    check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
+    if (q_norm is None) != (k_norm is None):
+        raise StepContractError("q_norm and k_norm must both be given (Qwen3 QK-norm) or both be None")
+    if q_norm is not None:
+        check_tensor("q_norm", q_norm, dtype=torch.bfloat16, ndim=1, shape=(("D", d),), device=dev)
+        check_tensor("k_norm", k_norm, dtype=torch.bfloat16, ndim=1, shape=(("D", d),), device=dev)
+    check_tensor("positions", positions, dtype=torch.int64, ndim=1, shape=(("M", m),), device=dev)
+    check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
+    check_tensor("cos_sin_table", cos_sin_table, dtype=torch.float32, ndim=2, shape=(None, ("D", d)), device=dev)
+    if not cos_sin_table.is_contiguous():
+        raise StepContractError("cos_sin_table must be contiguous")
+    nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
+    if out_q is None:
+        out_q = torch.empty((m, hq, d), dtype=torch.bfloat16, device=dev)
+    else:
+        check_tensor("out_q", out_q, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)),
+                     device=dev)
+    if workspace is None:
+        workspace = make_prologue_workspace(qkv_weight, d)
+    plan = workspace.plan
+    if (plan.n, plan.k) != (n // 2, hidden) or plan.bn % (d // 2) or workspace.gemv.max_n < 2 * plan.n or \
+            workspace.counters.device != dev:
+        raise StepContractError(
+            f"workspace (plan N={plan.n}, K={plan.k}, bn={plan.bn}; scratch for 2N <= {workspace.gemv.max_n} on "
+            f"{workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} rotary pairs), "
+            f"H={hidden}, D={d} on {dev}")
+    if check_values:
+        _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
+                      cos_sin_table.shape[0], s_slots)
+
+    upcast = interpreting()
+    pdl = bool(use_pdl) and pdl_supported(dev)
+    gws = workspace.gemv
+    dummy = attn_norm
+    nmb = row_blocks(m)
+    _attn_prologue_kernel[(*plan.grid, nmb)](
+        x, x.stride(0), qkv_weight, qkv_weight.stride(0), attn_norm, gws.partials, gws.split_ss, gws.counters,
+        qkv_bias if qkv_bias is not None else dummy, q_norm if q_norm is not None else dummy,
+        k_norm if k_norm is not None else dummy, positions, out_cache_loc,
+        nvr_t if nvr_t is not None else out_cache_loc, nvr_int, k_cache, v_cache, cos_sin_table, out_q,
+        m, plan.n, hidden, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps),
+        out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **{**launch_constexprs(plan, 1), "NUM_MB": nmb})
+    return out_q
+
+
+def _check_values(positions, out_cache_loc, n, max_pos, num_slots) -> None:
+    pos = positions.cpu()
+    bad = (pos < 0) | (pos >= max_pos)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        raise StepContractError(f"positions[{i}]={int(pos[i])} outside the RoPE table [0, {max_pos})")
+    loc = out_cache_loc[:n].cpu()
+    bad = (loc < 1) | (loc >= num_slots)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        raise StepContractError(f"out_cache_loc[{i}]={int(loc[i])} outside [1, {num_slots}) (slot 0 is the dummy slot)")
