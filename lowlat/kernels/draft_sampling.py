@@ -30,7 +30,10 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   (their layout change through shared memory and the stores: ~1-1.5 us), 18.6-19.5 with this tail, and no
   better without the fence (an arrival that waits for the max's returned value instead). A greedy launch
   that writes no logits (q is one-hot) measured 18.6-19.1 us (1.95-2.05x): not a clean 2x either, so the
-  logits stay.
+  logits stay. Session 5 (bench/results/session5/call6/explore15.json, code at commit c9ba572): the logits
+  tile stored straight from the wgmma accumulator layout (inline-asm st.global.f32, 8 fewer st.shared and 2
+  fewer barriers in the PTX) ran 19.6-20.3 us against 19.5-20.3 for this store in the same runs
+  (1.89-1.95x both; PDL 19.1-19.6 vs 18.7-19.8): the layout change is not where the time goes.
 * general launch. The NR = min(16, next_pow2(R)) rows that exist are taken out of the accumulator once
   ([NR, BLOCK_V], bits moved, not recomputed) and everything after is vectorised over rows, with no
   per-row loop: x = acc / T (IEEE division) is stored; per row the tile max m_p, the tile sum-exp s_p,
@@ -164,19 +167,6 @@ def _rows_of(acc, NR: tl.constexpr, BLOCK_V: tl.constexpr, LOG_SPLIT: tl.constex
     return tl.trans(x)
 
 
-#: session-5 experiment: the greedy launch stores its logits tile with inline-asm stores from the wgmma
-#: accumulator layout instead of `tl.store` (whose coalescing goes through shared memory)
-LOGITS_DIRECT = False
-
-
-@triton.jit
-def _store_f32(ptrs, vals, mask):
-    """st.global.f32 of vals at ptrs where mask, element by element in the operands' own layout (GPU only)."""
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.f32 [$1], $2; mov.u32 $0, 0; }",
-                              "=r,l,f,r", [ptrs.to(tl.int64), vals, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
 @triton.jit
 def _draft_sample_kernel(
         h_ptr, w_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, off_ptr,
@@ -188,7 +178,7 @@ def _draft_sample_kernel(
         NEED_NOISE: tl.constexpr,
         K_CAP: tl.constexpr, LOG_K: tl.constexpr, FANIN: tl.constexpr, LOG_FANIN: tl.constexpr, NLEV: tl.constexpr,
         PCH: tl.constexpr, NCH: tl.constexpr, FIX_SUM: tl.constexpr, FIX_SUM_INV: tl.constexpr,
-        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, LOGITS_DIRECT: tl.constexpr):
+        RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     rb = tl.program_id(1)
     if USE_PDL:
@@ -226,10 +216,7 @@ def _draft_sample_kernel(
         tl.debug_barrier()        # every thread's atomic is issued before the release below
         old = tl.atomic_add(cnt, 1, sem="acq_rel")
         # logits after the arrival: the release above then waits only for the key maxima, not these stores
-        if LOGITS_DIRECT:   # one st.global.f32 per element from the accumulator's own layout (no smem)
-            _store_f32(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, rmask[None, :] & vmask[:, None])
-        else:
-            tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
         if old == NUM_PROGS - 1:
             # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
             best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
@@ -629,7 +616,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         r, v, h.stride(0), lm_head.stride(0), out.logits.stride(0), cfg["num_progs"], ws.keys.stride(0),
         ws.counters.stride(0),
         UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
-        **{**cfg["constexprs"], "LOGITS_DIRECT": cfg["constexprs"]["LOGITS_DIRECT"] and not interp}, **kwargs)
+        **cfg["constexprs"], **kwargs)
     return out
 
 
@@ -654,7 +641,7 @@ def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, 
         K_CAP=k_cap,
         LOG_K=max(k_cap, 1).bit_length() - 1, FANIN=fanin,
         LOG_FANIN=fanin.bit_length() - 1, NLEV=len(levels), PCH=pch, NCH=triton.cdiv(num_progs, pch),
-        FIX_SUM=float(2.0 ** fix_bits), FIX_SUM_INV=float(2.0 ** -fix_bits), RC=rc, LOGITS_DIRECT=LOGITS_DIRECT)
+        FIX_SUM=float(2.0 ** fix_bits), FIX_SUM_INV=float(2.0 ** -fix_bits), RC=rc)
     if constexprs["GREEDY"]:     # the greedy branch reads none of the row / tree tiling: one compile for any R
         constexprs.update(NR=BLOCK_R, LOG_SPLIT=0, RC=BLOCK_R, PCH=1, NCH=1, FANIN=2, LOG_FANIN=1)
     return {"num_progs": num_progs, "nodes": num_progs + sum(levels), "n_counters": 1 + sum(levels),
