@@ -94,7 +94,7 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | 
 
 
 def check_num_valid_rows(num_valid_rows, m: int, device: torch.device):
-    """Returns (int value or 0, device tensor or None). An int must be in 1..M; a tensor must be a
+    """Returns (int value or 0, device tensor or None). An int must be in 0..M; a tensor must be a
     1-element int32 tensor on `device` (read in-kernel: CUDA-graph friendly, value not checked)."""
     if isinstance(num_valid_rows, torch.Tensor):
         if num_valid_rows.numel() != 1 or num_valid_rows.dtype != torch.int32:

@@ -118,7 +118,9 @@ for the same plan; the cause of that 1-2 point gap between the two methods is no
 head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76% of copy bandwidth, was 72-73%).
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
-`candidate_plans` and keeps the fastest correct one) are recorded in `TUNED_PLANS`; `plan_gemv` uses
+`candidate_plans` and keeps the fastest correct one; the tuner knows the residual, gate_up and lm_head
+kinds, and the "qkv" entries come from session 5's A/B scripts, bench/explore/README.md) are recorded
+in `TUNED_PLANS`; `plan_gemv` uses
 them for exactly those (kind, N, K) and falls back to `default_plan` elsewhere. The environment
 variable LOWLAT_GEMV_PLANS may name a JSON table (the tuner's output) that replaces `TUNED_PLANS`
 for experiments; the plan decides the split-K order and the MMA instruction (wgmma or mma.sync), hence

@@ -133,7 +133,8 @@ class PrologueWorkspace:
 def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, max_rows: int = MAX_ROWS, *,
                             plan: GemvPlan | None = None, early_inputs: bool | None = None,
                             **fields) -> PrologueWorkspace:
-    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) and up to max_rows (1..48) rows, on its device.
+    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) on its device. max_rows is checked (1..48) and
+    otherwise unused: the scratch always holds 48 rows (it is small: partials of N / 2 pair rows).
     plan: a `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`); early_inputs:
     see `PrologueWorkspace` (default: its rule)."""
     if not 1 <= max_rows <= MAX_ROWS:

@@ -5,6 +5,7 @@ typed errors; on the GPU also full model shapes, bitwise determinism, row invari
 CPU: the kernel runs under the Triton interpreter at tiny shapes (<= 6 hypothesis examples each).
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from lowlat.config import preset
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import interpreting
+from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv, pack_qkv_bias,
                                           rope_table)
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
@@ -128,7 +130,7 @@ def test_attn_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, h
 
 @pytest.mark.parametrize("hidden, heads, hkv, d, bias, qk_norm, split, preload, bn, m", [
     (64, 4, 2, 32, True, True, 2, True, 64, 3),         # preload, split-K, two heads per tile
-    (96, 6, 2, 64, False, True, 3, False, 64, 7),       # stream, split 3, one head per tile, 5 tiles
+    (96, 6, 2, 64, False, True, 3, False, 64, 20),      # stream, split 3 over 2 row blocks, one head per tile
     (48, 3, 1, 32, True, False, 1, False, 64, 20),      # two row blocks, N/2 = 80: the last tile half masked
     (64, 8, 2, 16, False, True, 1, True, 128, 33),      # three row blocks, 16 heads of D 16 in one tile
 ])
@@ -162,6 +164,110 @@ def test_early_inputs_rule():
         w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16)
         ws = make_prologue_workspace(w, cfg.head_dim)
         assert ws.early_inputs == early == (ws.plan.n_tiles * ws.plan.split < EARLY_INPUTS_PROGRAMS), name
+
+
+def test_attn_prologue_48_rows(device):
+    """48 rows, the most a launch takes: the third row block ends at row 47 (valid row 46, padding row 47)."""
+    cfg = tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16)
+    rows = split_rows(47)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[i % 5 for i in range(len(rows))], rows=rows, pad=1, seed=5,
+                                device=device)
+    ws = make_prologue_workspace(pack_qkv(lw), 16, block_k=16, split=2)
+    _check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws)
+
+
+def test_attn_prologue_split_k_adds_partials_in_split_order(device):
+    """split 3: the finisher adds the fp32 partials as (p0 + p1) + p2. Built so that only this order is
+    exact: V row 0 of the only KV head has partials 2^30, -2^30, 1 (x = 1, attn_norm = 1), so v = rstd
+    = 1 in bf16 (any other order loses the 1 against 2^30 and gives 0)."""
+    cfg = tiny_config(hidden_size=48, num_heads=1, num_kv_heads=1, head_dim=16)
+    _, step, x, kc, vc = _case(cfg, ctxs=[2], rows=[1], pad=0, seed=0, device=device)
+    w = torch.zeros(3 * 16, 48, dtype=torch.bfloat16, device=device)
+    w[32, :16], w[32, 16:32], w[32, 32] = 2.0 ** 26, -(2.0 ** 26), 1.0        # row Hq*D + Hkv*D: V, index 0
+    ws = make_prologue_workspace(w, 16, block_k=16, split=3)
+    assert (ws.plan.split, ws.plan.chunks_per_split) == (3, 1)
+    one = torch.ones(48, dtype=torch.bfloat16, device=device)
+    attn_prologue(torch.ones_like(x), w, None, one, None, None, step.positions, step.out_cache_loc, 1, kc, vc,
+                  rope_table(cfg, MAX_POS, device), cfg=cfg, workspace=ws)
+    assert vc[int(step.out_cache_loc[0]), 0, 0].item() == 1.0
+
+
+def test_attn_prologue_zero_row_stays_finite_with_qk_norm(device):
+    """A row of zeros: RMSNorm and QK-norm keep their eps (q, K, V are 0 as in the reference, not NaN)."""
+    cfg = tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=True)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[1, 4], rows=[1, 1], pad=1, seed=2, device=device)
+    x[1] = 0
+    q, kc, vc = _check_against_reference(cfg, lw, step, x, kc, vc)
+    assert not q.isnan().any() and torch.all(q[1] == 0)
+
+
+def test_attn_prologue_num_valid_rows_tensor(device):
+    """num_valid_rows as a 1-element int32 tensor (the CUDA-graph path, read in-kernel) on the interpreter."""
+    cfg = tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[2, 6], rows=[2, 1], pad=2, seed=4, device=device)
+    nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
+    _check_against_reference(cfg, lw, step, x, kc, vc, nvr=nvr)
+
+
+def test_attn_prologue_strided_x_out_q_v_cache(device):
+    """x (2 row blocks), out_q and v_cache as views with row / slot / head strides wider than packed: each
+    kernel uses its own tensor's strides (same bits as packed tensors)."""
+    cfg = tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16)
+    rows = split_rows(18)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[i % 4 for i in range(len(rows))], rows=rows, pad=1, seed=9,
+                                  device=device)
+    table = rope_table(cfg, MAX_POS, device)
+    kc1, vc1 = kc0.clone(), vc0.clone()
+    want = _run_kernel(cfg, lw, step, x, kc1, vc1, table=table)
+    xs = torch.zeros(x.shape[0], 48, dtype=x.dtype, device=device)[:, :32]
+    xs.copy_(x)
+    vs = torch.full((*vc0.shape[:2], 32), float("nan"), dtype=vc0.dtype, device=device)[..., :16]
+    vs.copy_(vc0)
+    qs = poison(torch.empty(x.shape[0], 2, 32, dtype=torch.bfloat16, device=device))[..., :16]
+    kc2 = kc0.clone()
+    attn_prologue(xs, pack_qkv(lw), None, lw.attn_norm, None, None, step.positions, step.out_cache_loc,
+                  step.num_valid_rows, kc2, vs, table, cfg=cfg, out_q=qs)
+    check_bitwise("attn_prologue", qs, want, output="q_strided")
+    assert torch.equal(kc2.nan_to_num(), kc1.nan_to_num()) and torch.equal(vs.nan_to_num(), vc1.nan_to_num())
+
+
+def test_prologue_plan_raises_bn_to_a_rotary_half():
+    """bn below D/2 is raised to D/2 (a tile holds whole heads), and a workspace whose plan is narrower
+    than D/2 is refused by the wrapper, naming the plan, with nothing written."""
+    cfg = tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=64)
+    w = torch.zeros(4 * 64, 32, dtype=torch.bfloat16)
+    assert make_prologue_workspace(w, 64, bn=16).plan.bn == 32
+    assert make_prologue_workspace(torch.zeros(4 * 128, 32, dtype=torch.bfloat16), 128, bn=32).plan.bn == 64
+    lw, step, x, kc, vc = _case(cfg, ctxs=[1], rows=[1], pad=0, seed=1, device="cpu")
+    narrow = make_prologue_workspace(pack_qkv(lw), 64, plan=plan_gemv(128, 32, kind="qkv", bn=16))
+    kc0 = kc.clone()
+    with pytest.raises(StepContractError, match=re.escape("bn=16")):
+        _run_kernel(cfg, lw, step, x, kc, vc, table=rope_table(cfg, 8), workspace=narrow)
+    assert torch.equal(kc.nan_to_num(), kc0.nan_to_num())
+
+
+def test_workspace_too_small_and_max_rows_refused():
+    """A workspace whose GEMV scratch is narrower than 2 * N/2 is refused (nothing written); max_rows
+    outside 1..48 is refused when the workspace is made."""
+    cfg, base, _ = _error_cases()
+    ws = make_prologue_workspace(base["qkv_weight"], 32)
+    small = dataclasses.replace(ws, gemv=GemvWorkspace.create(ws.plan.n, "cpu"))
+    kc0 = base["k_cache"].clone()
+    with pytest.raises(StepContractError, match=re.escape("scratch for 2N <= 128")):
+        attn_prologue(cfg=cfg, **{**base, "workspace": small})
+    assert torch.equal(base["k_cache"].nan_to_num(), kc0.nan_to_num())
+    with pytest.raises(StepContractError, match="max_rows=49"):
+        make_prologue_workspace(base["qkv_weight"], 32, 49)
+
+
+def test_prologue_programs_count_both_rotary_halves():
+    """kind "qkv" is a pair kind (both half rows' bytes count): SmolLM2's default prologue plan is the
+    40 programs the module docstring names, as a gate/up plan of the same shape would be."""
+    cfg = preset("SmolLM2-135M")
+    w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16)
+    p = make_prologue_workspace(w, cfg.head_dim).plan
+    assert p.n_tiles * p.split == 40
+    assert p == plan_gemv(w.shape[0] // 2, cfg.hidden_size, kind="gate_up", table={})
 
 
 def test_attn_prologue_padding_rows_change_nothing_valid(device):
