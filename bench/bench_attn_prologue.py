@@ -87,7 +87,7 @@ def main() -> None:
                 locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
                 pos = torch.randint(0, MAX_POS, (m,), device=dev)
                 qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
-                wsp = make_prologue_workspace(w0, d, m)
+                wsp = make_prologue_workspace(w0, d)
                 base.update(plan=wsp.plan.describe(), early_inputs=wsp.early_inputs)
                 if variant.startswith("fused"):
                     pdl = variant == "fused_pdl"

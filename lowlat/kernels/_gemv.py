@@ -594,7 +594,8 @@ class GemvWorkspace:
     partials [MAX_SPLIT * 2 * max_n * 48] fp32  split-K partial tiles
     row_ss   [max_tiles * 48] fp32              per-tile sums of squares (out_proj's RMSNorm)
     split_ss [MAX_SPLIT * max_tiles * 48] fp32  per-(tile, split) sums of squares (gate/up's in-kernel norm)
-    counters [2 * max_tiles + 2] int32          arrival counters; every launch leaves them at 0
+    counters [3 * max_tiles + 2] int32          arrival counters, per tile (or per tile and row block: the
+                                                attention prologue); every launch leaves them at 0
     keys     [48] int64                          argmax keys (lm_head); every launch leaves them at INT64_MIN
     """
 
@@ -611,7 +612,7 @@ class GemvWorkspace:
         return cls(partials=torch.empty(MAX_SPLIT * 2 * max_n * MAX_ROWS, dtype=torch.float32, device=device),
                    row_ss=torch.empty(tiles * MAX_ROWS, dtype=torch.float32, device=device),
                    split_ss=torch.empty(MAX_SPLIT * tiles * MAX_ROWS, dtype=torch.float32, device=device),
-                   counters=torch.zeros(2 * tiles + 2, dtype=torch.int32, device=device),
+                   counters=torch.zeros(MAX_ROWS // ROW_BLOCK * tiles + 2, dtype=torch.int32, device=device),
                    keys=torch.full((MAX_ROWS,), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device),
                    max_n=max_n)
 

@@ -110,9 +110,9 @@ EARLY_INPUTS_PROGRAMS = 128
 
 @dataclass
 class PrologueWorkspace:
-    """Preallocated scratch of `attn_prologue` (CUDA-graph capturable): its tile plan, a `GemvWorkspace`
-    for 2 * N / 2 pair rows (split-K partials, per-split sums of squares, arrival counters per (tile,
-    row block): zero between launches, each launch's last arriver resets them), and where the
+    """Preallocated scratch of `attn_prologue` for up to 48 rows (CUDA-graph capturable): its tile plan, a
+    `GemvWorkspace` for its N / 2 pair rows (split-K partials, per-split sums of squares, arrival counters
+    per (tile, row block): zero between launches, each launch's last arriver resets them), and where the
     epilogue's inputs are loaded: `early_inputs` (positions and KV slots right after the PDL wait,
     cos / sin, bias and norm weights together with the finisher's partial tiles: one round trip fewer,
     more registers) or at their point of use. Measured (session 5, bench/results/session5/call3/
@@ -130,20 +130,15 @@ class PrologueWorkspace:
         return self.gemv.counters
 
 
-def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, max_rows: int = MAX_ROWS, *,
-                            plan: GemvPlan | None = None, early_inputs: bool | None = None,
-                            **fields) -> PrologueWorkspace:
-    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) on its device. max_rows is checked (1..48) and
-    otherwise unused: the scratch always holds 48 rows (it is small: partials of N / 2 pair rows).
-    plan: a `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`); early_inputs:
-    see `PrologueWorkspace` (default: its rule)."""
-    if not 1 <= max_rows <= MAX_ROWS:
-        raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_ROWS}")
+def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, *, plan: GemvPlan | None = None,
+                            early_inputs: bool | None = None, **fields) -> PrologueWorkspace:
+    """Workspace for `qkv_weight` [N, H] (`pack_qkv`) on its device, for 1..48 rows. plan: a
+    `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`); early_inputs: see
+    `PrologueWorkspace` (default: its rule)."""
     plan = prologue_plan(qkv_weight, head_dim, **fields) if plan is None else plan
-    # counters per (tile, row block): 3 * N / bn <= 3 * N / 16, within the 2 * (2N / 16) + 2 of a 2N-column one
     if early_inputs is None:
         early_inputs = plan.n_tiles * plan.split < EARLY_INPUTS_PROGRAMS
-    return PrologueWorkspace(plan=plan, gemv=GemvWorkspace.create(2 * plan.n, qkv_weight.device),
+    return PrologueWorkspace(plan=plan, gemv=GemvWorkspace.create(plan.n, qkv_weight.device),
                              early_inputs=bool(early_inputs))
 
 
@@ -155,6 +150,25 @@ def _rope_rows(tab_ptr, pos, mok, max_pos, j, D: tl.constexpr, HALF: tl.constexp
     ok = (mok & (pos >= 0) & (pos < max_pos))[None, :]
     tab = tab_ptr + pos.to(tl.int64)[None, :] * D + j[:, None]
     return tl.load(tab, mask=ok, other=0.0), tl.load(tab + HALF, mask=ok, other=0.0)
+
+
+@triton.jit
+def _head_weights(b_ptr, qn_ptr, kn_ptr, hd, j, nok, Hq, D: tl.constexpr, HALF: tl.constexpr, BN: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr):
+    """Per tile row (head hd, rotary index j): the bias of its lower / upper half and the QK-norm weights
+    of both halves (q_norm for q heads, k_norm otherwise), fp32 [BN] each; zeros where unused."""
+    blo = tl.zeros((BN,), dtype=tl.float32)
+    bhi = tl.zeros((BN,), dtype=tl.float32)
+    nlo = tl.zeros((BN,), dtype=tl.float32)
+    nhi = tl.zeros((BN,), dtype=tl.float32)
+    if HAS_BIAS:
+        blo = tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)
+        bhi = tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)
+    if QK_NORM:
+        is_q = hd < Hq
+        nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
+        nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
+    return blo, bhi, nlo, nhi
 
 
 @triton.jit
@@ -170,17 +184,7 @@ def _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos, n0, NP
     hd = rn // HALF
     j = rn % HALF
     cos, sin = _rope_rows(tab_ptr, pos, rm < M, max_pos, j, D, HALF)
-    blo = tl.zeros((BN,), dtype=tl.float32)
-    bhi = tl.zeros((BN,), dtype=tl.float32)
-    nlo = tl.zeros((BN,), dtype=tl.float32)
-    nhi = tl.zeros((BN,), dtype=tl.float32)
-    if HAS_BIAS:
-        blo = tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)
-        bhi = tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)
-    if QK_NORM:
-        is_q = hd < Hq
-        nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
-        nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
+    blo, bhi, nlo, nhi = _head_weights(b_ptr, qn_ptr, kn_ptr, hd, j, nok, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
     return cos, sin, blo, bhi, nlo, nhi
 
 
@@ -192,21 +196,20 @@ def _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, b
                    QK_NORM: tl.constexpr, EARLY: tl.constexpr, UPCAST: tl.constexpr):
     """RMSNorm scale, bias, QK-norm, RoPE and the stores of one [BN, 16] tile pair (lower / upper
     rotary halves of pair rows n0.., rows m0..m0+15). EARLY: positions, slots, cos / sin, bias and norm
-    weights are given (`_epilogue_inputs`); else each is loaded here, where it is used (pos, loc, cos,
-    sin, blo, bhi, nlo, nhi are then placeholders)."""
+    weights are given (`_epilogue_inputs`); else they are loaded here (pos, loc, cos, sin, blo, bhi, nlo,
+    nhi are then placeholders), positions / cos / sin and slots where they are used."""
     rn = n0 + tl.arange(0, BN)
     rm = m0 + tl.arange(0, 16)
     nok = rn < NP
     mok = rm < M
     hd = rn // HALF                        # head of the fused weight: q heads, then k heads, then v heads
     j = rn % HALF                          # rotary index within the head
+    if not EARLY:
+        blo, bhi, nlo, nhi = _head_weights(b_ptr, qn_ptr, kn_ptr, hd, j, nok, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
     rstd = rstd_of(ss, K, eps)
     ylo = lo * rstd[None, :]
     yhi = hi * rstd[None, :]
     if HAS_BIAS:
-        if not EARLY:
-            blo = tl.load(b_ptr + hd * D + j, mask=nok, other=0.0).to(tl.float32)
-            bhi = tl.load(b_ptr + hd * D + HALF + j, mask=nok, other=0.0).to(tl.float32)
         ylo += blo[:, None]
         yhi += bhi[:, None]
     is_q = hd < Hq
@@ -215,12 +218,8 @@ def _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, b
     if QK_NORM:                            # per head and row: the head's BN // HALF groups of HALF tile rows
         G: tl.constexpr = BN // HALF
         sq = tl.reshape(ylo * ylo + yhi * yhi, [G, HALF, 16])
-        r2 = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(sq, axis=1) / D + eps))             # [G, 16]
+        r2 = rstd_of(tl.sum(sq, axis=1), D, eps)                                    # [G, 16]
         r2 = tl.reshape(tl.broadcast_to(r2[:, None, :], [G, HALF, 16]), [BN, 16])
-        if not EARLY:
-            nlo = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
-            nhi = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32),
-                           tl.load(kn_ptr + HALF + j).to(tl.float32))
         ylo = tl.where(is_v[:, None], ylo, ylo * r2 * nlo[:, None])
         yhi = tl.where(is_v[:, None], yhi, yhi * r2 * nhi[:, None])
     if not EARLY:
@@ -305,6 +304,7 @@ def _attn_prologue_kernel(
     bhi = blo
     nlo = blo
     nhi = blo
+    finished = True
     if SPLIT > 1:
         store_partial(ws_ptr, lo, 2 * pid_k, NP, MP, n0, m0, BN, EVEN_N)
         store_partial(ws_ptr, hi, 2 * pid_k + 1, NP, MP, n0, m0, BN, EVEN_N)
@@ -313,22 +313,15 @@ def _attn_prologue_kernel(
         cnt = cnt_ptr + pid_n * NUM_MB + pid_m
         arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         finished = arrived == SPLIT - 1
-        if finished:                   # the last to arrive: every split's partials, in split order
-            if EARLY:
-                cos, sin, blo, bhi, nlo, nhi = _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos,
-                                                                n0, NP, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
+    if finished:
+        if EARLY:                      # before the partial tiles' loads: they share a round trip
+            cos, sin, blo, bhi, nlo, nhi = _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos, n0,
+                                                            NP, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
+        if SPLIT > 1:                  # the last to arrive: every split's partials, in split order
             lo = sum_partials(ws_ptr, 0, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
             hi = sum_partials(ws_ptr, 1, NP, MP, n0, m0, BN, SPLIT, 2, EVEN_N)
             ss = sum_split_ss(sss_ptr, pid_n, m0, SPLIT)
             tl.store(cnt, 0)           # reset for the next launch (plain store, see `_gemv` "Split-K")
-            _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, blo, bhi, nlo, nhi,
-                           b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, tab_ptr, kc_ptr, vc_ptr, q_ptr, Hq, Hkv, max_pos,
-                           stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                           D, HALF, BN, HAS_BIAS, QK_NORM, EARLY, UPCAST)
-    else:
-        if EARLY:
-            cos, sin, blo, bhi, nlo, nhi = _epilogue_inputs(b_ptr, qn_ptr, kn_ptr, tab_ptr, pos, m0, M, max_pos, n0,
-                                                            NP, Hq, D, HALF, BN, HAS_BIAS, QK_NORM)
         _rope_epilogue(lo, hi, ss, m0, n0, M, NP, K, eps, nvr, pos, loc, cos, sin, blo, bhi, nlo, nhi,
                        b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, tab_ptr, kc_ptr, vc_ptr, q_ptr, Hq, Hkv, max_pos,
                        stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
@@ -410,10 +403,10 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     if workspace is None:
         workspace = make_prologue_workspace(qkv_weight, d)
     plan = workspace.plan
-    if (plan.n, plan.k) != (n // 2, hidden) or plan.bn % (d // 2) or workspace.gemv.max_n < 2 * plan.n or \
+    if (plan.n, plan.k) != (n // 2, hidden) or plan.bn % (d // 2) or workspace.gemv.max_n < plan.n or \
             workspace.counters.device != dev:
         raise StepContractError(
-            f"workspace (plan N={plan.n}, K={plan.k}, bn={plan.bn}; scratch for 2N <= {workspace.gemv.max_n} on "
+            f"workspace (plan N={plan.n}, K={plan.k}, bn={plan.bn}; scratch for N <= {workspace.gemv.max_n} on "
             f"{workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} rotary pairs), "
             f"H={hidden}, D={d} on {dev}")
     if check_values:

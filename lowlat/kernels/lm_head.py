@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
                                   gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, row_blocks, valid_rows_tensor)
+                                  preload_product, preload_weights, row_blocks, rstd_of, valid_rows_tensor)
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _tile_logits(acc, ss, m0, n0, M, V, K, eps, nvalid, keys_ptr, BN: tl.constex
     into keys[m] by a relaxed `atomic_max` (the arrival counter's release orders it; nothing waits for it)."""
     rn = n0 + tl.arange(0, BN)
     rm = m0 + tl.arange(0, 16)
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
+    rstd = rstd_of(ss, K, eps)
     valid = rm < nvalid
     logit = tl.where(valid[None, :], acc * rstd[None, :], 0.0)
     key = tl.where((rn < V)[:, None], argmax_key(logit, rn[:, None]), -9223372036854775807 - 1)

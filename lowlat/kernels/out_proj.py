@@ -35,7 +35,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, row_blocks, store_partial, sum_partials, to_bf16)
+                                  preload_weights, row_blocks, rstd_of, store_partial, sum_partials, to_bf16)
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def _finish_norm(m0, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_p
     ssm = tl.load(ss_ptr + rt[:, None] * 48 + rm[None, :], mask=(rt < n_tiles)[:, None], other=0.0,
                   cache_modifier=".cg")
     ss = tl.sum(ssm, axis=0)
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / N + eps))
+    rstd = rstd_of(ss, N, eps)
     tl.store(rstd_ptr + rm, rstd, mask=rm < M)
     if WRITE_H:
         for c in range(tl.cdiv(N_COLS, BH)):

@@ -90,7 +90,7 @@ from lowlat.comm.fault import FaultKind
 from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, interpreting, ordered_sum_tile,
                                         publish, push_to_peers, round_to, wait_flags)
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import mma, pdl_available
+from lowlat.kernels._gemv import mma, pdl_available, rstd_of
 
 #: columns per tile: the comm layer's smallest tile, so tile ids stay within its flag array
 BLOCK_N = MIN_BLOCK_H
@@ -210,7 +210,7 @@ def _reduce_residual_norm_kernel(
         ss += tl.sum(xf * xf, axis=1)
     if NORM:
         tl.debug_barrier()
-        rstd = tl.div_rn(1.0, tl.sqrt_rn(ss / N + eps))
+        rstd = rstd_of(ss, N, eps)
         for t in range(N_TILES):
             cols = t * BN + tl.arange(0, BN)
             cm = cols < N

@@ -172,7 +172,7 @@ class FusedModel:
         bf = torch.bfloat16
         self.gemv_ws = GemvWorkspace.create(max(cfg.hidden_size, cfg.intermediate_size if not cfg.is_moe else 0),
                                             dev)
-        self.pro_ws = make_prologue_workspace(self.layers[0].qkv, cfg.head_dim, wmax)
+        self.pro_ws = make_prologue_workspace(self.layers[0].qkv, cfg.head_dim)
         self.dec_ws = make_decode_workspace(wmax, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dev)
         self.moe_ws = self._moe.MoEWorkspace.for_config(cfg, wmax, dev) if self._moe is not None else None
         z = dict(device=dev)

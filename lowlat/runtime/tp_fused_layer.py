@@ -130,7 +130,7 @@ class TPFusedLayer:
         self.kv_local = cfg.num_kv_heads // n
         self.ffn_local = cfg.intermediate_size // n
         self.rope = rope_table(cfg, min(cfg.max_position_embeddings, 1 << 17), dev)
-        self.pro_ws = [make_prologue_workspace(q, cfg.head_dim, max_rows) for q in self.qkv]
+        self.pro_ws = [make_prologue_workspace(q, cfg.head_dim) for q in self.qkv]
         self.dec_ws = [make_decode_workspace(max_rows, self.heads_local, self.kv_local, cfg.head_dim, dev)
                        for _ in range(n)]
         h, d = cfg.hidden_size, cfg.head_dim
