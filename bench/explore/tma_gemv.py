@@ -159,7 +159,7 @@ def _acq_rel_argmax_tail(best, rows, rmask, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PRO
 def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_ptr, cnt_ptr, NUM_PROGS,
                  EPI: tl.constexpr, G: tl.constexpr):
     """EPI 3: relaxed atomic_max into one slot per row, one counter, logits stored after the arrival. EPI 7:
-    EPI 3 with no fence (see there).
+    EPI 3 with no fence (see there). EPI 8: EPI 3 without the logits stores.
     EPI 4: the same spread over G slot copies and G group counters (pid % G) + a root counter: same-address
     atomics queue G-fold shorter. EPI 5: per-program keys (plain stores, [16, NUM_PROGS] at gkeys + 16),
     group + root counters, the last program reduces all keys."""
@@ -180,11 +180,12 @@ def _greedy_tail(acc, cols, rows, rmask, pid, x_ptr, stride_x, tok_ptr, gkeys_pt
             best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
             tl.store(tok_ptr + rows, key_id(best).to(tl.int64), mask=rmask)
             tl.store(cnt_ptr, 0)
-    elif EPI == 3:
+    elif EPI == 3 or EPI == 8:
         tl.atomic_max(gkeys_ptr + rows, key, mask=rmask, sem="relaxed")
         tl.debug_barrier()
         old = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
+        if EPI == 3:      # EPI 8: no logits stored (a greedy draft's q is one-hot; session 6)
+            tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :])
         if old == NUM_PROGS - 1:
             best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
             tl.store(tok_ptr + rows, key_id(best).to(tl.int64), mask=rmask)
