@@ -17,12 +17,12 @@ Configurations: greedy; temperature 1.0 (no filter); T 0.8 + top-k 50 + top-p 0.
 
 Every variant is captured in a CUDA graph of ROT launches on ROT different copies of W and h (together
 beyond the 50 MB L2, so every launch streams its weights from HBM); the time per launch is the median
-over replays / ROT. The HBM floor is bytes that must move (W + h + logits written) / the measured
-device-to-device copy bandwidth (read + write). The target (issue 5) is fused >= 2x faster than torch.
+over replays / ROT. The HBM floor is bytes that must move (W + h + logits written; the greedy launch
+stores no logits since session 6: "one_hot") / the measured device-to-device copy bandwidth (read + write). The target (issue 5) is fused >= 2x faster than torch.
 --sweep also times launch-parameter variants (SWEEP: block_v / num_warps / num_stages / maxnreg for greedy,
 row_chunk / group / maxnreg / num_warps for top_k_top_p) for --sweep-configs (default greedy) at --sweep-rows
 (default 1 and 8); every entry records whether its tokens (same_tokens) and all outputs (same_outputs: tokens,
-lse, cut, logits) equal the default launch's, bitwise (block_v changes the tile partition of the sum-exp, so
+lse, cut, and logits where stored) equal the default launch's, bitwise (block_v changes the tile partition of the sum-exp, so
 lse may differ in the last bits there; tokens must not).
 """
 
@@ -86,7 +86,8 @@ SWEEP = {
 
 
 def snapshot(o) -> tuple:
-    return tuple(t.clone() for t in (o.tokens, o.lse, o.cut_value, o.cut_id, o.logits))
+    """The outputs a launch wrote (a one-hot greedy launch stores no logits)."""
+    return tuple(t.clone() for t in (o.tokens, o.lse, o.cut_value, o.cut_id) + (() if o.one_hot else (o.logits,)))
 
 
 def time_graph(fn, rot: int, iters: int) -> float:
@@ -139,6 +140,8 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
 
         t_fused = time_graph(fused, rot, iters)
         t_fused_q = time_graph(fused_q, rot, iters)
+        one_hot = outs[0].one_hot                     # the greedy TMA launch: no logits stored
+        nbytes = bytes_moved - (r * v * 4 if one_hot else 0)
         ref = [snapshot(o) for o in outs] if name in sweep else None     # the default launch's outputs
         extra = {}
         if pdl:
@@ -150,14 +153,15 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
             torch_mode = f"eager ({type(exc).__name__}: {str(exc)[:120]})"
             torch.cuda.synchronize()
             t_torch = time_eager(unfused, rot, iters)
-        floor_us = bytes_moved / bw * 1e6
+        floor_us = nbytes / bw * 1e6
         rec = {"rows": r, "config": name, **cfg, "vocab": v, "hidden": hd, "k_cap": k_cap, "need_noise": need_noise,
+               "one_hot": one_hot,
                "fused_us": round(t_fused, 2), **extra, "fused_plus_dense_q_us": round(t_fused_q, 2),
                "torch_us": round(t_torch, 2), "torch_timing": torch_mode, "speedup": round(t_torch / t_fused, 2),
                "speedup_with_dense_q": round(t_torch / t_fused_q, 2),
-               "bytes": bytes_moved, "hbm_floor_us": round(floor_us, 2),
+               "bytes": nbytes, "hbm_floor_us": round(floor_us, 2),
                "fused_pct_of_floor": round(100 * floor_us / t_fused, 1),
-               "fused_GBps": round(bytes_moved / t_fused / 1e3, 1)}
+               "fused_GBps": round(nbytes / t_fused / 1e3, 1)}
         if name in sweep:
             rec["sweep"] = []
             for launch in SWEEP[name]:

@@ -8,8 +8,18 @@ weight tile [BLOCK_V, BLOCK_H] is the wgmma m64 operand, h^T [BLOCK_H, 16] the n
 to 16; fp32 accumulation; a software-pipelined loop over H, `num_stages` deep; default tile 128 x 64, 4
 warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows depends on the launch:
 
-* greedy launch (no row samples: k_cap 0, need_noise False). The tile is stored as is (T = 1) and
-  reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
+* greedy launch (no row samples: k_cap 0, need_noise False). Since session 6 it is its own kernel,
+  `_greedy_tma_kernel`: the same GEMV with the weight tiles loaded by TMA (a host tensor descriptor,
+  3 stages, no register cap) and NO logits stored: a greedy draft's q is one-hot at the token, so the
+  launch writes tokens, lse = cut value = the largest logit, cut id = the token, and marks the output
+  `one_hot` (`DraftSample.probs()` / `kept()` then read the tokens). Measured on the H200 (V 49152, H 576,
+  bench/results/session6/call1/explore16.json and call2/explore17.json, the TMA copy in
+  bench/explore/tma_gemv.py, EPI 8): 18.1-19.1 us at 1-8 rows = 1.96-2.10x the torch ops against
+  19.2-20.7 us = 1.86-1.95x for the cp.async launch with logits in the same runs; tile / pipeline
+  variants (block_v 64 / 256, block_h 32, 2-6 stages, 8 warps) were no faster than 128 x 64, 3 stages,
+  4 warps. The cp.async greedy branch of `_draft_sample_kernel` described next still serves LM heads TMA
+  cannot take (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs) and stores the logits.
+  The tile is stored as is (T = 1) and reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
   whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
   (order-free; the arrival counter's acq_rel release publishes it); the last program to arrive swaps
   the slots back to empty (relaxed exchange: the arrival's acquire orders it) and writes the tokens. The
@@ -102,6 +112,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value
@@ -410,6 +421,49 @@ def _draft_sample_kernel(
                 tl.store(cnt, 0)
 
 
+@triton.jit
+def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr, gkeys_ptr, cnt_ptr,
+                       R, V, stride_h, NUM_PROGS, CNT_ROW, HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr,
+                       BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    """The greedy-only launch: logits tile by TMA weight loads (tensor descriptor; rows past V and columns
+    past H read as zeros), per-row key max, arrival, tokens. Writes no logits (q is one-hot)."""
+    pid = tl.program_id(0)
+    rb = tl.program_id(1)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = rb * 16 + tl.arange(0, 16)
+    rmask = rows < R
+    v0 = pid * BLOCK_V
+    cols = v0 + tl.arange(0, BLOCK_V)
+    cnt = cnt_ptr + rb * CNT_ROW
+    acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
+    for h0 in range(0, HIDDEN, BLOCK_H):              # constexpr trip count: pipelined num_stages deep
+        w = w_desc.load([v0, h0])
+        hk = h0 + tl.arange(0, BLOCK_H)
+        ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None], mask=rmask[None, :] & (hk < HIDDEN)[:, None],
+                     other=0.0)
+        if UPCAST:
+            acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, ht, acc)
+    key = tl.where((cols < V)[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
+    tl.atomic_max(gkeys_ptr + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
+    tl.debug_barrier()            # every thread's atomic is issued before the release below
+    old = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if old == NUM_PROGS - 1:
+        # relaxed: the arrival's acquire orders it
+        best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
+        val = key_value(best)
+        tid = key_id(best)
+        t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
+        tl.store(tok_ptr + rows, tl.where(t > 0.0, -1, tid).to(tl.int64), mask=rmask)
+        tl.store(lse_ptr + rows, val, mask=rmask)
+        tl.store(cutv_ptr + rows, val, mask=rmask)
+        tl.store(cuti_ptr + rows, tid, mask=rmask)
+        tl.store(cnt, 0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------------
@@ -418,10 +472,13 @@ class DraftSample:
     """Output of one draft-sampling launch (R rows, vocabulary V).
 
     tokens [R] int64 (-1 marks a row whose parameters are outside the supported range);
-    logits [R, V] float32 — x = (h @ W^T) / T (T = 1 for greedy rows);
-    lse [R] float32 — log-sum-exp of x over the kept tokens;
+    logits [R, V] float32 — x = (h @ W^T) / T (T = 1 for greedy rows); NOT written when one_hot;
+    lse [R] float32 — log-sum-exp of x over the kept tokens (one_hot: the largest logit);
     cut_value [R] float32, cut_id [R] int32 — the last kept token in (value desc, id asc) order
-    (rows without filtering: the lowest finite float32 and V, so every token is kept).
+    (rows without filtering: the lowest finite float32 and V, so every token is kept; one_hot: the
+    largest logit and the token);
+    one_hot — set by the launch: True when a greedy-only launch wrote only tokens / lse / cut (q is
+    one-hot at the token, so the logits are not stored: `kept` and `probs` then read the tokens).
     """
 
     tokens: torch.Tensor
@@ -429,15 +486,21 @@ class DraftSample:
     lse: torch.Tensor
     cut_value: torch.Tensor
     cut_id: torch.Tensor
+    one_hot: bool = False
 
     def kept(self) -> torch.Tensor:
-        """[R, V] bool: the tokens the row's top-k / top-p filter keeps."""
+        """[R, V] bool: the tokens the row's top-k / top-p filter keeps (one_hot: the token only)."""
         ids = torch.arange(self.logits.shape[1], device=self.logits.device)
+        if self.one_hot:
+            return ids[None, :] == self.tokens[:, None]
         cv, ci = self.cut_value[:, None], self.cut_id[:, None]
         return (self.logits > cv) | ((self.logits == cv) & (ids[None, :] <= ci))
 
     def probs(self) -> torch.Tensor:
-        """q [R, V] float32: exp(x - lse) on the kept tokens, 0 elsewhere (rows sum to 1)."""
+        """q [R, V] float32: exp(x - lse) on the kept tokens, 0 elsewhere (rows sum to 1; one_hot: 1 at
+        the token, a row with token -1 all 0)."""
+        if self.one_hot:
+            return self.kept().to(torch.float32)
         return torch.where(self.kept(), torch.exp(self.logits - self.lse[:, None]), 0.0)
 
 
@@ -539,8 +602,8 @@ def default_maxnreg(num_warps: int) -> int | None:
 def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
                       k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
-                      group: int | None = None, row_chunk: int | None = None, num_warps: int = 4, num_stages: int = 4,
-                      maxnreg: int | None = -1, use_pdl: bool = False) -> DraftSample:
+                      group: int | None = None, row_chunk: int | None = None, num_warps: int = 4,
+                      num_stages: int | None = None, maxnreg: int | None = -1, use_pdl: bool = False) -> DraftSample:
     """Launch-level entry (no host sync, CUDA-graph capturable): one launch, writes into `out`.
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
@@ -548,12 +611,16 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     top-k) or a power of two in [max(2, largest top_k), 64]. need_noise: False when no row samples without
     top-k (every row greedy or top-k); with k_cap 0 and need_noise False the launch is greedy-only (the
     lean argmax epilogue). Parameter values are not checked here (see `draft_sample`); rows outside the
-    supported range or outside what k_cap / need_noise compile for get token -1. CUDA-graph padding rows:
+    supported range or outside what k_cap / need_noise compile for get token -1. The greedy-only launch
+    loads the weight by TMA (`_greedy_tma_kernel`) when `tma_greedy_ok` holds, writes no logits and sets
+    out.one_hot (q through `DraftSample.probs()` either way); every other launch clears it. CUDA-graph padding rows:
     give them any valid parameters (e.g. temperature 0); a row's outputs never depend on the other rows.
     block_v (power of two in [max(16, k_cap), 1024]), block_h, group (fan-in of the top-k merge tree,
     power of two >= 2; default `merge_tree`'s), row_chunk (rows the top-k parts handle at a time, power of
-    two; default `default_row_chunk`), num_warps, num_stages: launch tuning (outputs never depend on them). maxnreg: register
-    cap per thread (-1: `default_maxnreg`, which keeps three 4-warp programs per SM; None: no cap). Raises
+    two; default `default_row_chunk`), num_warps, num_stages (None: 3 for the TMA greedy launch, else 4):
+    launch tuning (outputs never depend on them). maxnreg: register cap per thread (-1: `default_maxnreg`
+    for the general launch, which keeps three 4-warp programs per SM, none for the TMA greedy launch;
+    None: no cap). Raises
     StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
@@ -602,13 +669,24 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     n_rb = triton.cdiv(r, BLOCK_R)
     ws = _workspace(h.device, n_rb * BLOCK_R, cfg["num_progs"], k_cap, cfg["nodes"], cfg["n_counters"])
     interp = interpreting()
+    tma = cfg["constexprs"]["GREEDY"] and tma_greedy_ok(h, lm_head)
+    if num_stages is None:
+        num_stages = 3 if tma else 4
     kwargs = {} if interp else {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg == -1:
-        maxnreg = default_maxnreg(num_warps)
+        maxnreg = None if tma else default_maxnreg(num_warps)
     if maxnreg is not None and not interp:
         kwargs["maxnreg"] = maxnreg
     if use_pdl and not interp:
         kwargs["launch_pdl"] = True
+    out.one_hot = bool(tma)
+    if tma:
+        desc = TensorDescriptor(lm_head, [v, hd], [lm_head.stride(0), 1], [block_v, block_h])
+        _greedy_tma_kernel[(cfg["num_progs"], n_rb)](
+            h, desc, temperature, out.tokens, out.lse, out.cut_value, out.cut_id, ws.gkeys, ws.counters,
+            r, v, h.stride(0), cfg["num_progs"], ws.counters.stride(0), HIDDEN=hd, BLOCK_V=block_v, BLOCK_H=block_h,
+            UPCAST=interp, USE_PDL=use_pdl and not interp, **kwargs)
+        return out
     _draft_sample_kernel[(cfg["num_progs"], n_rb)](
         h, lm_head, temperature, top_k, top_p, seeds, offsets,
         out.tokens, out.logits, out.lse, out.cut_value, out.cut_id,
@@ -618,6 +696,18 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
         **cfg["constexprs"], **kwargs)
     return out
+
+
+def tma_greedy_ok(h: torch.Tensor, lm_head: torch.Tensor) -> bool:
+    """Whether the greedy-only launch can load `lm_head` by TMA: bf16 / fp16, a 16-byte aligned base and
+    row stride, and (on a GPU) compute capability >= 9 (Hopper); under the interpreter any such tensor."""
+    if lm_head.dtype not in (torch.bfloat16, torch.float16) or h.dtype != lm_head.dtype:
+        return False
+    if lm_head.data_ptr() % 16 or (lm_head.stride(0) * lm_head.element_size()) % 16:
+        return False
+    if interpreting():
+        return True
+    return lm_head.device.type == "cuda" and torch.cuda.get_device_capability(lm_head.device)[0] >= 9
 
 
 def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, block_v: int = 128,
@@ -723,6 +813,6 @@ def launch_flags(temperature: torch.Tensor, top_k: torch.Tensor, vocab_size: int
 
 
 __all__ = ["DraftSample", "default_row_chunk", "draft_sample", "draft_sample_into", "empty_draft_sample", "k_cap_for",
-           "launch_flags",
+           "launch_flags", "tma_greedy_ok",
            "merge_tree",
            "rows_per_launch", "MAX_TOP_K"]

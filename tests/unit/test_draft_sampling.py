@@ -65,8 +65,13 @@ def poisoned_out(r: int, v: int, device) -> kernel.DraftSample:
 
 
 def assert_all_written(out: kernel.DraftSample) -> None:
+    """Every output the launch promises is written; a one-hot (greedy-only TMA) launch leaves the logits
+    alone (still poisoned: it must not spend the stores)."""
     assert not (out.tokens == SENTINEL).any(), "tokens not written"
-    assert not out.logits.isnan().any(), "logits not written"
+    if out.one_hot:
+        assert out.logits.isnan().all(), "a one-hot launch wrote logits"
+    else:
+        assert not out.logits.isnan().any(), "logits not written"
     assert not out.lse.isnan().any(), "lse not written"
     assert not out.cut_value.isnan().any(), "cut_value not written"
     assert not (out.cut_id == -7).any(), "cut_id not written"
@@ -466,9 +471,14 @@ def cfg_rc(r: int, k_cap: int) -> int:
 
 # --------------------------------------------------------------------------------- rows, paths, tree shape
 def assert_same_outputs(a: kernel.DraftSample, b: kernel.DraftSample, rows=None, what=""):
-    for name in ("tokens", "logits", "lse", "cut_value", "cut_id"):
+    """Bitwise: tokens, lse, cut and q (`probs`); the logits too unless a side is one-hot (a greedy-only
+    launch, which does not store them)."""
+    names = ["tokens", "lse", "cut_value", "cut_id"] + ([] if a.one_hot or b.one_hot else ["logits"])
+    for name in names:
         x = getattr(a, name)
         check_bitwise("draft_sampling", x if rows is None else x[rows], getattr(b, name), output=f"{name}{what}")
+    qa = a.probs()
+    check_bitwise("draft_sampling", qa if rows is None else qa[rows], b.probs(), output=f"q{what}")
 
 
 MIXED8 = ([0.0, 0.8, 1.5, 0.9, 1.2, 0.0, 0.7, 1.1],          # greedy, temperature, top-k, top-k + top-p,
@@ -590,8 +600,10 @@ def test_outputs_independent_of_row_chunk(device):
 
 
 def test_greedy_launch_equals_general_path(device):
-    """A greedy-only launch (k_cap 0, need_noise False: atomic argmax, no tile partials) gives the same
-    tokens, logits, lse and cut as the general path for the same greedy rows."""
+    """A greedy-only launch (k_cap 0, need_noise False: TMA weight loads, atomic argmax, no tile partials,
+    no logits stored: one-hot) gives the same tokens, lse, cut and q as the general path for the same
+    greedy rows, and the fallback greedy branch (an fp32 LM head, which TMA here does not take) the same
+    tokens, logits, lse and cut as the general path."""
     r, h, v = 6, 16, 384
     hh, ww = random_inputs(r, h, v, seed=46, device=device)
     seeds, offsets = counters(r, seed=47, device=device)
@@ -605,10 +617,24 @@ def test_greedy_launch_equals_general_path(device):
                                  block_v=64)
         assert_all_written(out)
         outs.append(out)
+    assert outs[0].one_hot and not outs[1].one_hot and not outs[2].one_hot
     assert_same_outputs(outs[1], outs[0], what="[noise path]")
     assert_same_outputs(outs[2], outs[0], what="[top-k path]")
     tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
     check_bitwise("draft_sampling", outs[0].tokens, tokens, output="tokens")
+    # the fp32 LM head: the greedy branch of the general kernel (logits stored), same as the general path
+    h32, w32 = hh.float(), ww.float()
+    assert not kernel.tma_greedy_ok(h32, w32) and kernel.tma_greedy_ok(hh, ww)
+    f32 = []
+    for k_cap, need_noise in ((0, False), (0, True)):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(h32, w32, temp, topk, topp, seeds, offsets, out, k_cap=k_cap,
+                                 need_noise=need_noise, block_v=64)
+        assert_all_written(out)
+        f32.append(out)
+    assert not f32[0].one_hot
+    assert_same_outputs(f32[1], f32[0], what="[fp32 greedy branch]")
+    check_bitwise("draft_sampling", f32[0].tokens, tokens, output="tokens_fp32")
 
 
 def test_greedy_ragged_vocab_with_only_negative_logits(device):
@@ -625,7 +651,8 @@ def test_greedy_ragged_vocab_with_only_negative_logits(device):
         out = poisoned_out(r, v, device)
         kernel.draft_sample_into(hh, ww, zeros, torch.zeros(r, dtype=torch.int32, device=device), ones, seeds,
                                  offsets, out, k_cap=k_cap, need_noise=need_noise, block_v=64)
-        assert bool((out.logits < 0).all())
+        assert out.one_hot == (not need_noise)
+        assert bool((out.lse < 0).all()) and bool((out.one_hot or (out.logits < 0).all()))
         check_bitwise("draft_sampling", out.tokens, tokens, output=f"tokens_noise_{need_noise}")
 
 
