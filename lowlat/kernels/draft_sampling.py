@@ -17,7 +17,9 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   bench/explore/tma_gemv.py, EPI 8): 18.1-19.1 us at 1-8 rows = 1.96-2.10x the torch ops against
   19.2-20.7 us = 1.86-1.95x for the cp.async launch with logits in the same runs; tile / pipeline
   variants (block_v 64 / 256, block_h 32, 2-6 stages, 8 warps) were no faster than 128 x 64, 3 stages,
-  4 warps. The cp.async greedy branch of `_draft_sample_kernel` described next still serves LM heads TMA
+  4 warps. This launch in `bench/bench_draft_sampling.py` (session6/call3/draft_sampling_h200.json):
+  18.6-19.3 us = 1.98 / 2.00 / 2.03 / 2.04 / 2.04x at 1 / 2 / 4 / 6 / 8 rows; with PDL 19.7-20.3 us
+  (slower: every load waits). Still short of a clean 2x at 1 row. The cp.async greedy branch of `_draft_sample_kernel` described next still serves LM heads TMA
   cannot take (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs) and stores the logits.
   The tile is stored as is (T = 1) and reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
   whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
@@ -64,10 +66,11 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
 (`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
 
-Measured on an H200 (bench/results/session4/draft_sampling_h200.json, V 49152, H 576, CUDA graphs, rows
-1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8`): greedy 19.0-20.6 us (1.88-1.95x the torch ops;
-18.8-20.0 us with PDL), temperature 21.3-31.6 us (3.2-4.4x), top-k 50 + top-p 0.9 33.9-59.5 us (2.3-3.7x).
-Session 3 (acq_rel slot exchange): greedy 19.2-20.7 us (session3/draft_sampling_final_h200.json).
+Measured on an H200 (bench/results/session6/call3/draft_sampling_h200.json, V 49152, H 576, CUDA graphs,
+rows 1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8`): greedy (TMA, no logits) 18.6-19.3 us
+(1.98-2.04x the torch ops), temperature 21.3-31.6 us (3.3-4.3x), top-k 50 + top-p 0.9 34.4-57.0 us
+(2.3-3.7x). Session 4 (session4/draft_sampling_h200.json): the cp.async greedy launch with logits 19.0-20.6 us
+(1.88-1.95x; 18.8-20.0 us with PDL); session 3 (acq_rel slot exchange) 19.2-20.7 us.
 
 Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
 168 (`default_maxnreg`), so three programs fit on an SM and V = 49152 (384 tiles) runs in one wave on
