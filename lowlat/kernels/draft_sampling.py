@@ -224,24 +224,9 @@ def _draft_sample_kernel(
             acc = tl.dot(w, ht, acc)
 
     if GREEDY:
-        # ---- greedy launch: logits as is, per-row key max via atomic_max (lm_head's epilogue) ----------
-        key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
-        tl.atomic_max(ws_gkeys + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
-        tl.debug_barrier()        # every thread's atomic is issued before the release below
-        old = tl.atomic_add(cnt, 1, sem="acq_rel")
-        # logits after the arrival: the release above then waits only for the key maxima, not these stores
-        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
-        if old == NUM_PROGS - 1:
-            # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
-            best = tl.atomic_xchg(ws_gkeys + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
-            val = key_value(best)
-            tid = key_id(best)
-            t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
-            tl.store(tok_ptr + rows, tl.where(t > 0.0, -1, tid).to(tl.int64), mask=rmask)
-            tl.store(lse_ptr + rows, val, mask=rmask)
-            tl.store(cutv_ptr + rows, val, mask=rmask)
-            tl.store(cuti_ptr + rows, tid, mask=rmask)
-            tl.store(cnt, 0)
+        # ---- greedy launch (the cp.async fallback of `_greedy_tma_kernel`): logits stored as is ----------
+        _greedy_tail(acc, cols, vmask, rows, rmask, cnt, ws_gkeys, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
+                     cuti_ptr, x_ptr, stride_x, True)
     else:
         # ---- general launch: the NR rows, vectorised ----------------------------------------------------
         er = rb * 16 + tl.arange(0, NR)
@@ -450,12 +435,26 @@ def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti
             acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(w, ht, acc)
-    key = tl.where((cols < V)[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
+    _greedy_tail(acc, cols, cols < V, rows, rmask, cnt, gkeys_ptr, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
+                 cuti_ptr, tok_ptr, 0, False)
+
+
+@triton.jit
+def _greedy_tail(acc, cols, vmask, rows, rmask, cnt, gkeys_ptr, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
+                 cuti_ptr, x_ptr, stride_x, STORE_LOGITS: tl.constexpr):
+    """The greedy launches' epilogue (lm_head's): one int64 key per row and program, a relaxed `atomic_max`
+    into the row's slot, the acq_rel arrival; the last program swaps the slots back to empty and writes
+    tokens (-1 for rows with temperature > 0), lse = cut value = the largest logit, cut id = the token, and
+    resets the counter. STORE_LOGITS: the tile is stored after the arrival (its release then waits only for
+    the key maxima, not these stores)."""
+    key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
     tl.atomic_max(gkeys_ptr + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
     tl.debug_barrier()            # every thread's atomic is issued before the release below
     old = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if STORE_LOGITS:
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
     if old == NUM_PROGS - 1:
-        # relaxed: the arrival's acquire orders it
+        # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
         best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
         val = key_value(best)
         tid = key_id(best)
