@@ -91,3 +91,36 @@ def test_row_group_greedy_matches_argmax(device):
         rg(h, w, x, tok)
         assert (x.double() - h.double() @ w.double().T).abs().max().item() < 1e-4
         assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
+
+
+@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.gpu) for v in (1, 2, 3)] + ["t3"])
+@pytest.mark.parametrize("bn", [8, 16])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("res_epi", [False, True])
+def test_smem_gemv_matches_reference(device, version, bn, mode, res_epi):
+    """bench/explore/smem_gemv.py (session 7; versions 1-3 Gluon: GPU only; t3 plain Triton, interpreter too, PDL
+    modes on the GPU only): every output row of both epilogues, 1 and 3 rows, two weight copies (one descriptor
+    each); versions 3 / t3 with two boxes of 2 chunks."""
+    from explore.smem_gemv import SmemGemv
+
+    if mode and device.type != "cuda":
+        pytest.skip("PDL (griddepcontrol) runs on the GPU only")
+
+    n, k = 64, 256
+    ws = [_bf16(n, k, scale=k ** -0.5, seed=20 + i, device=device) for i in range(2)]
+    g = (1 + 0.1 * _bf16(k, seed=22)).to(device)
+    sg = SmemGemv(ws, bn)
+    for r in (1, 3):
+        x, res = _bf16(r, k, seed=23 + r, device=device), _bf16(r, n, seed=25 + r, device=device)
+        for i in range(2):
+            out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
+            sg(i, x, g, res, out, mode=mode, res_epi=res_epi, version=version, group=2)
+            xd, w = x.double(), ws[i].double()
+            if res_epi:
+                want = res.double() + xd @ w.T
+            else:
+                want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.T
+            # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped box or row is off by the size
+            # of the values themselves; NaN (the poison) fails the comparison
+            err = (out.double() - want).abs().max().item()
+            assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r}, copy {i})"

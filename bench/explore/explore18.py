@@ -1,0 +1,116 @@
+"""Session-7 exploration (issue 3): GEMVs of 8-21 MB whose weight slice is held in SHARED memory across the PDL
+wait (`smem_gemv.py`, Gluon), so that the next PDL launch can be resident and stream while this one waits and
+computes. Same shapes, epilogues and timing as explore16 (one CUDA graph of PDL-chained launches over
+rotating cold weight copies), with the pure-read floors of the same bytes and the production residual GEMV
+(out_proj shapes) in the same run.
+
+    python bench/explore/explore18.py --out $OUT/explore18.json [--budget-s 240] [--reps 2] [--groups 8 4]
+        [--rows 1 6] [--versions 3 t3] [--skip smem production floor]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import Recorder, t_us, time_gemv_plans
+
+import torch  # noqa: E402
+
+from lowlat.benchmarking import rotation_copies  # noqa: E402
+
+#: (label, N, K, epilogue, BN choices) as explore16.SHAPES; BN 16 / 8 / 4: 64 / 32 / 16 KB of shared memory per
+#: program at K 2048, twice that at K 4096
+SHAPES = [("llama_qkv", 3072, 2048, "norm", (16, 8, 4)), ("qwen3_qkv", 5120, 2048, "norm", (16, 8, 4)),
+          ("qwen3_out", 2048, 4096, "res", (8, 4, 16)), ("llama_out", 2048, 2048, "res", (16, 8, 4))]
+
+
+GROUPS = (8, 4)
+ROWS = (1, 6)
+VERSIONS = (3,)
+
+
+def VARIANTS(bns, r):
+    """(bn, mode, version, group) timed per shape: version 3 with boxes of 8 and 4 chunks, MODE 2 and (at 1 row)
+    MODE 1; version 2 MODE 2 beside it (call 2's best)."""
+    if GROUPS != (8, 4):      # --groups: the --versions with boxes (3, t3), MODE 2 only
+        return [(bn, 2, v, g) for v in VERSIONS for bn in bns for g in GROUPS]
+    out = [(bn, m, 3, g) for bn in bns for g in GROUPS for m in ((2, 1) if r == 1 else (2,))]
+    return out + [(bn, 2, 2, 0) for bn in bns[:2]]
+
+
+def smem(rec, deadline, reps: int):
+    from smem_gemv import SmemGemv
+
+    dev = torch.device("cuda")
+    cases = []
+    for label, n, k, epi, bns in SHAPES:
+        nc = max(rotation_copies(n * k * 2), 8)
+        gen = torch.Generator(device=dev).manual_seed(18)
+        ws = [(torch.randn(n, k, generator=gen, device=dev) * k ** -0.5).to(torch.bfloat16) for _ in range(nc)]
+        g = (1 + 0.1 * torch.randn(k, generator=gen, device=dev)).to(torch.bfloat16)
+        cases.append((label, n, k, epi, bns, nc, ws, g, gen, {bn: SmemGemv(ws, bn) for bn in bns}))
+    for r in ROWS:                       # every shape at 1 row first (the issue's target), then 6 rows
+        for label, n, k, epi, bns, nc, ws, g, gen, launchers in cases:
+            nbytes = n * k * 2
+            x = torch.randn(r, k, generator=gen, device=dev).to(torch.bfloat16)
+            res = torch.randn(r, n, generator=gen, device=dev).to(torch.bfloat16)
+            out = torch.empty(r, n, device=dev, dtype=torch.bfloat16)
+            xf = x.double()
+            w0 = ws[0].double()
+            if epi == "norm":
+                want = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w0.T
+            else:
+                want = res.double() + xf @ w0.T
+            for rep in range(reps):
+                for bn, mode, ver, grp in VARIANTS(bns, r):
+                    if time.time() > deadline:
+                        return
+
+                    def one(bn=bn, mode=mode, ver=ver, grp=grp):
+                        sg = launchers[bn]
+
+                        def launch(i):
+                            sg(i, x, g, res, out, mode=mode, res_epi=epi == "res", version=ver, group=grp)
+                        out.fill_(float("nan"))
+                        launch(0)
+                        torch.cuda.synchronize()
+                        err = (out.double() - want).abs().max().item()
+                        # bf16 output: one rounding of |y| <= max|want| (2^-9 relative) plus fp32 sums
+                        ok = bool(err <= 2 ** -7 * want.abs().max().item()) and not out.isnan().any().item()
+                        us = t_us(launch, nc, 41)
+                        rec(dict(op="smem", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, mode=mode, version=ver, group=grp, us=us,
+                                 pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1),
+                                 max_err=round(err, 5), ok=ok))
+                    rec.guard(f"{label}/bn{bn}/m{mode}/v{ver}/g{grp}/r{r}", one, op="smem", rows=r)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=240)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--skip", nargs="*", default=[])
+    p.add_argument("--groups", type=int, nargs="+", default=[8, 4], help="version 3's chunks per TMA box")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 6])
+    p.add_argument("--versions", nargs="+", default=["3"], help="with --groups: 3 (Gluon) and / or t3 (Triton)")
+    a = p.parse_args()
+    global GROUPS, ROWS, VERSIONS
+    GROUPS, ROWS = tuple(a.groups), tuple(a.rows)
+    VERSIONS = tuple(v if v == "t3" else int(v) for v in a.versions)
+    deadline = time.time() + a.budget_s
+    rec = Recorder(a.out)
+    print(f"copy bandwidth {rec.bw / 1e12:.3f} TB/s", flush=True)
+    if "smem" not in a.skip:
+        rec.guard("smem", lambda: smem(rec, deadline, a.reps), op="smem")
+    if "production" not in a.skip:
+        for label, n, k, epi, _ in SHAPES:
+            if epi == "res":
+                rec.guard(f"production/{label}", lambda n=n, k=k: time_gemv_plans(
+                    rec, deadline + 60, "residual", n, k, 1e-5, [("production", {})], 1), op="residual")
+    if "floor" not in a.skip:
+        from explore16 import floors
+        rec.guard("floor", lambda: floors(rec, deadline + 120), op="read")
+
+
+if __name__ == "__main__":
+    main()
