@@ -5,7 +5,7 @@ rotating cold weight copies), with the pure-read floors of the same bytes and th
 (out_proj shapes) in the same run.
 
     python bench/explore/explore18.py --out $OUT/explore18.json [--budget-s 240] [--reps 2] [--groups 8 4]
-        [--rows 1 6] [--versions 3 t3] [--skip smem production floor]
+        [--rows 1 6] [--versions 3 4 t3] [--skip smem production floor]
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ VERSIONS = (3,)
 
 
 def VARIANTS(bns, r):
-    """(bn, mode, version, group) timed per shape: version 3 with boxes of 8 and 4 chunks, MODE 2 and (at 1 row)
+    """(bn, mode, version, group, warps) timed per shape: version 3 with boxes of 8 and 4 chunks, MODE 2 and (at 1 row)
     MODE 1; version 2 MODE 2 beside it (call 2's best)."""
-    if GROUPS != (8, 4):      # --groups: the --versions with boxes (3, t3), MODE 2 only
-        return [(bn, 2, v, g) for v in VERSIONS for bn in bns for g in GROUPS]
-    out = [(bn, m, 3, g) for bn in bns for g in GROUPS for m in ((2, 1) if r == 1 else (2,))]
-    return out + [(bn, 2, 2, 0) for bn in bns[:2]]
+    if GROUPS != (8, 4):      # --groups: the --versions with boxes (3, t3, 4), MODE 2 only; version 4 at 4 and 8 warps
+        return [(bn, 2, v, g, w) for v in VERSIONS for bn in bns for g in GROUPS for w in ((4, 8) if v == 4 else (4,))]
+    out = [(bn, m, 3, g, 4) for bn in bns for g in GROUPS for m in ((2, 1) if r == 1 else (2,))]
+    return out + [(bn, 2, 2, 0, 4) for bn in bns[:2]]
 
 
 def smem(rec, deadline, reps: int):
@@ -62,15 +62,15 @@ def smem(rec, deadline, reps: int):
             else:
                 want = res.double() + xf @ w0.T
             for rep in range(reps):
-                for bn, mode, ver, grp in VARIANTS(bns, r):
+                for bn, mode, ver, grp, nw in VARIANTS(bns, r):
                     if time.time() > deadline:
                         return
 
-                    def one(bn=bn, mode=mode, ver=ver, grp=grp):
+                    def one(bn=bn, mode=mode, ver=ver, grp=grp, nw=nw):
                         sg = launchers[bn]
 
                         def launch(i):
-                            sg(i, x, g, res, out, mode=mode, res_epi=epi == "res", version=ver, group=grp)
+                            sg(i, x, g, res, out, mode=mode, res_epi=epi == "res", version=ver, group=grp, warps=nw)
                         out.fill_(float("nan"))
                         launch(0)
                         torch.cuda.synchronize()
@@ -78,10 +78,10 @@ def smem(rec, deadline, reps: int):
                         # bf16 output: one rounding of |y| <= max|want| (2^-9 relative) plus fp32 sums
                         ok = bool(err <= 2 ** -7 * want.abs().max().item()) and not out.isnan().any().item()
                         us = t_us(launch, nc, 41)
-                        rec(dict(op="smem", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, mode=mode, version=ver, group=grp, us=us,
+                        rec(dict(op="smem", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, mode=mode, version=ver, group=grp, warps=nw, us=us,
                                  pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1),
                                  max_err=round(err, 5), ok=ok))
-                    rec.guard(f"{label}/bn{bn}/m{mode}/v{ver}/g{grp}/r{r}", one, op="smem", rows=r)
+                    rec.guard(f"{label}/bn{bn}/m{mode}/v{ver}/g{grp}/w{nw}/r{r}", one, op="smem", rows=r)
 
 
 def main():
@@ -92,7 +92,7 @@ def main():
     p.add_argument("--skip", nargs="*", default=[])
     p.add_argument("--groups", type=int, nargs="+", default=[8, 4], help="version 3's chunks per TMA box")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6])
-    p.add_argument("--versions", nargs="+", default=["3"], help="with --groups: 3 (Gluon) and / or t3 (Triton)")
+    p.add_argument("--versions", nargs="+", default=["3"], help="with --groups: 3 / 4 (Gluon) and / or t3 (Triton)")
     a = p.parse_args()
     global GROUPS, ROWS, VERSIONS
     GROUPS, ROWS = tuple(a.groups), tuple(a.rows)

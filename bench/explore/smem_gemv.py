@@ -233,6 +233,83 @@ def _smem_gemv3_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: gl.con
         mbarrier.invalidate(bars.index(j))
 
 
+@gluon.jit
+def _smem_gemv4_kernel(w_desc, x_desc, g_desc, res_ptr, out_ptr, N, eps, K: gl.constexpr, BN: gl.constexpr,
+                       BK: gl.constexpr, R: gl.constexpr, MODE: gl.constexpr, RES: gl.constexpr,
+                       SPT: gl.constexpr, TR: gl.constexpr, TC: gl.constexpr, WR: gl.constexpr, WK: gl.constexpr,
+                       RP: gl.constexpr, G: gl.constexpr):
+    """V4: version 3 with the activations (and the norm weight, before the wait) brought by TMA straight into
+    shared memory ([R * K / BK, BK] view, one box [K / BK, BK] per row, one mbarrier), the sum of squares taken
+    from the same shared tiles in the group loop, and WR x WK warps (rows x K)."""
+    NC: gl.constexpr = K // BK
+    NG: gl.constexpr = NC // G
+    L3: gl.constexpr = gl.BlockedLayout([1, G, SPT], [TR, 1, TC], [WR, 1, WK], [2, 1, 0])
+    LA: gl.constexpr = gl.SliceLayout(1, L3)                    # [BN, BK] accumulators
+    LXG: gl.constexpr = gl.SliceLayout(0, L3)                   # [G, BK] activations of a group
+    pid = gl.program_id(0)
+    n0 = pid * BN
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NG, BN, G, BK], w_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [RP, NC, BK], x_desc.layout)
+    g_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BK], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [NG + 2, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(NG + 2):
+        mbarrier.init(bars.index(j), count=1)
+    if MODE == 1:
+        _gdc_wait()
+        _gdc_launch_dependents()
+    if MODE == 2:
+        _gdc_launch_dependents()
+    for j in gl.static_range(NG):
+        mbarrier.expect(bars.index(j), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [n0, j * G, 0], bars.index(j), w_smem.index(j))
+    if not RES:
+        mbarrier.expect(bars.index(NG + 1), g_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(g_desc, [0, 0], bars.index(NG + 1), g_smem)
+    if MODE == 2:
+        _gdc_wait()
+    mbarrier.expect(bars.index(NG), R * x_desc.block_type.nbytes)
+    for r in gl.static_range(R):
+        tma.async_copy_global_to_shared(x_desc, [r * NC, 0], bars.index(NG), x_smem.index(r))
+    rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LA))
+    resv = ()
+    for r in gl.static_range(R):
+        if RES:
+            resv = resv + (gl.load(res_ptr + r * N + rn).to(gl.float32),)
+    accs = ()
+    sss = ()
+    for r in gl.static_range(R):
+        accs = accs + (gl.zeros([BN, BK], gl.float32, LA),)
+        sss = sss + (gl.zeros([G, BK], gl.float32, LXG),)
+    if not RES:
+        mbarrier.wait(bars.index(NG + 1), 0)
+    mbarrier.wait(bars.index(NG), 0)
+    for j in gl.static_range(NG):
+        mbarrier.wait(bars.index(j), 0)
+        w = w_smem.index(j).load(L3).to(gl.float32)
+        if not RES:
+            gj = g_smem.slice(j * G, G).load(LXG).to(gl.float32)
+        new = ()
+        new_ss = ()
+        for r in gl.static_range(R):
+            xk = x_smem.index(r).slice(j * G, G).load(LXG).to(gl.float32)
+            if not RES:
+                new_ss = new_ss + (sss[r] + xk * xk,)
+                xk = xk * gj
+            new = new + (accs[r] + gl.sum(w * gl.expand_dims(xk, 0), axis=1),)
+        accs = new
+        if not RES:
+            sss = new_ss
+    for r in gl.static_range(R):
+        y = gl.sum(accs[r], axis=1)
+        if RES:
+            y = y + resv[r]
+        else:
+            y = y * (1.0 / gl.sqrt_rn(gl.sum(gl.sum(sss[r], axis=1), axis=0) / K + eps))
+        gl.store(out_ptr + r * N + rn, y.to(gl.bfloat16))
+    for j in gl.static_range(NG + 2):
+        mbarrier.invalidate(bars.index(j))
+
+
 @triton.jit
 def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
         G: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, MODE: tl.constexpr, RES: tl.constexpr):
@@ -283,6 +360,8 @@ def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: 
 
 #: thread shapes of the [BN, BK = 64] FMA tile with 4 warps: (size per thread along K, threads per warp (rows, cols))
 _TILE = {16: (8, 4, 8), 8: (4, 2, 16), 4: (2, 1, 32)}
+#: version 4 with 8 warps (4 along rows, 2 along K): (size per thread along K, threads per warp (rows, cols))
+_TILE8 = {16: (4, 4, 8), 8: (2, 2, 16), 4: (1, 1, 32)}
 BK = 64
 
 
@@ -318,8 +397,28 @@ class SmemGemv:
                                                       [self.bn, group, BK])
         return self.descs3[key]
 
+    def act_descs(self, x, g):
+        """Version 4's descriptors of the activations x [R, K] (viewed [R K / BK, BK], box [K / BK, BK]) and of the
+        norm weight g [K] (viewed [K / BK, BK]); cached per tensor."""
+        key = ("x", x.data_ptr(), x.shape[0], g.data_ptr())
+        if key not in self.descs3:
+            nc = self.k // BK
+            layout = gl.NVMMASharedLayout.get_default_for([nc, BK], gl.bfloat16)
+            self.descs3[key] = (TensorDescriptor(x, [x.shape[0] * nc, BK], [BK, 1], [nc, BK], layout),
+                                TensorDescriptor(g, [nc, BK], [BK, 1], [nc, BK], layout))
+        return self.descs3[key]
+
     def __call__(self, i: int, x, g, res, out, *, mode: int, res_epi: bool, eps: float = 1e-5, version=2,
-                 group: int = 8):
+                 group: int = 8, warps: int = 4):
+        if version == 4:
+            grp = min(group, self.k // BK)
+            spt, tr, tc = (_TILE8 if warps == 8 else _TILE)[self.bn]
+            xd, gd = self.act_descs(x, g)
+            _smem_gemv4_kernel[(self.n // self.bn,)](
+                self.desc3(i, grp), xd, gd, res, out, self.n, eps, K=self.k, BN=self.bn, BK=BK, R=x.shape[0],
+                MODE=mode, RES=res_epi, SPT=spt, TR=tr, TC=tc, WR=4, WK=warps // 4,
+                RP=triton.next_power_of_2(x.shape[0]), G=grp, num_warps=warps, launch_pdl=mode > 0)
+            return
         if version == "t3":
             grp = min(group, self.k // BK)
             ng = self.k // BK // grp
