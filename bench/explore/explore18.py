@@ -1,11 +1,13 @@
 """Session-7 exploration (issue 3): GEMVs of 8-21 MB whose weight slice is held in SHARED memory across the PDL
-wait (`smem_gemv.py`, Gluon), so that the next PDL launch can be resident and stream while this one waits and
+wait (`smem_gemv.py`: Gluon, and the same plan in plain Triton), so that the next PDL launch can be resident and stream while this one waits and
 computes. Same shapes, epilogues and timing as explore16 (one CUDA graph of PDL-chained launches over
 rotating cold weight copies), with the pure-read floors of the same bytes and the production residual GEMV
-(out_proj shapes) in the same run.
+(out_proj shapes) in the same run. Calls 1-6 of session 7 ran the kernel versions of commit 79d1754 (see
+smem_gemv.py); this script now times the kept kernels.
 
-    python bench/explore/explore18.py --out $OUT/explore18.json [--budget-s 240] [--reps 2] [--groups 8 4]
-        [--rows 1 6] [--versions 3 4 t3] [--skip smem production floor]
+    python bench/explore/explore18.py --out $OUT/explore18.json [--budget-s 240] [--reps 2] [--groups 16 8]
+        [--rows 1 6] [--kernels gluon triton]
+        [--maxnreg 40 64] [--skip smem production floor]
 """
 from __future__ import annotations
 
@@ -24,18 +26,21 @@ SHAPES = [("llama_qkv", 3072, 2048, "norm", (16, 8, 4)), ("qwen3_qkv", 5120, 204
           ("qwen3_out", 2048, 4096, "res", (8, 4, 16)), ("llama_out", 2048, 2048, "res", (16, 8, 4))]
 
 
-GROUPS = (8, 4)
+GROUPS = (16, 8)
 ROWS = (1, 6)
-VERSIONS = (3,)
+KERNELS = ("gluon",)
+MAXNREG = (None,)
 
 
 def VARIANTS(bns, r):
-    """(bn, mode, version, group, warps) timed per shape: version 3 with boxes of 8 and 4 chunks, MODE 2 and (at 1 row)
-    MODE 1; version 2 MODE 2 beside it (call 2's best)."""
-    if GROUPS != (8, 4):      # --groups: the --versions with boxes (3, t3, 4), MODE 2 only; version 4 at 4 and 8 warps
-        return [(bn, 2, v, g, w) for v in VERSIONS for bn in bns for g in GROUPS for w in ((4, 8) if v == 4 else (4,))]
-    out = [(bn, m, 3, g, 4) for bn in bns for g in GROUPS for m in ((2, 1) if r == 1 else (2,))]
-    return out + [(bn, 2, 2, 0, 4) for bn in bns[:2]]
+    """(bn, mode, kernel, group, maxnreg) timed per shape: every --kernels at every --groups, MODE 2 (weights loaded
+    before the wait), the Gluon kernel also at every --maxnreg; at 1 row also MODE 1 (after the wait) for the Gluon
+    kernel with the first group."""
+    out = [(bn, 2, kern, g, None) for kern in KERNELS for bn in bns for g in GROUPS]
+    out += [(bn, 2, "gluon", g, m) for m in MAXNREG if m for bn in bns for g in GROUPS]
+    if r == 1 and "gluon" in KERNELS:
+        out += [(bn, 1, "gluon", GROUPS[0], None) for bn in bns]
+    return out
 
 
 def smem(rec, deadline, reps: int):
@@ -62,15 +67,16 @@ def smem(rec, deadline, reps: int):
             else:
                 want = res.double() + xf @ w0.T
             for rep in range(reps):
-                for bn, mode, ver, grp, nw in VARIANTS(bns, r):
+                for bn, mode, kern, grp, mr in VARIANTS(bns, r):
                     if time.time() > deadline:
                         return
 
-                    def one(bn=bn, mode=mode, ver=ver, grp=grp, nw=nw):
+                    def one(bn=bn, mode=mode, kern=kern, grp=grp, mr=mr):
                         sg = launchers[bn]
 
                         def launch(i):
-                            sg(i, x, g, res, out, mode=mode, res_epi=epi == "res", version=ver, group=grp, warps=nw)
+                            sg(i, x, g, res, out, mode=mode, res_epi=epi == "res", group=grp,
+                               triton_kernel=kern == "triton", maxnreg=mr)
                         out.fill_(float("nan"))
                         launch(0)
                         torch.cuda.synchronize()
@@ -78,10 +84,10 @@ def smem(rec, deadline, reps: int):
                         # bf16 output: one rounding of |y| <= max|want| (2^-9 relative) plus fp32 sums
                         ok = bool(err <= 2 ** -7 * want.abs().max().item()) and not out.isnan().any().item()
                         us = t_us(launch, nc, 41)
-                        rec(dict(op="smem", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, mode=mode, version=ver, group=grp, warps=nw, us=us,
+                        rec(dict(op="smem", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, mode=mode, kernel=kern, group=grp, maxnreg=mr, us=us,
                                  pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1),
                                  max_err=round(err, 5), ok=ok))
-                    rec.guard(f"{label}/bn{bn}/m{mode}/v{ver}/g{grp}/w{nw}/r{r}", one, op="smem", rows=r)
+                    rec.guard(f"{label}/bn{bn}/m{mode}/{kern}/g{grp}/n{mr}/r{r}", one, op="smem", rows=r)
 
 
 def main():
@@ -90,13 +96,13 @@ def main():
     p.add_argument("--budget-s", type=float, default=240)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--skip", nargs="*", default=[])
-    p.add_argument("--groups", type=int, nargs="+", default=[8, 4], help="version 3's chunks per TMA box")
+    p.add_argument("--groups", type=int, nargs="+", default=[16, 8], help="chunks (of 64 columns) per TMA box")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6])
-    p.add_argument("--versions", nargs="+", default=["3"], help="with --groups: 3 / 4 (Gluon) and / or t3 (Triton)")
+    p.add_argument("--kernels", nargs="+", default=["gluon"], choices=["gluon", "triton"])
+    p.add_argument("--maxnreg", type=int, nargs="*", default=[], help="register caps of the Gluon launch to add")
     a = p.parse_args()
-    global GROUPS, ROWS, VERSIONS
-    GROUPS, ROWS = tuple(a.groups), tuple(a.rows)
-    VERSIONS = tuple(v if v == "t3" else int(v) for v in a.versions)
+    global GROUPS, ROWS, KERNELS, MAXNREG
+    GROUPS, ROWS, KERNELS, MAXNREG = tuple(a.groups), tuple(a.rows), tuple(a.kernels), tuple(a.maxnreg) or (None,)
     deadline = time.time() + a.budget_s
     rec = Recorder(a.out)
     print(f"copy bandwidth {rec.bw / 1e12:.3f} TB/s", flush=True)

@@ -93,14 +93,14 @@ def test_row_group_greedy_matches_argmax(device):
         assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
 
 
-@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.gpu) for v in (1, 2, 3, 4, 48)] + ["t3"])
+@pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=pytest.mark.gpu), "triton"])
 @pytest.mark.parametrize("bn", [8, 16])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("res_epi", [False, True])
-def test_smem_gemv_matches_reference(device, version, bn, mode, res_epi):
-    """bench/explore/smem_gemv.py (session 7; versions 1-3 Gluon: GPU only; t3 plain Triton, interpreter too, PDL
-    modes on the GPU only): every output row of both epilogues, 1 and 3 rows, two weight copies (one descriptor
-    each); versions 3 / 4 / t3 with two boxes of 2 chunks, version 4 at 4 and 8 warps."""
+def test_smem_gemv_matches_reference(device, kernel, bn, mode, res_epi):
+    """bench/explore/smem_gemv.py (session 7; the Gluon kernel on the GPU only, the Triton one under the interpreter
+    too, PDL modes on the GPU only): every output row of both epilogues, 1 and 3 rows, two weight copies (one
+    descriptor each), two boxes of 2 chunks."""
     from explore.smem_gemv import SmemGemv
 
     if mode and device.type != "cuda":
@@ -114,9 +114,7 @@ def test_smem_gemv_matches_reference(device, version, bn, mode, res_epi):
         x, res = _bf16(r, k, seed=23 + r, device=device), _bf16(r, n, seed=25 + r, device=device)
         for i in range(2):
             out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
-            warps = 8 if version == 48 else 4          # 48: version 4 at 8 warps
-            sg(i, x, g, res, out, mode=mode, res_epi=res_epi, version=4 if version == 48 else version, group=2,
-               warps=warps)
+            sg(i, x, g, res, out, mode=mode, res_epi=res_epi, group=2, triton_kernel=kernel == "triton")
             xd, w = x.double(), ws[i].double()
             if res_epi:
                 want = res.double() + xd @ w.T
