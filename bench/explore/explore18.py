@@ -7,7 +7,7 @@ smem_gemv.py); this script now times the kept kernels.
 
     python bench/explore/explore18.py --out $OUT/explore18.json [--budget-s 240] [--reps 2] [--groups 16 8]
         [--rows 1 6] [--kernels gluon triton]
-        [--maxnreg 40 64] [--skip smem production floor]
+        [--maxnreg 48 64] [--skip smem production floor]
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 7, call 7: the kept smem_gemv kernels after the clean-up (GPU test of the Gluon kernel and its Triton twin),
+# Session 7, call 7: the kept smem_gemv kernel after the clean-up (GPU test of the Gluon kernel; `-m gpu` leaves out
+# the Triton twin, which CI tests under the interpreter),
 # then explore18 at 1 row with register caps 48 / 64 on the Gluon launch (more programs per SM, so the next PDL
 # launch can be resident sooner) beside the uncapped launch. Results: bench/results/session7/call7/.
 cd "$(dirname "$0")/../.."

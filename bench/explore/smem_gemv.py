@@ -2,9 +2,10 @@
 
 Session 6 (explore16) held the slice in registers: one launch's 12-21 MB filled the register files, so the
 next PDL launch could not become resident (and start its own loads) until this one exited: 40-54% of copy
-bandwidth. Shared memory holds the same bytes densely: Llama-3.2-1B's 12.6 MB QKV is 95 KB per SM of 227 KB,
-so slices of two launches fit an SM at once, and launch i + 1 streams its weights while launch i waits for its
-input and computes.
+bandwidth. Shared memory holds the same bytes densely. The intent: where two launches' slices fit an SM
+(Llama-3.2-1B's 12.6 MB QKV is 95 KB per SM of 227 KB), launch i + 1 streams its weights while launch i waits
+for its input and computes. That overlap is not measured directly; for the 16.8-21 MB shapes two slices
+exceed the GPU's shared memory.
 
 Per program: BN whole output rows (N / BN programs, no split-K, no cross-program step), FMA in fp32 over a
 blocked layout (no tensor cores: the 1-row case). Epilogues as explore16's: "res" y = res + x W^T, "norm"
@@ -13,18 +14,19 @@ y = rstd(x) * ((x * g) W^T). `_smem_gemv_kernel` is Gluon (Triton's explicit-lay
 plain Triton.
 
 Measured on the H200 (bench/results/session7/, explore18.py, PDL-chained launches over rotating cold copies,
-1 row; NOTES.md "Measured -> session 7"). The Gluon kernel's history, versions at commit 79d1754:
-  v1 one mbarrier and one x load from global per 64-wide chunk: 30-41% of copy bandwidth;
-  v2 activations staged to shared memory in one step after the wait: 36-57%;
-  v3 (this kernel) boxes of G chunks, one mbarrier and one [BN, G, BK] shared read each: Qwen3-30B-A3B's
-     out_proj (16.8 MB, res) 4.84-4.97 us = 81-84% (production 7.61 us = 53%), Llama-3.2-1B QKV (12.6 MB,
-     norm) 4.49-4.61 us = 66%, Qwen3 QKV (21 MB) 7.49-7.71 us = 65-66%, Llama out_proj (8.4 MB) 3.21-3.33 us =
-     60-63% (production 4.89 us = 41%); 6 rows 6.3-39 us (FMA: slower than production there);
-  v4 activations and norm weight by TMA, 8 warps: no better.
-Plain Triton cannot express it efficiently: its software pipeliner peels every load of the loop (the
-activations' too) into the prologue, before a `gdc_wait` placed in the loop (checked on the sm_90 PTX), so
-`_triton_smem_gemv_kernel` keeps the activations in registers and picks each box's chunks by a masked sum:
-correct, but 18-77 us at 1 row (4-10x slower than the Gluon kernel).
+1 row, the best plan of each repeat; NOTES.md "Measured -> session 7"). The Gluon kernel's history, versions at
+commit 79d1754:
+  v1 one mbarrier and one x load from global per 64-wide chunk: 29-41% of copy bandwidth;
+  v2 activations staged to shared memory in one step after the wait: 38-57%;
+  v3 (this kernel) boxes of G chunks, one mbarrier and one [BN, G, BK] shared read each (calls 4-7): Qwen3-30B-A3B's
+     out_proj (16.8 MB, res) 4.84-5.29 us = 75-84% (production 7.61 us = 53%), Llama-3.2-1B QKV (12.6 MB, norm)
+     4.49-4.95 us = 61-68%, Qwen3 QKV (21 MB) 7.49-7.91 us = 64-66%, Llama out_proj (8.4 MB) 3.21-3.53 us =
+     57-63% (production 4.89 us = 41%); 6 rows 6.3-39 us (FMA: slower than production there);
+  v4 activations and norm weight by TMA, 8 warps: 54-79%, no better.
+Plain Triton cannot express it efficiently: its software pipeliner issues every load of the loop (the
+activations' too) before a `gdc_wait` placed in the loop (bench/explore/pipeliner_check.py), so
+`_triton_smem_gemv_kernel` keeps the activations in registers, loaded in an `if` of the first iteration, and
+picks each box's chunks by a masked sum: correct, but 18-77 us at 1 row (3.7-5.4x the Gluon kernel's best).
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def test_row_group_greedy_matches_argmax(device):
 
 
 @pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=pytest.mark.gpu), "triton"])
-@pytest.mark.parametrize("bn", [8, 16])
+@pytest.mark.parametrize("bn", [4, 8, 16])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("res_epi", [False, True])
 def test_smem_gemv_matches_reference(device, kernel, bn, mode, res_epi):
