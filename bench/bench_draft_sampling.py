@@ -18,12 +18,13 @@ Configurations: greedy; temperature 1.0 (no filter); T 0.8 + top-k 50 + top-p 0.
 Every variant is captured in a CUDA graph of ROT launches on ROT different copies of W and h (together
 beyond the 50 MB L2, so every launch streams its weights from HBM); the time per launch is the median
 over replays / ROT. The HBM floor is bytes that must move (W + h + logits written; the greedy launch
-stores no logits since session 6: "one_hot") / the measured device-to-device copy bandwidth (read + write). The target (issue 5) is fused >= 2x faster than torch.
+stores no logits since session 6: "one_hot") / the measured device-to-device copy bandwidth (read +
+write). The target (issue 5) is fused >= 2x faster than torch.
 --sweep also times launch-parameter variants (SWEEP: block_v / num_warps / num_stages / maxnreg for greedy,
 row_chunk / group / maxnreg / num_warps for top_k_top_p) for --sweep-configs (default greedy) at --sweep-rows
 (default 1 and 8); every entry records whether its tokens (same_tokens) and all outputs (same_outputs: tokens,
-lse, cut, and logits where stored) equal the default launch's, bitwise (block_v changes the tile partition of the sum-exp, so
-lse may differ in the last bits there; tokens must not).
+lse, cut, and logits where stored) equal the default launch's, bitwise (block_v changes the tile partition of the
+sum-exp, so lse may differ in the last bits there; tokens must not).
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: 
 
 
 #: launch parameters --sweep times per config (each a compile per row count's NR; keep the total small).
-#: Defaults: block_v 128, block_h 64, num_warps 4, num_stages 4 (TMA greedy: 3), maxnreg 168 (4 warps; TMA greedy: none),
-#: group 8, row_chunk 4 at k_cap 64. block_h 128 (session 7) takes H 576 in 5 steps, the last half past H (TMA zero fill).
+#: Defaults: block_v 128, block_h 64, num_warps 4, num_stages 4 (TMA greedy: 3), maxnreg 168 (4 warps; TMA
+#: greedy: none), group 8, row_chunk 4 at k_cap 64. block_h 128 (session 7) takes H 576 in 5 steps, the last
+#: half past H (TMA zero fill).
 SWEEP = {
     "greedy": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                ((128, 4, 3), (128, 4, 5), (64, 4, 4), (64, 4, 5), (256, 4, 3), (256, 4, 4), (256, 8, 3),

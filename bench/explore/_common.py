@@ -1,6 +1,7 @@
 """Shared pieces of the exploration scripts: the results recorder, the greedy draft-sampling case (SmolLM2's LM
-head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops, and a timer
-of GEMV plans side by side (`time_gemv_plans`)."""
+head, V 49152 x H 576, three rotating cold copies) with the production launch and the torch ops, a timer
+of GEMV plans side by side (`time_gemv_plans`), and the check-then-time step of the explore16 / explore18 GEMVs
+(`gemv_reference`, `check_and_time`)."""
 from __future__ import annotations
 
 import sys
@@ -39,6 +40,28 @@ class Recorder(_Recorder):
         except Exception as exc:                                           # noqa: BLE001
             torch.cuda.synchronize()
             self.error("/".join([*(f"{k}={v}" for k, v in base.items()), label]), exc)
+
+
+def gemv_reference(epi: str, x, g, res, w, eps: float = 1e-5):
+    """The explore GEMVs' two epilogues in float64: "norm" y = rstd(x) ((x * g) W^T) (an RMSNorm folded into the
+    GEMV), "res" y = res + x W^T. x [R, K], g [K], res [R, N], w [N, K]."""
+    xd = x.double()
+    if epi == "norm":
+        return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * g.double()) @ w.double().T
+    return res.double() + xd @ w.double().T
+
+
+def check_and_time(rec, launch, out, want, n_copies: int, nbytes: int, entry: dict) -> None:
+    """Poison `out`, run launch(0), compare with `want` (a bf16 output: one rounding of |y| <= max|want|, 2^-9
+    relative, plus fp32 sums: 2^-7 of the largest value; NaN fails), time launch(0..n_copies-1) in one CUDA graph
+    and record entry + us, pct_of_copy (nbytes over the run's copy bandwidth), max_err, ok."""
+    out.fill_(float("nan"))
+    launch(0)
+    torch.cuda.synchronize()
+    err = (out.double() - want).abs().max().item()
+    ok = bool(err <= 2 ** -7 * want.abs().max().item()) and not out.isnan().any().item()
+    us = t_us(launch, n_copies, 41)
+    rec(dict(entry, us=us, pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1), max_err=round(err, 5), ok=ok))
 
 
 class GreedyCase:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import GreedyCase, Recorder, t_us
+from _common import GreedyCase, Recorder, check_and_time, gemv_reference, t_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -94,11 +94,7 @@ def narrow(rec, deadline, reps: int):
             x = torch.randn(r, k, generator=gen, device=dev).to(torch.bfloat16)
             res = torch.randn(r, n, generator=gen, device=dev).to(torch.bfloat16)
             out = torch.empty(r, n, device=dev, dtype=torch.bfloat16)
-            xf = x.float()
-            if epi == "norm":
-                want = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * g.float()) @ ws[0].float().T
-            else:
-                want = res.float() + xf @ ws[0].float().T
+            want = gemv_reference(epi, x, g, res, ws[0])
             configs = CONFIGS[k]
             for rep in range(reps):
                 for bn, nw, kc in configs:
@@ -112,15 +108,9 @@ def narrow(rec, deadline, reps: int):
                                                        RES=epi == "res", num_warps=nw, launch_pdl=mode > 0)
 
                         def one(bn=bn, nw=nw, mode=mode, kc=kc, launch=launch):
-                            out.fill_(float("nan"))
-                            launch(0)
-                            torch.cuda.synchronize()
-                            err = (out.float() - want).abs().max().item()
-                            ok = bool(err <= 2e-2 * want.abs().max().item()) and not out.isnan().any().item()
-                            us = t_us(launch, nc, 41)
-                            rec(dict(op="narrow", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, warps=nw, kc=kc, mode=mode,
-                                     us=us, pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1),
-                                     max_err=round(err, 5), ok=ok))
+                            check_and_time(rec, launch, out, want, nc, nbytes,
+                                           dict(op="narrow", shape=label, n=n, k=k, rows=r, rep=rep, bn=bn, warps=nw,
+                                                kc=kc, mode=mode))
                         rec.guard(f"{label}/bn{bn}/w{nw}/kc{kc}/m{mode}", one, op="narrow", rows=r)
         del ws
         torch.cuda.empty_cache()

@@ -40,16 +40,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor as TritonTensorDescriptor
 
-
-@gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+from lowlat.kernels._gemv import interpreting, rstd_of
 
 
 @gluon.jit
@@ -77,10 +68,10 @@ def _smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: gl.cons
     for j in gl.static_range(NG):
         mbarrier.init(bars.index(j), count=1)
     if MODE == 1:
-        _gdc_wait()
-        _gdc_launch_dependents()
+        gdc_wait()
+        gdc_launch_dependents()
     if MODE == 2:
-        _gdc_launch_dependents()
+        gdc_launch_dependents()
     for j in gl.static_range(NG):
         mbarrier.expect(bars.index(j), w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(w_desc, [n0, j * G, 0], bars.index(j), w_smem.index(j))
@@ -89,7 +80,7 @@ def _smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: gl.cons
     if not RES:
         g_smem.store(gl.load(g_ptr + offs))
     if MODE == 2:
-        _gdc_wait()
+        gdc_wait()
     rn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LA))
     scale = ()
     resv = ()
@@ -129,8 +120,9 @@ def _smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: gl.cons
 
 
 @triton.jit
-def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        G: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, MODE: tl.constexpr, RES: tl.constexpr):
+def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr, BN: tl.constexpr,
+                             BK: tl.constexpr, G: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, MODE: tl.constexpr,
+                             RES: tl.constexpr):
     """The same in plain Triton (CPU interpreter too). The weight's 3-d view [N, K / BK, BK] is
     read in NG = K / (G BK) boxes [BN, G, BK] by a software-pipelined loop of NG + 1 stages, so all NG TMA loads
     are issued before the loop; `gdc_wait` and the activation load sit in the loop's first iteration (an `if`
@@ -150,7 +142,7 @@ def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: 
     c4 = tl.arange(0, G)[None, None, :, None]
     k4 = tl.arange(0, BK)[None, None, None, :]
     xoff = r4 * K + (j4 * G + c4) * BK + k4                       # [RP, NG, G, BK]
-    xmask = (r4 < R) & (j4 >= 0) & (c4 >= 0) & (k4 >= 0)
+    xmask = (r4 < R) & (j4 >= 0) & (c4 >= 0) & (k4 >= 0)           # rows < R, broadcast to the full shape
     if RES:
         gw = tl.full([1, NG, G, BK], 1.0, tl.float32)
     else:
@@ -172,13 +164,8 @@ def _triton_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, N, eps, K: 
         y = y + tl.load(res_ptr + rr * N + rn, mask=rr < R, other=0.0).to(tl.float32)
     else:
         ss = tl.sum(tl.sum(tl.sum(xr * xr, axis=3), axis=2), axis=1)      # [RP]
-        y = y * (1.0 / tl.sqrt_rn(ss / K + eps))[:, None]
+        y = y * rstd_of(ss, K, eps)[:, None]
     tl.store(out_ptr + rr * N + rn, y.to(tl.bfloat16), mask=rr < R)
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 #: thread shapes of the [BN, BK = 64] FMA tile with 4 warps: (size per thread along K, threads per warp (rows, cols))
@@ -187,8 +174,8 @@ BK = 64
 
 
 class SmemGemv:
-    """Launcher of `_smem_gemv_kernel` (or, triton=True, `_triton_smem_gemv_kernel`) for one weight list (rotating
-    copies; one descriptor per copy and box size, built on first use)."""
+    """Launcher of `_smem_gemv_kernel` (or, triton_kernel=True, `_triton_smem_gemv_kernel`) for one weight list
+    (rotating copies; one descriptor per copy and box size, built on first use)."""
 
     def __init__(self, ws: list[torch.Tensor], bn: int):
         n, k = ws[0].shape
@@ -218,7 +205,7 @@ class SmemGemv:
             _triton_smem_gemv_kernel[grid](
                 self.desc(i, grp, True), x, g, res, out, self.n, eps, K=self.k, BN=self.bn, BK=BK, G=grp,
                 R=x.shape[0], RP=rp, MODE=mode, RES=res_epi, num_warps=4, num_stages=self.k // BK // grp + 1,
-                **({} if _interpreting() else dict(launch_pdl=mode > 0)))
+                **({} if interpreting() else dict(launch_pdl=mode > 0)))
             return
         spt, tr, tc = _TILE[self.bn]
         _smem_gemv_kernel[grid](

@@ -19,9 +19,11 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   variants (block_v 64 / 256, block_h 32, 2-6 stages, 8 warps) were no faster than 128 x 64, 3 stages,
   4 warps. This launch in `bench/bench_draft_sampling.py` (session6/call3/draft_sampling_h200.json):
   18.6-19.3 us = 1.98 / 2.00 / 2.03 / 2.04 / 2.04x at 1 / 2 / 4 / 6 / 8 rows; with PDL 19.7-20.3 us
-  (slower: every load waits). Still short of a clean 2x at 1 row. The cp.async greedy branch of `_draft_sample_kernel` described next still serves LM heads TMA
-  cannot take (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs) and stores the logits.
-  The tile is stored as is (T = 1) and reduced to one int64 key per row, (order-preserving int32 image of the value) << 32 | (2^32-1-id),
+  (slower: every load waits); session 7's three runs 1.97-2.08x (session7/call1, call8), four cells of
+  fifteen under 2x: not a clean 2x. The cp.async greedy branch of `_draft_sample_kernel` described next
+  still serves LM heads TMA cannot take (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs) and
+  stores the logits. The tile is stored as is (T = 1) and reduced to one int64 key per row,
+  (order-preserving int32 image of the value) << 32 | (2^32-1-id),
   whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
   (order-free; the arrival counter's acq_rel release publishes it); the last program to arrive swaps
   the slots back to empty (relaxed exchange: the arrival's acquire orders it) and writes the tokens. The
@@ -118,7 +120,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value
+from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value, mma
 from lowlat.kernels.philox import philox_exponential
 
 #: most top-k candidates the kernel merges (top_k above this is refused)
@@ -182,6 +184,15 @@ def _rows_of(acc, NR: tl.constexpr, BLOCK_V: tl.constexpr, LOG_SPLIT: tl.constex
 
 
 @triton.jit
+def _tile_dot(w, ht, acc, UPCAST: tl.constexpr):
+    """acc + W_tile @ h^T (`_gemv.mma`): bf16 x bf16 products are exact in fp32, fp32 accumulation; UPCAST (the
+    interpreter, which computes bf16 dots wrongly) takes both operands to fp32 first."""
+    if UPCAST:
+        return mma(w.to(tl.float32), ht.to(tl.float32), acc, UPCAST)
+    return mma(w, ht, acc, UPCAST)
+
+
+@triton.jit
 def _draft_sample_kernel(
         h_ptr, w_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, off_ptr,
         tok_ptr, x_ptr, lse_ptr, cutv_ptr, cuti_ptr,
@@ -218,10 +229,7 @@ def _draft_sample_kernel(
             ht = tl.load(hp, mask=rmask[None, :], other=0.0)
         else:
             ht = tl.load(hp, mask=rmask[None, :] & (hk < HIDDEN)[:, None], other=0.0)
-        if UPCAST:   # the interpreter computes bf16 wrongly: upcast right after the load
-            acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
-        else:        # bf16 x bf16 products are exact in fp32; fp32 accumulation
-            acc = tl.dot(w, ht, acc)
+        acc = _tile_dot(w, ht, acc, UPCAST)
 
     if GREEDY:
         # ---- greedy launch (the cp.async fallback of `_greedy_tma_kernel`): logits stored as is ----------
@@ -431,10 +439,7 @@ def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti
         hk = h0 + tl.arange(0, BLOCK_H)
         ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None], mask=rmask[None, :] & (hk < HIDDEN)[:, None],
                      other=0.0)
-        if UPCAST:
-            acc = tl.dot(w.to(tl.float32), ht.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, ht, acc)
+        acc = _tile_dot(w, ht, acc, UPCAST)
     _greedy_tail(acc, cols, cols < V, rows, rmask, cnt, gkeys_ptr, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
                  cuti_ptr, tok_ptr, 0, False)
 
