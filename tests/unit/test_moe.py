@@ -365,7 +365,9 @@ def _error_cases(device):
         ("gate dtype", dict(lw=with_(expert_gate=lw.expert_gate.float())), StepContractError,
          "expert_gate must be torch.bfloat16"),
         ("config experts", dict(cfg=cfg.replace(num_experts=8, top_k=2)), UnsupportedConfigError, "E=4"),
-        ("out dtype", dict(out=torch.empty(3, 32, device=device)), StepContractError, "out must be torch.bfloat16"),
+        # a defined fp32 buffer: uninitialised memory may hold NaN, which torch.equal never matches
+        ("out dtype", dict(out=torch.full((3, 32), 7.0, device=device)), StepContractError,
+         "out must be torch.bfloat16"),
         ("small workspace", dict(workspace=small_ws), StepContractError, "max_rows=2 < M=3"),
     ]
 
