@@ -2,7 +2,10 @@
 
 For rows M in 1, 6, 8, 16, 48: `moe_forward` (router, top-8, the active experts' SwiGLU, combine,
 residual) captured in a CUDA graph, without and with PDL, timed per replay with CUDA events after an
-L2 flush (a 512 MB write between replays), median of many replays. The floor is the HBM time of the
+L2 flush, median of many replays. The flush reads 512 MB (`read_flush`: the L2 then holds clean lines,
+as in a decode step, whose earlier kernels read weights and write little); "_write_flush" entries
+flush by zeroing 512 MB instead (the method until session 8), which leaves ~50 MB of dirty lines that
+the timed replay writes back to HBM while it reads its weights. The floor is the HBM time of the
 bytes that must move: the router and the weights of the experts actually touched (counted from the
 routing bitmap), plus the activations, over the measured device copy bandwidth (read + write, as
 design.md states it). The bf16 reference (`x + lowlat.reference.moe.moe`, eager: it syncs on the
@@ -19,14 +22,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import types
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lowlat.benchmarking import (capture_graph, copy_bandwidth, event_times_us, summarize_us,  # noqa: E402
-                                 versions, write_json)
+from lowlat.benchmarking import (capture_graph, copy_bandwidth, event_times_us, read_flush,  # noqa: E402
+                                 summarize_us, versions, write_json)
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels import moe as kmoe  # noqa: E402
 from lowlat.reference.moe import moe as ref_moe  # noqa: E402
@@ -50,8 +54,9 @@ def moe_layer_weights(cfg, device, seed: int) -> LayerWeights:
                         expert_down=lin(e, h, ie))
 
 
-def time_replays(fn, flush: torch.Tensor | None, iters: int) -> dict:
-    """Per-call µs (CUDA events), an L2 flush before each call when flush is given."""
+def time_replays(fn, flush, iters: int) -> dict:
+    """Per-call µs (CUDA events), an L2 flush before each call when flush is given (a tensor to zero or a
+    callable: `event_times_us`)."""
     t = summarize_us(event_times_us(fn, iters=iters, flush=flush, sync_each=False))
     return {"median_us": t["us_median"], "p10_us": t["us_p10"], "p90_us": t["us_p90"]}
 
@@ -59,6 +64,22 @@ def time_replays(fn, flush: torch.Tensor | None, iters: int) -> dict:
 def capture(h, x, lw, cfg, ws, out, use_pdl, config):
     return capture_graph(lambda _: kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws,
                                                     use_pdl=use_pdl, config=config), 1)
+
+
+def block_case(cfg, lw, m: int, g: torch.Generator, bw: float):
+    """Random rows h, x [m, H], a workspace and out for one MoE block, routed once; the experts the routing
+    touches and the floor: router + touched experts' weights + activations over copy bandwidth bw (B/s)."""
+    device = lw.router.device
+    hidden, ie, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    h = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
+    x = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
+    ws = kmoe.MoEWorkspace.for_config(cfg, m, device)
+    out = torch.empty_like(x)
+    kmoe.moe_forward(h, x, lw, cfg, m, out=out, workspace=ws)
+    torch.cuda.synchronize()
+    active = int(ws.bitmap[:m].bool().any(0).sum())
+    nbytes = active * 3 * ie * hidden * 2 + e * hidden * 2 + 3 * m * hidden * 2
+    return types.SimpleNamespace(h=h, x=x, ws=ws, out=out, active=active, nbytes=nbytes, floor_us=nbytes / bw * 1e6)
 
 
 def sweep_configs(base: kmoe.MoEKernelConfig):
@@ -84,22 +105,16 @@ def main(argv=None) -> int:
     cfg = preset("Qwen3-30B-A3B")
     lw = moe_layer_weights(cfg, device, args.seed)
     hidden, ie, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
-    expert_bytes = 3 * ie * hidden * 2
     bw = copy_bandwidth(device)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    flush = read_flush(FLUSH_BYTES, device)
+    write_flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
     base_cfg = kmoe.MoEKernelConfig.for_shapes(hidden, e, ie)
     g = torch.Generator(device=device).manual_seed(args.seed + 1)
     results = []
     for m in (int(r) for r in args.rows.split(",")):
-        h = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
-        x = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
-        ws = kmoe.MoEWorkspace.for_config(cfg, m, device)
-        out = torch.empty_like(x)
-        kmoe.moe_forward(h, x, lw, cfg, m, out=out, workspace=ws)
-        torch.cuda.synchronize()
-        active = int(ws.bitmap[:m].bool().any(0).sum())
-        nbytes = active * expert_bytes + e * hidden * 2 + 3 * m * hidden * 2
-        floor_us = nbytes / bw * 1e6
+        case = block_case(cfg, lw, m, g, bw)
+        h, x, ws, out, active, nbytes, floor_us = (case.h, case.x, case.ws, case.out, case.active, case.nbytes,
+                                                    case.floor_us)
         row = {"rows": m, "active_experts": active, "bytes": nbytes, "floor_us": floor_us}
         for use_pdl in (False, True):
             key = "fused_graph_pdl" if use_pdl else "fused_graph"
@@ -109,9 +124,12 @@ def main(argv=None) -> int:
                 row[key] = {"error": repr(exc)[:300]}
                 continue
             row[key] = time_replays(graph.replay, flush, args.iters)
+            row[key + "_write_flush"] = time_replays(graph.replay, write_flush, args.iters)
             row[key + "_warm_l2"] = time_replays(graph.replay, None, args.iters)
             t = row[key]["median_us"]
             row[key].update(gbps=nbytes / (t * 1e-6) / 1e9, pct_of_floor=100.0 * floor_us / t)
+            tw = row[key + "_write_flush"]["median_us"]
+            row[key + "_write_flush"].update(gbps=nbytes / (tw * 1e-6) / 1e9, pct_of_floor=100.0 * floor_us / tw)
         row["reference_eager_bf16"] = time_replays(
             lambda: x + ref_moe(h, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down, cfg.top_k,
                                 cfg.norm_topk_prob, m), flush, max(20, args.iters // 10))
@@ -132,14 +150,16 @@ def main(argv=None) -> int:
         def us(key):
             return f"{row[key]['median_us']:7.1f} us" if "median_us" in row.get(key, {}) else "  error"
         print(f"M={m:3d} experts={active:3d} floor {floor_us:7.1f} us | graph {us('fused_graph')} | graph+PDL "
-              f"{us('fused_graph_pdl')} | reference eager {us('reference_eager_bf16')}", flush=True)
+              f"{us('fused_graph_pdl')} | write flush: graph {us('fused_graph_write_flush')} | graph+PDL "
+              f"{us('fused_graph_pdl_write_flush')} | reference eager {us('reference_eager_bf16')}", flush=True)
     report = {
         "bench": "moe", "model": cfg.name,
         "shape": {"hidden": hidden, "experts": e, "top_k": cfg.top_k, "moe_intermediate": ie},
         **versions(),
         "copy_bandwidth_tbps": bw / 1e12,
         "kernel_config": dataclasses.asdict(base_cfg),
-        "timing": f"median of {args.iters} CUDA-graph replays, each after a {FLUSH_BYTES >> 20} MB L2 flush",
+        "timing": f"median of {args.iters} CUDA-graph replays, each after a {FLUSH_BYTES >> 20} MB L2 flush "
+                  "(a read; *_write_flush: a zeroing write)",
         "results": results,
     }
     write_json(args.out, report)

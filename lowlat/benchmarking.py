@@ -109,8 +109,10 @@ def event_times_us(run: Callable[[], Any], *, iters: int, warmup: int = 0, per: 
     """Time `iters` calls of run() with CUDA events; returns µs per call / `per`.
 
     warmup: untimed calls first. flush: a tensor zeroed (outside the timed span) before every call, to
-    evict the L2. sync_each: wait for every call before launching the next (False: all calls are queued
-    back to back and the host waits once at the end, so host launch gaps stay out of the timed spans).
+    evict the L2 (it leaves the L2 full of dirty lines, which the timed call then writes back to HBM),
+    or a callable called there instead (e.g. `read_flush`: evicts with clean lines). sync_each: wait for
+    every call before launching the next (False: all calls are queued back to back and the host waits
+    once at the end, so host launch gaps stay out of the timed spans).
     """
     import torch
 
@@ -119,7 +121,9 @@ def event_times_us(run: Callable[[], Any], *, iters: int, warmup: int = 0, per: 
     torch.cuda.synchronize()
     events = []
     for _ in range(iters):
-        if flush is not None:
+        if callable(flush):
+            flush()
+        elif flush is not None:
             flush.zero_()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -130,6 +134,16 @@ def event_times_us(run: Callable[[], Any], *, iters: int, warmup: int = 0, per: 
         events.append((a, b))
     torch.cuda.synchronize()
     return [a.elapsed_time(b) * 1e3 / per for a, b in events]
+
+
+def read_flush(nbytes: int, device) -> Callable[[], Any]:
+    """An L2 flush that only reads: each call sums a zero-filled buffer of `nbytes` (more than the L2), so
+    the L2 ends up holding clean lines of that buffer and the next kernel's reads evict without write-back
+    (a zeroing flush leaves dirty lines whose write-back the next kernel pays for)."""
+    import torch
+
+    buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    return lambda: buf.sum()
 
 
 def capture_graph(launch: Callable[[int], Any], n: int):

@@ -11,9 +11,11 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
 
 1. `_router_logits_kernel`, grid (ceil(E / BE), NSPLIT): partial router logits of every row over
    one slice of the hidden dim, part[s, m, e] = sum_{k in slice s} h[m, k] * router[e, k] (fp32).
-2. `_route_plan_kernel`, one program for all M <= 64 rows: logits[m, e] = sum_s part[s, m, e]
-   (s increasing), rounded to bf16 as the reference's bf16 `x @ router.T` is; softmax in fp32;
-   top-k; optional renormalisation. Writes the routing bitmap [M, E] (uint8 0/1) and gates [M, E]
+2. `_route_plan_kernel`, one program for all M <= 64 rows (a row tile of max(16, next power of two
+   of M): each row's work is its own, so the tile changes no result): logits[m, e] = sum_s
+   part[s, m, e] (s increasing), rounded to bf16 as the reference's bf16 `x @ router.T` is; softmax
+   in fp32; top-k, each pick one max over int64 keys that pack the logit above the expert index
+   (`_gemv.argmax_key`); optional renormalisation. Writes the routing bitmap [M, E] (uint8 0/1) and gates [M, E]
    fp32 (0 where not chosen). Ties: the k chosen experts are the k largest bf16 logits, and among
    equal logits the lower expert index wins — the reference's stable descending sort of the
    probabilities. (Softmax is monotone, so equal logits give equal probabilities; the one case that
@@ -30,9 +32,11 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    place below[m] = population count of the column above row m (rows 0..m-1). Places 0..count-1
    fill row tiles of BR = 16 rows; an expert with more rows takes more tiles. Each tile computes
    act = silu(h W_gate^T) * (h W_up^T) in fp32 and stores it in bf16 at (row m, slot k), k = the
-   population count of row m's bitmap below e (e's rank among m's chosen experts, in index order).
-4. `_expert_down_kernel`, grid (min(E, M*K), ceil(H / BNH)): same placement; y = act W_down^T in
-   fp32, times the fp32 gate of (m, e), stored in fp32 at (row m, slot k). No atomics.
+   population count of row m's bitmap below e (e's rank among m's chosen experts, in index order;
+   loaded after the weight loop, so it is not in the chain before the first weight load).
+4. `_expert_down_kernel`, grid (min(E, M*K), ceil(H / BNH)): same placement (read before its PDL
+   wait: the plan is two launches old); y = act W_down^T in fp32, times the fp32 gate of (m, e),
+   stored in fp32 at (row m, slot k). No atomics.
 5. `_combine_kernel`, grid (M, ceil(H / BH)): out[m] = bf16( ((sum_{k=0..c-1} y_k) + s) + x_res )
    with the slots k summed in increasing order — the chosen experts in increasing expert index,
    the reference's order — starting from 0, then the shared expert's output s (if any), then the
@@ -46,8 +50,24 @@ kernel keeps everything in fp32 from the matmul accumulators to the single final
 (lowlat.numerics, 2x the bf16 reference's error against the float64 oracle) judges it.
 
 Optional PDL (programmatic dependent launch, `use_pdl=True`, sm_90): every kernel waits
-(`griddepcontrol.wait`) before reading what an earlier kernel wrote and then lets the next kernel
-launch; the router kernel loads its first weight slice before waiting. Off under the interpreter.
+(`griddepcontrol.wait`) before reading what the previous kernel wrote and then lets the next kernel
+launch; the router kernel loads its first weight slice before waiting, the down kernel reads the plan
+(two launches old) before waiting. Off under the interpreter.
+
+Where the time goes (H200, one Qwen3-30B-A3B block, 128 experts top-8, `bench/explore/moe_profile.py`:
+CUPTI timestamps of the CUDA-graph replay after a read-only L2 flush, PDL on; session 8, 2026-12-01,
+bench/results/session8/call6): at 1 row 36.0 us from the router's start to the combine's end (39.7 us
+event-timed with the graph launch) against an 18.1 us HBM floor; what each launch adds to the end:
+router +2.9, route / plan +5.0, gate/up +17.0 (50.3 MB: 2.96 TB/s = 70.5% of copy bandwidth, its
+start chain included), down +9.4 (25.2 MB: 64%), combine +1.6. At 6 rows (41 experts) 118.4 us
+against 92.3 us. The chain of five dependent launches (~10 us of it at 1 row moves no weights) keeps
+the block under 50% of its floor at 1 row. Measured and not kept (session8/call1, call2, call5): an
+evict-last L2 prefetch of the down weights before its wait (equal at 1 row, 4.5 us slower at 6);
+deeper or finer gate/up streams (stages 4-8, BK 64 / 256, BN 16 / 64: equal or slower); 1, 2 or 4
+plan warps (equal at 1 row, slower at 6 with 1 or 2); the plan kernel also writing per-expert row
+words and a slot table so an expert program finds its rows in one round trip, together with the
+down kernel's first weight chunk loaded before its wait (plan +2 us, gate/up unchanged; 1.4 us
+slower at 1 row, 4.9 us at 6).
 
 Under the Triton CPU interpreter (TRITON_INTERPRET=1, CI at tiny shapes) the kernels take
 INTERP=True: operands are upcast to fp32 before every tl.dot, and fp32 -> bf16 is rounded to
@@ -72,6 +92,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._gemv import argmax_key
 from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
@@ -135,12 +156,13 @@ def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
 
 @triton.jit
 def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, plan_ptr, nvalid, nvalid_ptr,
-                       M, E, NSPLIT: tl.constexpr, TOP_K: tl.constexpr,
+                       M, E, NSPLIT: tl.constexpr, TOP_K: tl.constexpr, PART_ROWS: tl.constexpr,
                        BM: tl.constexpr, E_P2: tl.constexpr, ROUTE: tl.constexpr, RENORM: tl.constexpr,
                        NV_PTR: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    """One program for all rows (BM >= M).
+    """One program for all rows (BM >= M; every row's work is its own, so BM changes no result).
 
-    ROUTE: logits[m, e] = sum_s part[s, m, e] (s increasing), rounded to bf16; softmax; top-k;
+    ROUTE: logits[m, e] = sum_s part[s, m, e] (s increasing; the NSPLIT loads are unrolled so they are
+    all in flight at once; part is [NSPLIT, PART_ROWS, E]), rounded to bf16; softmax; top-k;
     writes bitmap [M, E] uint8 and gates [M, E] fp32. Otherwise the bitmap is read (forced routing).
     Then the plan: plan[0] = number of active experts A, plan[1 + j] = the j-th active expert in
     increasing index (an expert is active when a valid row chose it: its column's population count
@@ -157,8 +179,9 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
     if ROUTE:
         tile_mask = (rows[:, None] < M) & emask[None, :]
         logit = tl.zeros([BM, E_P2], dtype=tl.float32)
-        for s in range(NSPLIT):
-            logit += tl.load(part_ptr + s * (BM * E) + rows[:, None] * E + ei[None, :], mask=tile_mask, other=0.0)
+        for s in tl.static_range(NSPLIT):
+            logit += tl.load(part_ptr + s * (PART_ROWS * E) + rows[:, None] * E + ei[None, :], mask=tile_mask,
+                             other=0.0)
         # the reference's router matmul runs in bf16: its logits are rounded to bf16
         logit = _round_bf16(logit, INTERP).to(tl.float32)
         live = (rows[:, None] >= 0) & emask[None, :]
@@ -166,19 +189,18 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         mx = tl.max(logit, axis=1)
         ex = tl.where(live, tl.exp(logit - mx[:, None]), 0.0)
         prob = ex / tl.sum(ex, axis=1)[:, None]
-        # selection key: the logit (softmax is monotone); NaN sorts first so a NaN row stays NaN
-        key = tl.where(logit != logit, float("inf"), logit)
-        avail = live
-        chosen = ~live
-        chosen = chosen & live
-        for _ in range(TOP_K):
-            cand = tl.where(avail, key, float("-inf"))
-            best = tl.max(cand, axis=1)
-            first = tl.min(tl.where(avail & (cand == best[:, None]), ei[None, :], E_P2), axis=1)
-            hit = ei[None, :] == first[:, None]
+        # selection key: the logit (softmax is monotone; NaN sorts first so a NaN row stays NaN) packed
+        # with the expert index (`argmax_key`: larger logit first, lower index among equal ones), so each
+        # pick is one max over the row; a picked or padded expert gets the smallest int64
+        key = argmax_key(tl.where(logit != logit, float("inf"), logit), ei[None, :])
+        key = tl.where(live, key, -9223372036854775807 - 1)
+        chosen = live & ~live
+        for _ in tl.static_range(TOP_K):
+            best = tl.max(key, axis=1)
+            hit = key == best[:, None]
             chosen = chosen | hit
-            avail = avail & ~hit
-        chosen = chosen & valid[:, None]
+            key = tl.where(hit, -9223372036854775807 - 1, key)
+        chosen = chosen & live & valid[:, None]
         g = tl.where(chosen, prob, 0.0)
         if RENORM:
             den = tl.sum(g, axis=1)
@@ -215,18 +237,23 @@ def _expert_column(bitmap_ptr, stride_bm, e, nv, BM: tl.constexpr, ALL_ROWS: tl.
 
 
 @triton.jit
-def _tile_rows(col, below, count, t, bitmap_ptr, stride_bm, e,
-               BM: tl.constexpr, BR: tl.constexpr, E_P2: tl.constexpr, ALL_ROWS: tl.constexpr):
-    """Rows of places t*BR .. t*BR+BR-1 of expert e: (rows [BR], ok [BR], slot [BR]).
-
-    slot[j] = number of experts below e chosen by rows[j] (population count of its bitmap row
-    below e): where (row, e) sits among the row's chosen experts, in expert-index order.
-    """
+def _tile_rows(col, below, count, t, BM: tl.constexpr, BR: tl.constexpr):
+    """Rows of places t*BR .. t*BR+BR-1 of expert e: (rows [BR], ok [BR])."""
     m = tl.arange(0, BM)
     place = t * BR + tl.arange(0, BR)
     hit = (col[None, :] != 0) & (below[None, :] == place[:, None])          # [BR, BM]
     rows = tl.sum(tl.where(hit, m[None, :], 0), axis=1)
     ok = place < count
+    return rows, ok
+
+
+@triton.jit
+def _tile_slots(rows, ok, bitmap_ptr, stride_bm, e, BR: tl.constexpr, E_P2: tl.constexpr,
+                ALL_ROWS: tl.constexpr):
+    """slot [BR]: number of experts below e chosen by rows[j] (population count of its bitmap row below
+    e): where (row, e) sits among the row's chosen experts, in expert-index order. The gate/up kernel
+    needs it only for its stores, so it loads it after its weight loop (one round trip less before the
+    first weight load)."""
     if ALL_ROWS:
         slot = tl.zeros([BR], dtype=tl.int32)
     else:
@@ -234,7 +261,7 @@ def _tile_rows(col, below, count, t, bitmap_ptr, stride_bm, e,
         bits = tl.load(bitmap_ptr + rows[:, None] * stride_bm + ei[None, :],
                        mask=ok[:, None] & (ei[None, :] < e), other=0)
         slot = tl.sum((bits != 0).to(tl.int32), axis=1)
-    return rows, ok, slot
+    return slot
 
 
 @triton.jit
@@ -274,7 +301,7 @@ def _expert_gate_up_kernel(x_ptr, stride_xm, bitmap_ptr, stride_bm, plan_ptr, wg
     wu_base = wu_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
     for t in range(0, BM // BR):
         if t * BR < count:                      # no rows left: no weight is loaded
-            rows, ok, slot = _tile_rows(col, below, count, t, bitmap_ptr, stride_bm, e, BM, BR, E_P2, ALL_ROWS)
+            rows, ok = _tile_rows(col, below, count, t, BM, BR)
             acc_g = tl.zeros([BN, BR], dtype=tl.float32)
             acc_u = tl.zeros([BN, BR], dtype=tl.float32)
             for k0 in range(0, H, BK):
@@ -292,6 +319,7 @@ def _expert_gate_up_kernel(x_ptr, stride_xm, bitmap_ptr, stride_bm, plan_ptr, wg
                 acc_g = tl.dot(wg, xt, acc_g)
                 acc_u = tl.dot(wu, xt, acc_u)
             act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            slot = _tile_slots(rows, ok, bitmap_ptr, stride_bm, e, BR, E_P2, ALL_ROWS)
             dst = (rows * KMAX + slot).to(tl.int64) * stride_act
             tl.store(act_ptr + dst[None, :] + n[:, None], _round_bf16(act, INTERP),
                      mask=nmask[:, None] & ok[None, :])
@@ -305,19 +333,24 @@ def _expert_down_kernel(act_ptr, stride_act, bitmap_ptr, stride_bm, plan_ptr, ga
                         E_P2: tl.constexpr, ALL_ROWS: tl.constexpr, NV_PTR: tl.constexpr,
                         INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     """y[m*KMAX + slot, h] = gate[m, e] * (act[m*KMAX + slot] . wd[e, h]) for expert e's rows m (fp32),
-    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS)."""
+    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS).
+
+    The plan, the bitmap and num_valid_rows were written two launches back (the route / plan kernel,
+    or before the block): under PDL this launch starts only after every gate/up program has passed its
+    own wait on that kernel, so they are read before this launch's wait."""
     pid_h = tl.program_id(1)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
     e, col, below, count = _expert_of_program(plan_ptr, bitmap_ptr, stride_bm, nv, BM, ALL_ROWS)
     h = pid_h * BNH + tl.arange(0, BNH)
     hmask = h < H
     wd_base = wd_ptr + e.to(tl.int64) * stride_we + h[:, None] * stride_wh
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     for t in range(0, BM // BR):
         if t * BR < count:                      # no rows left: no weight is loaded
-            rows, ok, slot = _tile_rows(col, below, count, t, bitmap_ptr, stride_bm, e, BM, BR, E_P2, ALL_ROWS)
+            rows, ok = _tile_rows(col, below, count, t, BM, BR)
+            slot = _tile_slots(rows, ok, bitmap_ptr, stride_bm, e, BR, E_P2, ALL_ROWS)
             src = (rows * KMAX + slot).to(tl.int64) * stride_act
             acc = tl.zeros([BNH, BR], dtype=tl.float32)
             for i0 in range(0, IE, BKI):
@@ -356,7 +389,7 @@ def _combine_kernel(y_ptr, stride_y, bitmap_ptr, stride_bm, shared_ptr, stride_s
     bits = tl.load(bitmap_ptr + m * stride_bm + ei, mask=(ei < E) & valid, other=0)
     c = tl.sum((bits != 0).to(tl.int32), axis=0)
     acc = tl.zeros([BH], dtype=tl.float32)
-    for k in range(0, KMAX):
+    for k in tl.static_range(KMAX):            # unrolled: the KMAX loads are in flight together
         yk = tl.load(y_ptr + (m * KMAX + k).to(tl.int64) * stride_y + h, mask=hmask & (k < c), other=0.0)
         acc = tl.where(k < c, acc + yk, acc)
     if HAS_SHARED:
@@ -369,6 +402,12 @@ def _combine_kernel(y_ptr, stride_y, bitmap_ptr, stride_bm, shared_ptr, stride_s
 # ----------------------------------------------------------------------------------------- config
 def _p2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
+
+
+def _plan_rows(m: int) -> int:
+    """Row tile of the route / plan kernel for M rows (each row's work is its own: no result depends
+    on it)."""
+    return max(16, _p2(m))
 
 
 @dataclass(frozen=True)
@@ -391,6 +430,8 @@ class MoEKernelConfig:
     BH: int
     num_warps: int = 4
     num_stages: int = 3
+    #: warps of the one route / plan program
+    plan_warps: int = 8
 
     @classmethod
     def for_shapes(cls, hidden: int, num_experts: int, inter: int, *, interpret: bool = False) -> "MoEKernelConfig":
@@ -414,6 +455,8 @@ def _check_config(c: MoEKernelConfig) -> None:
             raise UnsupportedConfigError(f"MoEKernelConfig.{name}", v, "must be a power of two >= 16")
     if c.HS % c.BK_ROUTER:
         raise UnsupportedConfigError("MoEKernelConfig.HS", c.HS, f"must be a multiple of BK_ROUTER={c.BK_ROUTER}")
+    if c.plan_warps not in (1, 2, 4, 8, 16):
+        raise UnsupportedConfigError("MoEKernelConfig.plan_warps", c.plan_warps, "must be 1, 2, 4, 8 or 16")
     if MAX_KERNEL_ROWS % c.BR:
         raise UnsupportedConfigError("MoEKernelConfig.BR", c.BR, f"must divide {MAX_KERNEL_ROWS}")
 
@@ -579,8 +622,11 @@ def _check_workspace(ws: MoEWorkspace, m: int, e: int, hidden: int, ie: int, s: 
         raise StepContractError(f"workspace is on {ws.bitmap.device}, h on {device}")
 
 
-#: launch shape of the one-program route / plan kernel: a [64, E] tile over 8 warps
-_PLAN_LAUNCH = types.SimpleNamespace(num_warps=8, num_stages=1)
+def _plan_launch(c: MoEKernelConfig):
+    """Launch shape of the one-program route / plan kernel (a [BM, E] tile over c.plan_warps warps)."""
+    return types.SimpleNamespace(num_warps=c.plan_warps, num_stages=1)
+
+
 #: launch shape of the combine kernel (no loop worth pipelining)
 _COMBINE_LAUNCH = types.SimpleNamespace(num_warps=4, num_stages=1)
 
@@ -609,17 +655,18 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
         BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, **opts)
     _route_plan_kernel[(1,)](
         ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, nv_ptr, m, e,
-        NSPLIT=nsplit, TOP_K=top_k, BM=MAX_KERNEL_ROWS, E_P2=_p2(e), ROUTE=True, RENORM=bool(renormalize),
-        NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl, **_launch_opts(_PLAN_LAUNCH, use_pdl))
+        NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
+        RENORM=bool(renormalize), NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl,
+        **_launch_opts(_plan_launch(c), use_pdl))
 
 
-def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, use_pdl: bool) -> None:
+def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
     """The plan (active experts) of a given bitmap [M, E] uint8 (forced routing)."""
     m, e = bitmap_u8.shape
     _route_plan_kernel[(1,)](
         ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, bitmap_u8, m, e,
-        NSPLIT=1, TOP_K=1, BM=MAX_KERNEL_ROWS, E_P2=_p2(e), ROUTE=False, RENORM=False, NV_PTR=False,
-        INTERP=_interpreting(), USE_PDL=use_pdl, **_launch_opts(_PLAN_LAUNCH, use_pdl))
+        NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=False, RENORM=False,
+        NV_PTR=False, INTERP=_interpreting(), USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
 
 
 def _launch_experts(h, x_residual, bitmap_u8, gates, lw: LayerWeights, nv, nv_t, kmax: int, out,
@@ -797,7 +844,7 @@ def moe_experts_forced(h: torch.Tensor, x_residual: torch.Tensor, bitmap: torch.
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=kmax,
                                           moe_inter=ie, shared_inter=s, device=h.device, config=c)
     _check_workspace(workspace, m, e, hidden, ie, s, kmax, h.device)
-    _launch_plan(bitmap_u8, nv, workspace, use_pdl)
+    _launch_plan(bitmap_u8, nv, workspace, c, use_pdl)
     _launch_experts(h, x_residual, bitmap_u8, gates, lw, nv, None, kmax, out, workspace, c, use_pdl)
     return out
 
@@ -823,9 +870,11 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
         specs.append((name, fn, sig, cx, dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
 
     add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER)
-    add("route_plan", _route_plan_kernel, _PLAN_LAUNCH, NSPLIT=nsplit, TOP_K=top_k, E_P2=e_p2, ROUTE=True,
-        RENORM=True)
-    add("plan_forced", _route_plan_kernel, _PLAN_LAUNCH, NSPLIT=1, TOP_K=1, E_P2=e_p2, ROUTE=False, RENORM=False)
+    for bm in (16, MAX_KERNEL_ROWS):
+        add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
+            PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)
+    add("plan_forced", _route_plan_kernel, _plan_launch(c), NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, E_P2=e_p2,
+        ROUTE=False, RENORM=False)
     add("expert_gate_up", _expert_gate_up_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BN=c.BN, BK=c.BK,
         E_P2=e_p2, ALL_ROWS=False)
     add("expert_down", _expert_down_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BNH=c.BNH, BKI=c.BKI,

@@ -116,3 +116,25 @@ def test_gpu_timing_counts_every_launch_per_copy(device):
     assert e["pct_of_floor"] == 100 * 1.0 / e["us_median"]
     bw = bm.copy_bandwidth(device, nbytes=64 << 20, iters=5)
     assert 1e9 < bw < 1e14
+
+
+def test_read_flush_reads_a_buffer_of_the_given_size_and_returns_its_zero_sum():
+    """read_flush(nbytes) sums nbytes // 4 float32 zeros per call (a read; nothing it leaves is dirty)."""
+    f = bm.read_flush(4096, "cpu")
+    buf = f.__closure__[0].cell_contents
+    assert buf.dtype == torch.float32 and buf.numel() == 1024 and buf.device.type == "cpu"
+    assert f().item() == 0.0 and f().item() == 0.0
+
+
+@pytest.mark.gpu
+def test_event_timing_flushes_before_every_call_by_callable_or_by_zeroing(device):
+    """flush as a callable is called once per timed call (warm-up excluded); as a tensor it is zeroed."""
+    calls = []
+    runs = torch.zeros(1, dtype=torch.int64, device=device)
+    t = bm.event_times_us(lambda: runs.add_(1), iters=6, warmup=2, flush=lambda: calls.append(1))
+    torch.cuda.synchronize()
+    assert len(calls) == 6 and len(t) == 6 and int(runs) == 8 and all(x > 0 for x in t)
+    buf = torch.ones(1024, device=device)
+    bm.event_times_us(lambda: runs.add_(1), iters=1, flush=buf)
+    torch.cuda.synchronize()
+    assert int(buf.abs().sum()) == 0

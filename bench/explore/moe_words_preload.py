@@ -1,0 +1,892 @@
+"""SESSION-8 EXPERIMENT COPY of lowlat/kernels/moe.py as device call 5 ran it (reverted; see bench/explore/README.md).
+
+Fused mixture-of-experts decode block without sorting: Triton kernels for Hopper (sm_90).
+
+Matches `lowlat.reference.moe` — `route_topk` (router + softmax + top-k as a routing bitmap),
+`moe_experts` (gated sum of the chosen experts' SwiGLU outputs) and `moe` (plus the shared expert) —
+and returns the residual sum of `lowlat.reference.layer.decoder_layer`'s FFN step:
+
+    out[m] = x_residual[m] + moe(h)[m]             h, x_residual, out: [M, H] bf16
+
+Five launches (seven with a shared expert), each a fixed grid, no host synchronisation, every buffer
+preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA graph:
+
+1. `_router_logits_kernel`, grid (ceil(E / BE), NSPLIT): partial router logits of every row over
+   one slice of the hidden dim, part[s, m, e] = sum_{k in slice s} h[m, k] * router[e, k] (fp32).
+2. `_route_plan_kernel`, one program for all M <= 64 rows: logits[m, e] = sum_s part[s, m, e]
+   (s increasing), rounded to bf16 as the reference's bf16 `x @ router.T` is; softmax in fp32;
+   top-k; optional renormalisation. Writes the routing bitmap [M, E] (uint8 0/1) and gates [M, E]
+   fp32 (0 where not chosen). Ties: the k chosen experts are the k largest bf16 logits, and among
+   equal logits the lower expert index wins — the reference's stable descending sort of the
+   probabilities. (Softmax is monotone, so equal logits give equal probabilities; the one case that
+   can differ is two distinct bf16 logits whose fp32 probabilities round to the same value, which
+   needs logits within ~2^-17 of zero: the reference then takes the lower index, this kernel the
+   larger logit.) Padding rows (m >= num_valid_rows) get an all-zero bitmap row and zero gates.
+   Then the plan: an expert is active when its bitmap column has a set bit (population count > 0);
+   plan = [A, the A active experts in increasing index]. (Forced routing runs only this plan part
+   on the given bitmap.)
+3. `_expert_gate_up_kernel`, grid (min(E, M*K), ceil(Ie / BN)): program (j, n) takes the j-th
+   active expert e (programs j >= A exit before loading any weight, so an inactive expert's
+   weights are never read). Placement without sort or scan over tokens: it loads column e of the
+   bitmap (rows < num_valid_rows only), counts its rows (population count) and gives row m the
+   place below[m] = population count of the column above row m (rows 0..m-1). Places 0..count-1
+   fill row tiles of BR = 16 rows; an expert with more rows takes more tiles. Each tile computes
+   act = silu(h W_gate^T) * (h W_up^T) in fp32 and stores it in bf16 at (row m, slot k), k = the
+   population count of row m's bitmap below e (e's rank among m's chosen experts, in index order).
+4. `_expert_down_kernel`, grid (min(E, M*K), ceil(H / BNH)): same placement; y = act W_down^T in
+   fp32, times the fp32 gate of (m, e), stored in fp32 at (row m, slot k). No atomics.
+5. `_combine_kernel`, grid (M, ceil(H / BH)): out[m] = bf16( ((sum_{k=0..c-1} y_k) + s) + x_res )
+   with the slots k summed in increasing order — the chosen experts in increasing expert index,
+   the reference's order — starting from 0, then the shared expert's output s (if any), then the
+   residual. Deterministic and row-invariant: no atomics, every block size is fixed by the weight
+   shapes alone, never by M (the grids' sizes depend on M, what one row computes does not).
+
+Rounding differs from the bf16 reference (which rounds after every matmul, rounds each expert's
+output to bf16 before gating, and rounds the MoE sum, the shared sum and the residual sum): this
+kernel keeps everything in fp32 from the matmul accumulators to the single final rounding; act
+(the SwiGLU intermediate) is stored in bf16, as the reference's is. The numerics policy
+(lowlat.numerics, 2x the bf16 reference's error against the float64 oracle) judges it.
+
+Optional PDL (programmatic dependent launch, `use_pdl=True`, sm_90): every kernel waits
+(`griddepcontrol.wait`) before reading what an earlier kernel wrote and then lets the next kernel
+launch; the router kernel loads its first weight slice before waiting. Off under the interpreter.
+
+Under the Triton CPU interpreter (TRITON_INTERPRET=1, CI at tiny shapes) the kernels take
+INTERP=True: operands are upcast to fp32 before every tl.dot, and fp32 -> bf16 is rounded to
+nearest even on the bits (the interpreter's casts truncate); block sizes are as wide as the tiny
+dims (its cost is per program). On the GPU the dots take bf16 operands with fp32 accumulation.
+
+Sources followed: Shazeer et al. 2017 (sparsely-gated MoE), Fedus et al. 2021 / Qwen3-MoE and
+Mixtral as HF transformers implements them (softmax router, top-k, renormalised gates), the
+"swap AB" small-batch GEMM layout (weights on the MMA's M side, the few rows on its N side).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from lowlat.config import ModelConfig
+from lowlat.kernels._gemv import argmax_key
+from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.weights import LayerWeights
+
+#: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
+MAX_KERNEL_ROWS = 64
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _num_valid(nvalid, nvalid_ptr, NV_PTR: tl.constexpr):
+    if NV_PTR:
+        nv = tl.load(nvalid_ptr)
+    else:
+        nv = nvalid
+    return nv
+
+
+@triton.jit
+def _round_bf16(x, INTERP: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The interpreter's cast truncates, so under it the
+    rounding is done on the bits (the result is then exactly representable and the cast exact)."""
+    if INTERP:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & -65536
+        r = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        return r.to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
+                          BE: tl.constexpr, HS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
+                          INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} x[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32."""
+    pid_e = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    e = pid_e * BE + tl.arange(0, BE)
+    rows = tl.arange(0, BM)
+    emask = e < E
+    rmask = rows < M
+    acc = tl.zeros([BE, BM], dtype=tl.float32)
+    for i in tl.static_range(HS // BK):
+        k = pid_s * HS + i * BK + tl.arange(0, BK)
+        kmask = k < H
+        # the router weights do not depend on the previous kernel: load them before waiting on it
+        w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
+                    mask=emask[:, None] & kmask[None, :], other=0.0)
+        if i == 0:
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+        xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
+                     mask=rmask[None, :] & kmask[:, None], other=0.0)
+        if INTERP:
+            w = w.to(tl.float32)
+            xt = xt.to(tl.float32)
+        acc = tl.dot(w, xt, acc)
+    tl.store(part_ptr + pid_s * BM * E + rows[None, :] * E + e[:, None], acc,
+             mask=emask[:, None] & rmask[None, :])
+
+
+@triton.jit
+def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, plan_ptr, words_ptr, slots_ptr,
+                       nvalid, nvalid_ptr, M, E, NSPLIT: tl.constexpr, TOP_K: tl.constexpr, PART_ROWS: tl.constexpr,
+                       BM: tl.constexpr, E_P2: tl.constexpr, ROUTE: tl.constexpr, RENORM: tl.constexpr,
+                       NV_PTR: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """One program for all rows (BM >= M; every row's work is its own, so BM changes no result).
+
+    ROUTE: logits[m, e] = sum_s part[s, m, e] (s increasing; the NSPLIT loads are unrolled so they are
+    all in flight at once; part is [NSPLIT, PART_ROWS, E]), rounded to bf16; softmax; top-k;
+    writes bitmap [M, E] uint8 and gates [M, E] fp32. Otherwise the bitmap is read (forced routing).
+    Then the plan: plan[0] = number of active experts A, plan[1 + j] = the j-th active expert in
+    increasing index (an expert is active when a valid row chose it: its column's population count
+    is > 0); words[j] = that expert's bitmap column over the valid rows as one int64 (bit m: row m
+    chose it; M <= 64), so an expert program gets its expert and its rows in one round trip; and
+    slots[m, e] = the population count of row m's bitmap below e (where (m, e) sits among the row's
+    chosen experts, in index order: the row's output slot).
+    """
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
+    rows = tl.arange(0, BM)
+    ei = tl.arange(0, E_P2)
+    emask = ei < E
+    valid = rows < nv
+    if ROUTE:
+        tile_mask = (rows[:, None] < M) & emask[None, :]
+        logit = tl.zeros([BM, E_P2], dtype=tl.float32)
+        for s in tl.static_range(NSPLIT):
+            logit += tl.load(part_ptr + s * (PART_ROWS * E) + rows[:, None] * E + ei[None, :], mask=tile_mask,
+                             other=0.0)
+        # the reference's router matmul runs in bf16: its logits are rounded to bf16
+        logit = _round_bf16(logit, INTERP).to(tl.float32)
+        live = (rows[:, None] >= 0) & emask[None, :]
+        logit = tl.where(live, logit, float("-inf"))
+        mx = tl.max(logit, axis=1)
+        ex = tl.where(live, tl.exp(logit - mx[:, None]), 0.0)
+        prob = ex / tl.sum(ex, axis=1)[:, None]
+        # selection key: the logit (softmax is monotone; NaN sorts first so a NaN row stays NaN) packed
+        # with the expert index (`argmax_key`: larger logit first, lower index among equal ones), so each
+        # pick is one max over the row; a picked or padded expert gets the smallest int64
+        key = argmax_key(tl.where(logit != logit, float("inf"), logit), ei[None, :])
+        key = tl.where(live, key, -9223372036854775807 - 1)
+        chosen = live & ~live
+        for _ in tl.static_range(TOP_K):
+            best = tl.max(key, axis=1)
+            hit = key == best[:, None]
+            chosen = chosen | hit
+            key = tl.where(hit, -9223372036854775807 - 1, key)
+        chosen = chosen & live & valid[:, None]
+        g = tl.where(chosen, prob, 0.0)
+        if RENORM:
+            den = tl.sum(g, axis=1)
+            g = tl.where(chosen, g / tl.where(den > 0, den, 1.0)[:, None], 0.0)
+        tl.store(bitmap_ptr + rows[:, None] * stride_bm + ei[None, :], chosen.to(tl.uint8), mask=tile_mask)
+        tl.store(gates_ptr + rows[:, None] * stride_gm + ei[None, :], g, mask=tile_mask)
+        bits = chosen.to(tl.int32)
+    else:
+        b = tl.load(bitmap_ptr + rows[:, None] * stride_bm + ei[None, :], mask=valid[:, None] & emask[None, :],
+                    other=0)
+        bits = (b != 0).to(tl.int32)
+    active = (tl.sum(bits, axis=0) > 0).to(tl.int32)                     # [E_P2]
+    place = tl.cumsum(active, axis=0) - active                             # a scan over experts
+    word = tl.sum(bits.to(tl.int64) << rows[:, None].to(tl.int64), axis=0)  # [E_P2]: bit m = bits[m, e]
+    slot = tl.cumsum(bits, axis=1) - bits                                  # a scan over experts, per row
+    tl.store(slots_ptr + rows[:, None] * E + ei[None, :], slot, mask=(rows < M)[:, None] & emask[None, :])
+    tl.store(words_ptr + place, word, mask=active != 0)
+    tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
+    tl.store(plan_ptr, tl.sum(active, axis=0))
+
+
+@triton.jit
+def _column_places(col, BM: tl.constexpr):
+    """below [BM]: below[m] = population count of col[0..m-1], row m's place among the expert's rows."""
+    m = tl.arange(0, BM)
+    return tl.sum(tl.where(m[None, :] < m[:, None], col[None, :], 0), axis=1)
+
+
+@triton.jit
+def _tile_rows(col, below, count, t, BM: tl.constexpr, BR: tl.constexpr):
+    """Rows of places t*BR .. t*BR+BR-1 of expert e: (rows [BR], ok [BR])."""
+    m = tl.arange(0, BM)
+    place = t * BR + tl.arange(0, BR)
+    hit = (col[None, :] != 0) & (below[None, :] == place[:, None])          # [BR, BM]
+    rows = tl.sum(tl.where(hit, m[None, :], 0), axis=1)
+    ok = place < count
+    return rows, ok
+
+
+@triton.jit
+def _tile_slots(rows, ok, slots_ptr, E, e, BR: tl.constexpr, ALL_ROWS: tl.constexpr):
+    """slot [BR]: where (rows[j], e) sits among the row's chosen experts (the plan's slot table); 0 for
+    the shared expert."""
+    if ALL_ROWS:
+        slot = tl.zeros([BR], dtype=tl.int32)
+    else:
+        slot = tl.load(slots_ptr + rows * E + e, mask=ok, other=0)
+    return slot
+
+
+@triton.jit
+def _expert_of_program(plan_ptr, words_ptr, nv, BM: tl.constexpr, ALL_ROWS: tl.constexpr):
+    """(e, col, below, count) of this program: the j-th active expert of the plan, j = program_id(0), its
+    bitmap column over the valid rows (col [BM] 0/1, from the plan's words[j]), each row's place
+    (`_column_places`) and its row count (population count of the column). One round trip: plan[0],
+    plan[1 + j] and words[j] are loaded together (entries past the A active experts hold stale values;
+    count = 0 there, so such a program loads no weight). ALL_ROWS (the shared expert): every valid row."""
+    j = tl.program_id(0)
+    m = tl.arange(0, BM)
+    if ALL_ROWS:
+        e = j
+        col = (m < nv).to(tl.int32)
+        n_active = 1
+    else:
+        n_active = tl.load(plan_ptr)
+        e = tl.load(plan_ptr + 1 + j)
+        word = tl.load(words_ptr + j)
+        col = ((word >> m.to(tl.int64)) & 1).to(tl.int32)
+    count = tl.where(j < n_active, tl.sum(col, axis=0), 0)
+    return e, col, _column_places(col, BM), count
+
+
+@triton.jit
+def _expert_gate_up_kernel(x_ptr, stride_xm, plan_ptr, words_ptr, slots_ptr, E, wg_ptr, wu_ptr, stride_we,
+                           stride_wn, act_ptr, stride_act, nvalid, nvalid_ptr,
+                           H: tl.constexpr, IE: tl.constexpr, KMAX: tl.constexpr,
+                           BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           ALL_ROWS: tl.constexpr, NV_PTR: tl.constexpr,
+                           INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """act[m*KMAX + slot, n] = silu(x[m] . wg[e, n]) * (x[m] . wu[e, n]) for expert e's rows m,
+    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS)."""
+    pid_n = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
+    e, col, below, count = _expert_of_program(plan_ptr, words_ptr, nv, BM, ALL_ROWS)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < IE
+    wg_base = wg_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
+    wu_base = wu_ptr + e.to(tl.int64) * stride_we + n[:, None] * stride_wn
+    for t in range(0, BM // BR):
+        if t * BR < count:                      # no rows left: no weight is loaded
+            rows, ok = _tile_rows(col, below, count, t, BM, BR)
+            slot = _tile_slots(rows, ok, slots_ptr, E, e, BR, ALL_ROWS)
+            acc_g = tl.zeros([BN, BR], dtype=tl.float32)
+            acc_u = tl.zeros([BN, BR], dtype=tl.float32)
+            for k0 in range(0, H, BK):
+                k = k0 + tl.arange(0, BK)
+                kmask = k < H
+                xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
+                             mask=ok[None, :] & kmask[:, None], other=0.0)
+                wmask = nmask[:, None] & kmask[None, :]
+                wg = tl.load(wg_base + k[None, :], mask=wmask, other=0.0)
+                wu = tl.load(wu_base + k[None, :], mask=wmask, other=0.0)
+                if INTERP:
+                    xt = xt.to(tl.float32)
+                    wg = wg.to(tl.float32)
+                    wu = wu.to(tl.float32)
+                acc_g = tl.dot(wg, xt, acc_g)
+                acc_u = tl.dot(wu, xt, acc_u)
+            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            dst = (rows * KMAX + slot).to(tl.int64) * stride_act
+            tl.store(act_ptr + dst[None, :] + n[:, None], _round_bf16(act, INTERP),
+                     mask=nmask[:, None] & ok[None, :])
+
+
+@triton.jit
+def _expert_down_kernel(act_ptr, stride_act, plan_ptr, words_ptr, slots_ptr, E, gates_ptr, stride_gm,
+                        wd_ptr, stride_we, stride_wh, y_ptr, stride_y, nvalid, nvalid_ptr,
+                        H: tl.constexpr, IE: tl.constexpr, KMAX: tl.constexpr,
+                        BM: tl.constexpr, BR: tl.constexpr, BNH: tl.constexpr, BKI: tl.constexpr,
+                        ALL_ROWS: tl.constexpr, NV_PTR: tl.constexpr,
+                        INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """y[m*KMAX + slot, h] = gate[m, e] * (act[m*KMAX + slot] . wd[e, h]) for expert e's rows m (fp32),
+    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS).
+
+    The plan (plan, words, slots) and num_valid_rows were written two launches back (the route / plan
+    kernel, or before the block): under PDL this launch starts only after every gate/up program has
+    passed its own wait on that kernel, so they are read before this launch's wait."""
+    pid_h = tl.program_id(1)
+    nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
+    e, col, below, count = _expert_of_program(plan_ptr, words_ptr, nv, BM, ALL_ROWS)
+    h = pid_h * BNH + tl.arange(0, BNH)
+    hmask = h < H
+    wd_base = wd_ptr + e.to(tl.int64) * stride_we + h[:, None] * stride_wh
+    # before the wait: the first tile's rows and slots, and the first weight chunk into registers (masked
+    # off for a program past the active experts: an inactive expert's weights are never read)
+    rows0, ok0 = _tile_rows(col, below, count, 0, BM, BR)
+    slot0 = _tile_slots(rows0, ok0, slots_ptr, E, e, BR, ALL_ROWS)
+    i_first = tl.arange(0, BKI)
+    w_first = tl.load(wd_base + i_first[None, :], mask=(hmask[:, None] & (i_first < IE)[None, :]) & (count > 0),
+                      other=0.0)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    for t in range(0, BM // BR):
+        if t * BR < count:                      # no rows left: no weight is loaded
+            if t == 0:
+                rows = rows0
+                ok = ok0
+                slot = slot0
+            else:
+                rows, ok = _tile_rows(col, below, count, t, BM, BR)
+                slot = _tile_slots(rows, ok, slots_ptr, E, e, BR, ALL_ROWS)
+            src = (rows * KMAX + slot).to(tl.int64) * stride_act
+            at = tl.load(act_ptr + src[None, :] + i_first[:, None], mask=ok[None, :] & (i_first < IE)[:, None],
+                         other=0.0)
+            w = w_first
+            if t > 0:
+                w = tl.load(wd_base + i_first[None, :], mask=hmask[:, None] & (i_first < IE)[None, :], other=0.0)
+            if INTERP:
+                at = at.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(w, at, tl.zeros([BNH, BR], dtype=tl.float32))
+            for i0 in range(BKI, IE, BKI):
+                i = i0 + tl.arange(0, BKI)
+                imask = i < IE
+                at = tl.load(act_ptr + src[None, :] + i[:, None], mask=ok[None, :] & imask[:, None], other=0.0)
+                w = tl.load(wd_base + i[None, :], mask=hmask[:, None] & imask[None, :], other=0.0)
+                if INTERP:
+                    at = at.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc = tl.dot(w, at, acc)
+            if not ALL_ROWS:
+                g = tl.load(gates_ptr + rows * stride_gm + e, mask=ok, other=0.0)
+                acc = acc * g[None, :]
+            dst = (rows * KMAX + slot).to(tl.int64) * stride_y
+            tl.store(y_ptr + dst[None, :] + h[:, None], acc, mask=hmask[:, None] & ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, stride_y, bitmap_ptr, stride_bm, shared_ptr, stride_sh, res_ptr, stride_rm,
+                    out_ptr, stride_om, nvalid, nvalid_ptr, E, H,
+                    KMAX: tl.constexpr,
+                    BH: tl.constexpr, E_P2: tl.constexpr, HAS_SHARED: tl.constexpr,
+                    NV_PTR: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """out[m, h] = bf16( ((sum_{k < c_m} y[m*KMAX + k, h]) + s[m, h]) + res[m, h] ), k increasing."""
+    m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
+    valid = m < nv
+    h = pid_h * BH + tl.arange(0, BH)
+    hmask = h < H
+    ei = tl.arange(0, E_P2)
+    bits = tl.load(bitmap_ptr + m * stride_bm + ei, mask=(ei < E) & valid, other=0)
+    c = tl.sum((bits != 0).to(tl.int32), axis=0)
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for k in tl.static_range(KMAX):            # unrolled: the KMAX loads are in flight together
+        yk = tl.load(y_ptr + (m * KMAX + k).to(tl.int64) * stride_y + h, mask=hmask & (k < c), other=0.0)
+        acc = tl.where(k < c, acc + yk, acc)
+    if HAS_SHARED:
+        s = tl.load(shared_ptr + m * stride_sh + h, mask=hmask & valid, other=0.0)
+        acc = tl.where(valid, acc + s, acc)
+    r = tl.load(res_ptr + m * stride_rm + h, mask=hmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + h, _round_bf16(acc + r, INTERP), mask=hmask)
+
+
+# ----------------------------------------------------------------------------------------- config
+def _p2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _plan_rows(m: int) -> int:
+    """Row tile of the route / plan kernel for M rows (each row's work is its own: no result depends
+    on it)."""
+    return max(16, _p2(m))
+
+
+@dataclass(frozen=True)
+class MoEKernelConfig:
+    """Block sizes. They depend on the weight shapes only (never on M): that makes rows invariant.
+
+    BE experts x HS hidden per router program (BK per step); BR rows per expert tile; gate/up
+    programs cover BN intermediate columns (BK hidden per step); down programs BNH hidden outputs
+    (BKI intermediate per step); combine programs BH hidden columns.
+    """
+
+    BE: int
+    HS: int
+    BK_ROUTER: int
+    BR: int
+    BN: int
+    BK: int
+    BNH: int
+    BKI: int
+    BH: int
+    num_warps: int = 4
+    num_stages: int = 3
+    #: warps of the one route / plan program
+    plan_warps: int = 8
+
+    @classmethod
+    def for_shapes(cls, hidden: int, num_experts: int, inter: int, *, interpret: bool = False) -> "MoEKernelConfig":
+        """Defaults for H, E, Ie (every dot dim >= 16, as tl.dot needs on sm_90).
+
+        interpret: for the CPU interpreter, whose cost is per program: blocks as wide as the
+        (tiny) dims, so each expert is one gate/up and one down program.
+        """
+        h, e, i = _p2(max(hidden, 16)), _p2(max(num_experts, 16)), _p2(max(inter, 16))
+        if interpret:
+            return cls(BE=e, HS=h, BK_ROUTER=h, BR=16, BN=i, BK=h, BNH=h, BKI=i, BH=h)
+        bk_router = min(128, h)
+        return cls(BE=min(32, e), HS=min(256, h), BK_ROUTER=bk_router, BR=16, BN=min(32, i),
+                   BK=min(128, h), BNH=min(64, h), BKI=min(128, i), BH=min(256, h))
+
+
+def _check_config(c: MoEKernelConfig) -> None:
+    for name in ("BE", "HS", "BK_ROUTER", "BR", "BN", "BK", "BNH", "BKI", "BH"):
+        v = getattr(c, name)
+        if v < 16 or v & (v - 1):
+            raise UnsupportedConfigError(f"MoEKernelConfig.{name}", v, "must be a power of two >= 16")
+    if c.HS % c.BK_ROUTER:
+        raise UnsupportedConfigError("MoEKernelConfig.HS", c.HS, f"must be a multiple of BK_ROUTER={c.BK_ROUTER}")
+    if c.plan_warps not in (1, 2, 4, 8, 16):
+        raise UnsupportedConfigError("MoEKernelConfig.plan_warps", c.plan_warps, "must be 1, 2, 4, 8 or 16")
+    if MAX_KERNEL_ROWS % c.BR:
+        raise UnsupportedConfigError("MoEKernelConfig.BR", c.BR, f"must divide {MAX_KERNEL_ROWS}")
+
+
+# ----------------------------------------------------------------------------------------- workspace
+@dataclass
+class MoEWorkspace:
+    """Preallocated buffers of one MoE block (reuse across steps and CUDA-graph replays).
+
+    logits      [NSPLIT, 64, E]         fp32   split router logits
+    bitmap      [R, E]                  uint8  routing bitmap (1: expert e serves row m)
+    gates       [R, E]                  fp32   gate of (m, e), 0 where bitmap is 0
+    plan        [E + 1]                 int32  number of active experts A, then the A experts
+    words       [E]                     int64  words[j]: the j-th active expert's bitmap column (bit m: row m)
+    slots       [R, E]                  int32  slots[m, e]: row m's chosen experts below e (its output slot)
+    act         [R * KMAX, Ie]          bf16   SwiGLU intermediate of each (row, slot)
+    y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
+    shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
+    R = max_rows (<= 64), KMAX = slots per row (top_k).
+    """
+
+    max_rows: int
+    slots_per_row: int
+    hidden: int
+    num_experts: int
+    moe_inter: int
+    shared_inter: int
+    logits: torch.Tensor
+    bitmap: torch.Tensor
+    gates: torch.Tensor
+    plan: torch.Tensor
+    words: torch.Tensor
+    slots: torch.Tensor
+    act: torch.Tensor
+    y: torch.Tensor
+    shared_act: torch.Tensor | None
+    shared_y: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
+                 shared_inter: int = 0, device: torch.device | str = "cuda",
+                 config: MoEKernelConfig | None = None) -> "MoEWorkspace":
+        """Allocate every buffer (contents undefined; each call overwrites what it reads)."""
+        if not 1 <= max_rows <= MAX_KERNEL_ROWS:
+            raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_KERNEL_ROWS}")
+        if slots_per_row < 1:
+            raise StepContractError(f"slots_per_row={slots_per_row} must be >= 1")
+        c = config or MoEKernelConfig.for_shapes(hidden, num_experts, moe_inter, interpret=_interpreting())
+        nsplit = triton.cdiv(hidden, c.HS)
+        f32, bf16 = torch.float32, torch.bfloat16
+        has_shared = shared_inter > 0
+        return cls(
+            max_rows=max_rows, slots_per_row=slots_per_row, hidden=hidden, num_experts=num_experts,
+            moe_inter=moe_inter, shared_inter=shared_inter,
+            logits=torch.empty(nsplit, MAX_KERNEL_ROWS, num_experts, dtype=f32, device=device),
+            bitmap=torch.empty(max_rows, num_experts, dtype=torch.uint8, device=device),
+            gates=torch.empty(max_rows, num_experts, dtype=f32, device=device),
+            plan=torch.empty(num_experts + 1, dtype=torch.int32, device=device),
+            words=torch.empty(num_experts, dtype=torch.int64, device=device),
+            slots=torch.empty(max_rows, num_experts, dtype=torch.int32, device=device),
+            act=torch.empty(max_rows * slots_per_row, moe_inter, dtype=bf16, device=device),
+            y=torch.empty(max_rows * slots_per_row, hidden, dtype=f32, device=device),
+            shared_act=torch.empty(max_rows, shared_inter, dtype=bf16, device=device) if has_shared else None,
+            shared_y=torch.empty(max_rows, hidden, dtype=f32, device=device) if has_shared else None,
+        )
+
+    @classmethod
+    def for_config(cls, cfg: ModelConfig, max_rows: int, device: torch.device | str = "cuda") -> "MoEWorkspace":
+        """Workspace of one MoE layer of `cfg` for up to max_rows rows (slots per row = top_k)."""
+        if not cfg.is_moe:
+            raise UnsupportedConfigError("num_experts", cfg.num_experts, "not an MoE model")
+        return cls.allocate(max_rows=max_rows, hidden=cfg.hidden_size, num_experts=cfg.num_experts,
+                            slots_per_row=cfg.top_k, moe_inter=cfg.moe_intermediate_size,
+                            shared_inter=cfg.shared_expert_intermediate_size, device=device)
+
+
+# ----------------------------------------------------------------------------------------- checks
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_device(t: torch.Tensor, name: str, use_pdl: bool) -> None:
+    if t.device.type == "cpu" and not _interpreting():
+        raise StepContractError(
+            f"{name} is on the CPU: CPU tensors run only under the Triton interpreter "
+            "(set TRITON_INTERPRET=1 before triton is imported)")
+    if use_pdl and (t.device.type != "cuda" or _interpreting()):
+        raise UnsupportedConfigError("use_pdl", True, "PDL (griddepcontrol) needs a CUDA device, "
+                                     "not the Triton interpreter")
+
+
+def _check_tensor(name: str, t, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise StepContractError(f"{name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise StepContractError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise StepContractError(f"{name} is on {t.device}, expected {device}")
+    if t.dim() and t.stride(-1) != 1:
+        raise StepContractError(f"{name} must be contiguous in its last dim (stride {t.stride(-1)})")
+
+
+def _check_weights(lw: LayerWeights, hidden: int, device: torch.device) -> tuple[int, int, int]:
+    """(E, Ie, Is) of the MoE weights; raise StepContractError naming the first bad tensor."""
+    if lw.router is None or lw.expert_gate is None:
+        raise StepContractError("layer weights have no MoE (router / expert_gate is None)")
+    e, ie = lw.router.shape[0], lw.expert_gate.shape[1]
+    bf16 = torch.bfloat16
+    _check_tensor("router", lw.router, (e, hidden), bf16, device)
+    for name in ("expert_gate", "expert_up"):
+        _check_tensor(name, getattr(lw, name), (e, ie, hidden), bf16, device)
+        if not getattr(lw, name).is_contiguous():
+            raise StepContractError(f"{name} must be contiguous")
+    _check_tensor("expert_down", lw.expert_down, (e, hidden, ie), bf16, device)
+    if lw.expert_gate.stride() != lw.expert_up.stride():
+        raise StepContractError("expert_gate and expert_up must have the same strides")
+    s = 0
+    if lw.shared_gate is not None:
+        s = lw.shared_gate.shape[0]
+        _check_tensor("shared_gate", lw.shared_gate, (s, hidden), bf16, device)
+        _check_tensor("shared_up", lw.shared_up, (s, hidden), bf16, device)
+        _check_tensor("shared_down", lw.shared_down, (hidden, s), bf16, device)
+        if lw.shared_gate.stride() != lw.shared_up.stride():
+            raise StepContractError("shared_gate and shared_up must have the same strides")
+    return e, ie, s
+
+
+def _check_h(h, use_pdl: bool) -> tuple[int, int]:
+    if not isinstance(h, torch.Tensor) or h.dim() != 2:
+        raise StepContractError(f"h must be an [M, H] tensor, got {getattr(h, 'shape', type(h).__name__)}")
+    _check_device(h, "h", use_pdl)
+    _check_tensor("h", h, tuple(h.shape), torch.bfloat16, h.device)
+    return int(h.shape[0]), int(h.shape[1])
+
+
+def _check_rows(h: torch.Tensor, num_valid_rows) -> tuple[int, torch.Tensor | None]:
+    """(nvalid int, nvalid tensor or None); raise StepContractError for an out-of-range value."""
+    m = h.shape[0]
+    if not 1 <= m <= MAX_KERNEL_ROWS:
+        raise StepContractError(f"M={m} rows must be in 1..{MAX_KERNEL_ROWS}")
+    if isinstance(num_valid_rows, torch.Tensor):
+        if num_valid_rows.dtype != torch.int32 or num_valid_rows.numel() != 1:
+            raise StepContractError(f"num_valid_rows tensor must be one int32 element, got "
+                                    f"{num_valid_rows.dtype} of shape {tuple(num_valid_rows.shape)}")
+        if num_valid_rows.device != h.device:
+            raise StepContractError(f"num_valid_rows is on {num_valid_rows.device}, h on {h.device}")
+        return 0, num_valid_rows
+    if isinstance(num_valid_rows, bool) or not isinstance(num_valid_rows, int):
+        raise StepContractError("num_valid_rows must be an int or an int32 tensor, got "
+                                f"{type(num_valid_rows).__name__}")
+    if not 0 <= num_valid_rows <= m:
+        raise StepContractError(f"num_valid_rows={num_valid_rows} must be in 0..M={m}")
+    return num_valid_rows, None
+
+
+def _check_workspace(ws: MoEWorkspace, m: int, e: int, hidden: int, ie: int, s: int, kmax: int,
+                     device: torch.device) -> None:
+    want = dict(num_experts=e, hidden=hidden, moe_inter=ie, shared_inter=s)
+    for k, v in want.items():
+        if getattr(ws, k) != v:
+            raise StepContractError(f"workspace.{k}={getattr(ws, k)} but the weights have {v}")
+    if ws.max_rows < m:
+        raise StepContractError(f"workspace.max_rows={ws.max_rows} < M={m}")
+    if ws.slots_per_row < kmax:
+        raise StepContractError(f"workspace.slots_per_row={ws.slots_per_row} < {kmax} slots per row needed")
+    if ws.bitmap.device != device:
+        raise StepContractError(f"workspace is on {ws.bitmap.device}, h on {device}")
+
+
+def _plan_launch(c: MoEKernelConfig):
+    """Launch shape of the one-program route / plan kernel (a [BM, E] tile over c.plan_warps warps)."""
+    return types.SimpleNamespace(num_warps=c.plan_warps, num_stages=1)
+
+
+#: launch shape of the combine kernel (no loop worth pipelining)
+_COMBINE_LAUNCH = types.SimpleNamespace(num_warps=4, num_stages=1)
+
+
+def _launch_opts(c, use_pdl: bool) -> dict:
+    opts = dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    if use_pdl:
+        opts["launch_pdl"] = True
+    return opts
+
+
+# ----------------------------------------------------------------------------------------- launches
+def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: MoEKernelConfig,
+                  use_pdl: bool) -> None:
+    m, hidden = h.shape
+    e = router.shape[0]
+    interp = _interpreting()
+    nsplit = triton.cdiv(hidden, c.HS)
+    if ws.logits.shape[0] < nsplit or ws.logits.shape[2] != e:
+        raise StepContractError(f"workspace.logits {tuple(ws.logits.shape)} does not fit {nsplit} hidden "
+                                f"slices of HS={c.HS} and E={e} (allocate it with the same config)")
+    nv_ptr = nv_t if nv_t is not None else ws.bitmap
+    opts = _launch_opts(c, use_pdl)
+    _router_logits_kernel[(triton.cdiv(e, c.BE), nsplit)](
+        h, h.stride(0), router, router.stride(0), ws.logits, m, e, hidden,
+        BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, **opts)
+    _route_plan_kernel[(1,)](
+        ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.words, ws.slots, nv,
+        nv_ptr, m, e,
+        NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
+        RENORM=bool(renormalize),
+        NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
+
+
+def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
+    """The plan (active experts) of a given bitmap [M, E] uint8 (forced routing)."""
+    m, e = bitmap_u8.shape
+    _route_plan_kernel[(1,)](
+        ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.words, ws.slots, nv,
+        bitmap_u8, m, e,
+        NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=False, RENORM=False,
+        NV_PTR=False,
+        INTERP=_interpreting(), USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
+
+
+def _launch_experts(h, x_residual, bitmap_u8, gates, lw: LayerWeights, nv, nv_t, kmax: int, out,
+                    ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
+    m, hidden = h.shape
+    e, ie = lw.expert_gate.shape[0], lw.expert_gate.shape[1]
+    interp = _interpreting()
+    nv_ptr = nv_t if nv_t is not None else bitmap_u8
+    e_p2 = _p2(e)
+    opts = _launch_opts(c, use_pdl)
+    common = dict(nvalid=nv, nvalid_ptr=nv_ptr, NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl,
+                  BM=MAX_KERNEL_ROWS, BR=c.BR)
+    plan = (ws.plan, ws.words, ws.slots, e)
+    max_active = min(e, m * kmax)      # a bound from shapes alone: no host sync
+    _expert_gate_up_kernel[(max_active, triton.cdiv(ie, c.BN))](
+        h, h.stride(0), *plan, lw.expert_gate, lw.expert_up, lw.expert_gate.stride(0), lw.expert_gate.stride(1), ws.act, ws.act.stride(0),
+        H=hidden, IE=ie, KMAX=kmax, BN=c.BN, BK=c.BK, ALL_ROWS=False, **common, **opts)
+    _expert_down_kernel[(max_active, triton.cdiv(hidden, c.BNH))](
+        ws.act, ws.act.stride(0), *plan, gates, gates.stride(0), lw.expert_down, lw.expert_down.stride(0), lw.expert_down.stride(1), ws.y, ws.y.stride(0),
+        H=hidden, IE=ie, KMAX=kmax, BNH=c.BNH, BKI=c.BKI, ALL_ROWS=False, **common, **opts)
+    has_shared = lw.shared_gate is not None
+    if has_shared:
+        s = lw.shared_gate.shape[0]
+        cs = MoEKernelConfig.for_shapes(hidden, 1, s, interpret=interp)
+        _expert_gate_up_kernel[(1, triton.cdiv(s, cs.BN))](
+            h, h.stride(0), *plan, lw.shared_gate, lw.shared_up, 0, lw.shared_gate.stride(0), ws.shared_act, ws.shared_act.stride(0),
+            H=hidden, IE=s, KMAX=1, BN=cs.BN, BK=cs.BK, ALL_ROWS=True, **common, **opts)
+        _expert_down_kernel[(1, triton.cdiv(hidden, cs.BNH))](
+            ws.shared_act, ws.shared_act.stride(0), *plan, gates, gates.stride(0), lw.shared_down, 0, lw.shared_down.stride(0), ws.shared_y, ws.shared_y.stride(0),
+            H=hidden, IE=s, KMAX=1, BNH=cs.BNH, BKI=cs.BKI, ALL_ROWS=True, **common, **opts)
+    shared_y = ws.shared_y if has_shared else ws.y
+    _combine_kernel[(m, triton.cdiv(hidden, c.BH))](
+        ws.y, ws.y.stride(0), bitmap_u8, bitmap_u8.stride(0), shared_y, shared_y.stride(0),
+        x_residual, x_residual.stride(0), out, out.stride(0), nv, nv_ptr, e, hidden, kmax,
+        BH=c.BH, E_P2=e_p2, HAS_SHARED=has_shared, NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl,
+        **_launch_opts(_COMBINE_LAUNCH, use_pdl))
+
+
+# ----------------------------------------------------------------------------------------- public API
+def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, num_valid_rows, *,
+          workspace: MoEWorkspace | None = None, use_pdl: bool = False,
+          config: MoEKernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router GEMV + fp32 softmax + top-k (+ renormalisation) as a routing bitmap; matches
+    `lowlat.reference.moe.route_topk`.
+
+    Parameters
+    ----------
+    h : [M, H] bf16, 1 <= M <= 64 — the normed rows.
+    router : [E, H] bf16.
+    top_k : 1 <= K <= E experts per row.
+    renormalize : divide the chosen probabilities by their sum (`norm_topk_prob`).
+    num_valid_rows : int in 0..M, or an int32 [1] device tensor (read on the device; capturable).
+        Rows >= it are padding: all-False bitmap row, zero gates.
+    workspace : buffers to use (`MoEWorkspace`); allocated for M rows when None.
+
+    Returns
+    -------
+    bitmap : [M, E] bool (a view of workspace.bitmap): expert e serves row m.
+    gates : [M, E] fp32 (a view of workspace.gates): the probability of (m, e), renormalised over
+        the row's K experts when `renormalize`; 0 where bitmap is False.
+    Both are overwritten by the next call that uses the same workspace.
+
+    Logits are accumulated in fp32 and rounded to bf16 (as the reference's bf16 router matmul
+    is); the chosen experts are the K largest, lower expert index first among ties.
+    Raises StepContractError (bad shape, dtype, device, row count) or UnsupportedConfigError
+    (top_k out of range, use_pdl off CUDA) before anything is written.
+    """
+    m, hidden = _check_h(h, use_pdl)
+    nv, nv_t = _check_rows(h, num_valid_rows)
+    if not isinstance(router, torch.Tensor) or router.dim() != 2:
+        raise StepContractError(f"router must be an [E, H] tensor, got {getattr(router, 'shape', type(router))}")
+    _check_tensor("router", router, (router.shape[0], hidden), torch.bfloat16, h.device)
+    e = router.shape[0]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise UnsupportedConfigError("top_k", top_k, f"must be an int in 1..E={e}")
+    c = config or MoEKernelConfig.for_shapes(hidden, e, 16, interpret=_interpreting())
+    _check_config(c)
+    if workspace is None:
+        workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=top_k,
+                                          moe_inter=16, device=h.device, config=c)
+    elif workspace.num_experts != e or workspace.hidden != hidden or workspace.max_rows < m:
+        raise StepContractError(f"workspace (E={workspace.num_experts}, H={workspace.hidden}, "
+                                f"max_rows={workspace.max_rows}) does not fit E={e}, H={hidden}, M={m}")
+    _launch_route(h, router, top_k, renormalize, nv, nv_t, workspace, c, use_pdl)
+    return workspace.bitmap[:m].view(torch.bool), workspace.gates[:m]
+
+
+def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg: ModelConfig,
+                num_valid_rows, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
+                use_pdl: bool = False, config: MoEKernelConfig | None = None) -> torch.Tensor:
+    """x_residual + moe(h): route, run the active experts, combine; matches
+    `x_residual + lowlat.reference.moe.moe(h, ...)` (the FFN step of `reference.layer.decoder_layer`).
+
+    Parameters
+    ----------
+    h : [M, H] bf16, 1 <= M <= 64 — rms_norm(x, mlp_norm).
+    x_residual : [M, H] bf16 — the residual stream x.
+    lw : LayerWeights with router [E, H], expert_gate / expert_up [E, Ie, H] (contiguous),
+        expert_down [E, H, Ie], optional shared_gate / shared_up [Is, H], shared_down [H, Is]; bf16.
+    cfg : ModelConfig (top_k, norm_topk_prob).
+    num_valid_rows : int in 0..M or an int32 [1] device tensor; rows >= it are padding: they never
+        enter routing and out[m] = x_residual[m] for them.
+    out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add).
+    workspace : MoEWorkspace (preallocate it for CUDA graphs); allocated for M rows when None.
+    use_pdl : launch with programmatic dependent launch (CUDA only).
+
+    Returns out: [M, H] bf16, out[m] = bf16(((sum over m's experts in index order of
+    gate * expert(h[m])) + shared(h[m])) + x_residual[m]), fp32 throughout.
+    Mutates: out, workspace. Raises StepContractError / UnsupportedConfigError before any write.
+    """
+    if not cfg.is_moe:
+        raise UnsupportedConfigError("num_experts", cfg.num_experts, "moe_forward needs an MoE config")
+    m, hidden = _check_h(h, use_pdl)
+    if hidden != cfg.hidden_size:
+        raise StepContractError(f"h has H={hidden}, config hidden_size={cfg.hidden_size}")
+    _check_tensor("x_residual", x_residual, (m, hidden), torch.bfloat16, h.device)
+    nv, nv_t = _check_rows(h, num_valid_rows)
+    e, ie, s = _check_weights(lw, hidden, h.device)
+    if e != cfg.num_experts or not 1 <= cfg.top_k <= e:
+        raise UnsupportedConfigError("num_experts", e, f"weights have E={e}, config num_experts="
+                                     f"{cfg.num_experts}, top_k={cfg.top_k}")
+    if out is None:
+        out = torch.empty_like(x_residual)
+    _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
+    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=_interpreting())
+    _check_config(c)
+    if workspace is None:
+        workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=cfg.top_k,
+                                          moe_inter=ie, shared_inter=s, device=h.device, config=c)
+    _check_workspace(workspace, m, e, hidden, ie, s, cfg.top_k, h.device)
+    _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl)
+    _launch_experts(h, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,
+                    workspace, c, use_pdl)
+    return out
+
+
+def moe_experts_forced(h: torch.Tensor, x_residual: torch.Tensor, bitmap: torch.Tensor, gates: torch.Tensor,
+                       lw: LayerWeights, num_valid_rows: int, *, out: torch.Tensor | None = None,
+                       workspace: MoEWorkspace | None = None, use_pdl: bool = False,
+                       config: MoEKernelConfig | None = None) -> torch.Tensor:
+    """Test entry point: the expert and combine stages of `moe_forward` on a given routing.
+
+    x_residual + moe_experts(h, bitmap, gates, ...) (+ shared expert), matching
+    `lowlat.reference.moe.moe_experts` with the bitmap's padding rows (>= num_valid_rows) ignored.
+
+    Parameters: h, x_residual [M, H] bf16; bitmap [M, E] bool or uint8 (0/1); gates [M, E] fp32;
+    lw as in `moe_forward`; num_valid_rows an int in 0..M. A row may have any number of experts
+    (0..E); the slots per row are the largest count among valid rows (a host sync: not capturable).
+    Returns out [M, H] bf16. Raises StepContractError for bad shapes, dtypes or bitmap values.
+    """
+    m, hidden = _check_h(h, use_pdl)
+    _check_tensor("x_residual", x_residual, (m, hidden), torch.bfloat16, h.device)
+    nv, nv_t = _check_rows(h, num_valid_rows)
+    e, ie, s = _check_weights(lw, hidden, h.device)
+    if not isinstance(bitmap, torch.Tensor) or bitmap.dtype not in (torch.bool, torch.uint8):
+        raise StepContractError(f"bitmap must be a bool or uint8 tensor, got {getattr(bitmap, 'dtype', type(bitmap))}")
+    _check_tensor("bitmap", bitmap, (m, e), bitmap.dtype, h.device)
+    _check_tensor("gates", gates, (m, e), torch.float32, h.device)
+    bitmap_u8 = bitmap.view(torch.uint8) if bitmap.dtype == torch.bool else bitmap
+    if nv_t is not None:
+        raise StepContractError("moe_experts_forced takes num_valid_rows as an int")
+    valid_bits = bitmap_u8[:nv]
+    if ((valid_bits != 0) & (valid_bits != 1)).any():
+        raise StepContractError("bitmap values must be 0 or 1")
+    kmax = max(1, int((valid_bits != 0).sum(1).max())) if nv else 1
+    if out is None:
+        out = torch.empty_like(x_residual)
+    _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
+    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=_interpreting())
+    _check_config(c)
+    if workspace is None:
+        workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=kmax,
+                                          moe_inter=ie, shared_inter=s, device=h.device, config=c)
+    _check_workspace(workspace, m, e, hidden, ie, s, kmax, h.device)
+    _launch_plan(bitmap_u8, nv, workspace, c, use_pdl)
+    _launch_experts(h, x_residual, bitmap_u8, gates, lw, nv, None, kmax, out, workspace, c, use_pdl)
+    return out
+
+
+def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *, use_pdl: bool = False,
+                       shared_inter: int = 256):
+    """(name, kernel, signature, constexprs, options) of every kernel as `moe_forward` launches it on
+    a GPU, for an ahead-of-time build (`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90,
+    64), options=...)`) on a machine without one: the CPU tests use it to prove the kernels build."""
+    c = MoEKernelConfig.for_shapes(hidden, num_experts, inter)
+    cs = MoEKernelConfig.for_shapes(hidden, 1, shared_inter)
+    e_p2 = _p2(num_experts)
+    nsplit = triton.cdiv(hidden, c.HS)
+    ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
+           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "words_ptr": "*i64", "slots_ptr": "*i32", "wg_ptr": "*bf16",
+           "wu_ptr": "*bf16", "act_ptr": "*bf16",
+           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16"}
+    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False)
+    specs = []
+
+    def add(name, fn, launch, **cx):
+        cx = {k: v for k, v in {**base, **cx}.items() if k in fn.arg_names}
+        sig = {p: ptr.get(p, "i32") for p in fn.arg_names if p not in cx}
+        specs.append((name, fn, sig, cx, dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
+
+    add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER)
+    for bm in (16, MAX_KERNEL_ROWS):
+        add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
+            PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)
+    add("plan_forced", _route_plan_kernel, _plan_launch(c), NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, E_P2=e_p2,
+        ROUTE=False, RENORM=False)
+    add("expert_gate_up", _expert_gate_up_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BN=c.BN, BK=c.BK,
+        E_P2=e_p2, ALL_ROWS=False)
+    add("expert_down", _expert_down_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BNH=c.BNH, BKI=c.BKI,
+        E_P2=e_p2, ALL_ROWS=False)
+    add("shared_gate_up", _expert_gate_up_kernel, cs, H=hidden, IE=shared_inter, KMAX=1, BR=cs.BR, BN=cs.BN,
+        BK=cs.BK, E_P2=e_p2, ALL_ROWS=True)
+    add("shared_down", _expert_down_kernel, cs, H=hidden, IE=shared_inter, KMAX=1, BR=cs.BR, BNH=cs.BNH,
+        BKI=cs.BKI, E_P2=e_p2, ALL_ROWS=True)
+    add("combine", _combine_kernel, _COMBINE_LAUNCH, KMAX=top_k, BH=c.BH, E_P2=e_p2, HAS_SHARED=True)
+    return specs
