@@ -3,7 +3,7 @@
 # benchmarking helpers; per-launch profile; bench_moe; one Qwen3-30B-A3B layer through FusedModel
 # (`lowlat bench --sections moe`). Call 5 ran it on a variant that was then reverted (the plan kernel also
 # writing each active expert's row word and a slot table; the down launch loading its first weight chunk
-# before its PDL wait: the module is at the experiment commit named in README.md); call 6 on the final
+# before its PDL wait: the module is bench/explore/moe_words_preload.py at commit 486bd3c); call 6 on the final
 # code. Results: bench/results/session8/call5/, call6/.
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
