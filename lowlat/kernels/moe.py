@@ -58,7 +58,7 @@ Where the time goes (H200, one Qwen3-30B-A3B block, 128 experts top-8, `bench/ex
 CUPTI timestamps of the CUDA-graph replay after a read-only L2 flush, PDL on; session 8, 2026-12-01,
 bench/results/session8/call6): at 1 row 36.0 us from the router's start to the combine's end (39.7 us
 event-timed with the graph launch) against an 18.1 us HBM floor; what each launch adds to the end:
-router +2.9, route / plan +5.0, gate/up +17.0 (50.3 MB: 2.96 TB/s = 70.5% of copy bandwidth, its
+router +2.9, route / plan +5.0, gate/up +17.0 (50.3 MB: 2.96 TB/s = 70.6% of copy bandwidth, its
 start chain included), down +9.4 (25.2 MB: 64%), combine +1.6. At 6 rows (41 experts) 118.4 us
 against 92.3 us. The chain of five dependent launches (~10 us of it at 1 row moves no weights) keeps
 the block under 50% of its floor at 1 row. Measured and not kept (session8/call1, call2, call5): an
@@ -292,6 +292,8 @@ def _expert_gate_up_kernel(x_ptr, stride_xm, bitmap_ptr, stride_bm, plan_ptr, wg
     pid_n = tl.program_id(1)
     if USE_PDL:
         gdc_wait()
+        # only after the wait: the down launch reads the plan before its own wait, which is safe because
+        # it cannot start before every program here has passed this wait on the plan kernel
         gdc_launch_dependents()
     nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
     e, col, below, count = _expert_of_program(plan_ptr, bitmap_ptr, stride_bm, nv, BM, ALL_ROWS)
@@ -412,7 +414,9 @@ def _plan_rows(m: int) -> int:
 
 @dataclass(frozen=True)
 class MoEKernelConfig:
-    """Block sizes. They depend on the weight shapes only (never on M): that makes rows invariant.
+    """Block sizes. They depend on the weight shapes only (never on M): that makes rows invariant. (The
+    route / plan kernel's row tile does follow M, `_plan_rows`, but its work is per row along the experts,
+    so no result depends on it.)
 
     BE experts x HS hidden per router program (BK per step); BR rows per expert tile; gate/up
     programs cover BN intermediate columns (BK hidden per step); down programs BNH hidden outputs
@@ -870,11 +874,11 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
         specs.append((name, fn, sig, cx, dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
 
     add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER)
-    for bm in (16, MAX_KERNEL_ROWS):
+    for bm in (16, 32, MAX_KERNEL_ROWS):             # the plan row tiles `_plan_rows` gives
         add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
             PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)
-    add("plan_forced", _route_plan_kernel, _plan_launch(c), NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, E_P2=e_p2,
-        ROUTE=False, RENORM=False)
+        add(f"plan_forced_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS,
+            BM=bm, E_P2=e_p2, ROUTE=False, RENORM=False)
     add("expert_gate_up", _expert_gate_up_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BN=c.BN, BK=c.BK,
         E_P2=e_p2, ALL_ROWS=False)
     add("expert_down", _expert_down_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BNH=c.BNH, BKI=c.BKI,
