@@ -111,6 +111,33 @@ class GreedyCase:
         return t_torch, want, xo, to
 
 
+def time_greedy_tails(rec, deadline: float, reps: int, rows, epis, checked, pdl: bool = False) -> None:
+    """The TMA copy of the greedy launch (tma_gemv.TmaGreedy: 128 x 64 tiles, 3 stages) with each tail EPI in
+    `epis`, at each row count, beside the torch ops and the production launch (`GreedyCase.baseline`; pdl:
+    also the production launch with PDL); tokens compared with production's for the tails in `checked`
+    (the others do not produce them)."""
+    from explore.tma_gemv import TmaGreedy
+
+    case = GreedyCase()
+    tg = TmaGreedy(case.v, case.hd, block_v=128, block_h=64, stages=3)
+    for rep in range(reps):
+        for r in rows:
+            base = dict(op="greedy", rows=r, rep=rep)
+            t_torch, want, xo, to = case.baseline(rec, r, base, pdl=pdl)
+            for epi in epis:
+                if time.time() > deadline:
+                    return
+
+                def one(epi=epi):
+                    for t in to:
+                        t.fill_(-2)
+                    us = t_us(lambda i: tg(case.hs[i][:r], case.ws[i], xo[i], to[i], epi=epi), case.rot, 61)
+                    same = all(torch.equal(to[i], want[i]) for i in range(case.rot)) if epi in checked else None
+                    rec(dict(base, variant=f"tma_st3_epi{epi}", us=us, speedup=round(t_torch / us, 3),
+                             same_tokens=same))
+                rec.guard(f"epi{epi}", one, **base)
+
+
 def time_gemv_plans(rec, deadline: float, kind: str, n: int, k: int, eps: float, variants, reps: int,
                     rows=(1, 6)) -> None:
     """Time `lowlat.kernels._gemv.plan_gemv(n, k, kind=kind, **fields)` for each (label, fields) in variants,

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import GreedyCase, Recorder, check_and_time, gemv_reference, t_us
+from _common import Recorder, check_and_time, gemv_reference, t_us, time_greedy_tails
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -31,6 +31,7 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from lowlat.benchmarking import rotation_copies  # noqa: E402
+from lowlat.kernels._gemv import rstd_of  # noqa: E402
 
 #: (label, N, K, epilogue): Llama-3.2-1B QKV 12.6 MB, Qwen3-30B-A3B QKV 21 MB, Qwen3 out_proj 16.8 MB,
 #: Llama-3.2-1B out_proj 8.4 MB
@@ -78,7 +79,7 @@ def _narrow_kernel(x_ptr, g_ptr, w_ptr, res_ptr, out_ptr, N, eps, K: tl.constexp
         if RES:
             y = y + tl.sum(tl.where(rr[:, None] == r, res, 0.0), axis=0)
         else:
-            y = y * (1.0 / tl.sqrt_rn(ss / K + eps))
+            y = y * rstd_of(ss, K, eps)
         tl.store(out_ptr + r * N + rn, y.to(tl.bfloat16))
 
 
@@ -141,26 +142,8 @@ def floors(rec, deadline):
 
 
 def greedy_no_logits(rec, deadline, reps):
-    from explore.tma_gemv import TmaGreedy
-
-    case = GreedyCase()
-    tg = TmaGreedy(case.v, case.hd, block_v=128, block_h=64, stages=3)
-    for rep in range(reps):
-        for r in (1, 2, 4, 6, 8):
-            base = dict(op="greedy", rows=r, rep=rep)
-            t_torch, want, xo, to = case.baseline(rec, r, base, pdl=True)
-            for epi in (3, 8):
-                if time.time() > deadline:
-                    return
-
-                def one(epi=epi):
-                    for t in to:
-                        t.fill_(-2)
-                    us = t_us(lambda i: tg(case.hs[i][:r], case.ws[i], xo[i], to[i], epi=epi), case.rot, 61)
-                    same = all(torch.equal(to[i], want[i]) for i in range(case.rot))
-                    rec(dict(base, variant=f"tma_st3_epi{epi}", us=us, speedup=round(t_torch / us, 3),
-                             same_tokens=same))
-                rec.guard(f"epi{epi}", one, **base)
+    """Tails EPI 3 and 8 (no logits) at 1-8 rows, production with PDL beside them."""
+    time_greedy_tails(rec, deadline, reps, rows=(1, 2, 4, 6, 8), epis=(3, 8), checked=(3, 8), pdl=True)
 
 
 def main():

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import GreedyCase, Recorder, t_us, time_gemv_plans
-
-import torch
+from _common import Recorder, time_gemv_plans, time_greedy_tails
 
 S4 = dict(split=4, block_k=128, bn=64, stages=4, preload=False)
 # "tuned" was pf 256 when this ran (explore8_h200.json); the table's plan is pf 128 since
@@ -22,26 +20,8 @@ DOWN = [("tuned", {}), ("s4_pf256", dict(S4, pf_k=256)), ("s4_pf128", dict(S4, p
 
 
 def greedy_tails(rec, deadline, reps):
-    from explore.tma_gemv import TmaGreedy
-
-    case = GreedyCase()
-    tg = TmaGreedy(case.v, case.hd, block_v=128, block_h=64, stages=3)
-    for rep in range(reps):
-        for r in (1, 8):
-            base = dict(op="greedy", rows=r, rep=rep)
-            t_torch, want, xo, to = case.baseline(rec, r, base)
-            for epi in (0, 6, 3, 7):
-                if time.time() > deadline:
-                    return
-
-                def one(epi=epi):
-                    for t in to:
-                        t.fill_(-2)
-                    us = t_us(lambda i: tg(case.hs[i][:r], case.ws[i], xo[i], to[i], epi=epi), case.rot, 61)
-                    same = all(torch.equal(to[i], want[i]) for i in range(case.rot)) if epi in (3, 7) else None
-                    rec(dict(base, variant=f"tma_st3_epi{epi}", us=us, speedup=round(t_torch / us, 3),
-                             same_tokens=same))
-                rec.guard(f"epi{epi}", one, **base)
+    """Tails EPI 0 (none), 6, 3 (production's), 7 at 1 and 8 rows (tokens checked for 3 and 7)."""
+    time_greedy_tails(rec, deadline, reps, rows=(1, 8), epis=(0, 6, 3, 7), checked=(3, 7))
 
 
 def main():

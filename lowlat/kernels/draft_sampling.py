@@ -193,6 +193,20 @@ def _tile_dot(w, ht, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _program_rows(R, cnt_ptr, CNT_ROW, USE_PDL: tl.constexpr):
+    """(pid, rb, rows [16], rmask, cnt) of a draft-sampling program: vocabulary tile pid = program_id(0), row
+    block rb = program_id(1), its rows (valid below R) and its arrival counter; under USE_PDL, after the wait
+    for the previous kernel (whose output h is read next) and the early launch of the next one."""
+    pid = tl.program_id(0)
+    rb = tl.program_id(1)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = rb * 16 + tl.arange(0, 16)
+    return pid, rb, rows, rows < R, cnt_ptr + rb * CNT_ROW
+
+
+@triton.jit
 def _draft_sample_kernel(
         h_ptr, w_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, off_ptr,
         tok_ptr, x_ptr, lse_ptr, cutv_ptr, cuti_ptr,
@@ -204,16 +218,9 @@ def _draft_sample_kernel(
         K_CAP: tl.constexpr, LOG_K: tl.constexpr, FANIN: tl.constexpr, LOG_FANIN: tl.constexpr, NLEV: tl.constexpr,
         PCH: tl.constexpr, NCH: tl.constexpr, FIX_SUM: tl.constexpr, FIX_SUM_INV: tl.constexpr,
         RC: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    rb = tl.program_id(1)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = rb * 16 + tl.arange(0, 16)
-    rmask = rows < R
+    pid, rb, rows, rmask, cnt = _program_rows(R, cnt_ptr, CNT_ROW, USE_PDL)
     cols = pid * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = cols < V
-    cnt = cnt_ptr + rb * CNT_ROW
 
     # ---- 1. logits tile, vocabulary-major: acc [BLOCK_V, 16] = W_tile [BLOCK_V, H] @ h^T [H, 16] ------------
     acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
@@ -423,16 +430,9 @@ def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti
                        BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     """The greedy-only launch: logits tile by TMA weight loads (tensor descriptor; rows past V and columns
     past H read as zeros), per-row key max, arrival, tokens. Writes no logits (q is one-hot)."""
-    pid = tl.program_id(0)
-    rb = tl.program_id(1)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = rb * 16 + tl.arange(0, 16)
-    rmask = rows < R
+    pid, _, rows, rmask, cnt = _program_rows(R, cnt_ptr, CNT_ROW, USE_PDL)
     v0 = pid * BLOCK_V
     cols = v0 + tl.arange(0, BLOCK_V)
-    cnt = cnt_ptr + rb * CNT_ROW
     acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
     for h0 in range(0, HIDDEN, BLOCK_H):              # constexpr trip count: pipelined num_stages deep
         w = w_desc.load([v0, h0])

@@ -194,7 +194,7 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         # pick is one max over the row; a picked or padded expert gets the smallest int64
         key = argmax_key(tl.where(logit != logit, float("inf"), logit), ei[None, :])
         key = tl.where(live, key, -9223372036854775807 - 1)
-        chosen = live & ~live
+        chosen = tl.zeros([BM, E_P2], dtype=tl.int1)
         for _ in tl.static_range(TOP_K):
             best = tl.max(key, axis=1)
             hit = key == best[:, None]
@@ -392,8 +392,7 @@ def _combine_kernel(y_ptr, stride_y, bitmap_ptr, stride_bm, shared_ptr, stride_s
     c = tl.sum((bits != 0).to(tl.int32), axis=0)
     acc = tl.zeros([BH], dtype=tl.float32)
     for k in tl.static_range(KMAX):            # unrolled: the KMAX loads are in flight together
-        yk = tl.load(y_ptr + (m * KMAX + k).to(tl.int64) * stride_y + h, mask=hmask & (k < c), other=0.0)
-        acc = tl.where(k < c, acc + yk, acc)
+        acc += tl.load(y_ptr + (m * KMAX + k).to(tl.int64) * stride_y + h, mask=hmask & (k < c), other=0.0)
     if HAS_SHARED:
         s = tl.load(shared_ptr + m * stride_sh + h, mask=hmask & valid, other=0.0)
         acc = tl.where(valid, acc + s, acc)
