@@ -73,14 +73,13 @@ def torch_draft_step(h, w, temperature: float, top_k: int, top_p: float, q_out: 
 
 
 #: launch parameters --sweep times per config (each a compile per row count's NR; keep the total small).
-#: Defaults: block_v 128, block_h 64, num_warps 4, num_stages 4 (TMA greedy: 3), maxnreg 168 (4 warps; TMA
-#: greedy: none), group 8, row_chunk 4 at k_cap 64. block_h 128 (session 7) takes H 576 in 5 steps, the last
-#: half past H (TMA zero fill).
+#: Defaults: block_v 128, block_h 64, num_warps 4, num_stages 4 (TMA greedy: GREEDY_STAGES = 6), maxnreg 168
+#: (4 warps; TMA greedy: none), group 8, row_chunk 4 at k_cap 64; the persistent TMA greedy launch: one program
+#: per SM (greedy_programs). block_h 128 takes H 576 in 5 steps, the last half past H (TMA zero fill).
 SWEEP = {
-    "greedy": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
-               ((128, 4, 3), (128, 4, 5), (64, 4, 4), (64, 4, 5), (256, 4, 3), (256, 4, 4), (256, 8, 3),
-                (256, 8, 4), (128, 8, 4))] + [dict(maxnreg=None), dict(maxnreg=128)]
-              + [dict(block_v=bv, block_h=128, num_stages=ns) for bv, ns in ((128, 2), (128, 3), (64, 2), (64, 3))],
+    "greedy": [dict(num_stages=ns) for ns in (4, 5, 7, 8)]
+              + [dict(greedy_programs=66), dict(block_v=64, greedy_programs=264), dict(block_v=64, num_stages=8),
+                 dict(block_h=128, num_stages=4), dict(num_warps=8)],
     "temperature": [dict(block_v=bv, num_warps=nw, num_stages=ns) for bv, nw, ns in
                     ((128, 4, 3), (64, 4, 4), (256, 4, 3), (256, 8, 4))],
     "top_k_top_p": [dict(row_chunk=rc, group=g) for rc, g in ((8, 8), (8, 4), (4, 4), (4, 16), (2, 8), (1, 8))]

@@ -8,46 +8,34 @@ weight tile [BLOCK_V, BLOCK_H] is the wgmma m64 operand, h^T [BLOCK_H, 16] the n
 to 16; fp32 accumulation; a software-pipelined loop over H, `num_stages` deep; default tile 128 x 64, 4
 warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows depends on the launch:
 
-* greedy launch (no row samples: k_cap 0, need_noise False). Since session 6 it is its own kernel,
-  `_greedy_tma_kernel`: the same GEMV with the weight tiles loaded by TMA (a host tensor descriptor,
-  3 stages, no register cap) and NO logits stored: a greedy draft's q is one-hot at the token, so the
-  launch writes tokens, lse = cut value = the largest logit, cut id = the token, and marks the output
-  `one_hot` (`DraftSample.probs()` / `kept()` then read the tokens). Measured on the H200 (V 49152, H 576,
-  bench/results/session6/call1/explore16.json and call2/explore17.json, the TMA copy in
-  bench/explore/tma_gemv.py, EPI 8): 18.1-19.1 us at 1-8 rows = 1.96-2.10x the torch ops against
-  19.2-20.7 us = 1.86-1.95x for the cp.async launch with logits in the same runs; tile / pipeline
-  variants (block_v 64 / 256, block_h 32, 2-6 stages, 8 warps) were no faster than 128 x 64, 3 stages,
-  4 warps. This launch in `bench/bench_draft_sampling.py` (session6/call3/draft_sampling_h200.json):
-  18.6-19.3 us = 1.98 / 2.00 / 2.03 / 2.04 / 2.04x at 1 / 2 / 4 / 6 / 8 rows; with PDL 19.7-20.3 us
-  (slower: every load waits); session 7's three runs 1.97-2.08x (session7/call1, call8), four cells of
-  fifteen under 2x: not a clean 2x. The cp.async greedy branch of `_draft_sample_kernel` described next
-  still serves LM heads TMA cannot take (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs) and
-  stores the logits. The tile is stored as is (T = 1) and reduced to one int64 key per row,
+* greedy launch (no row samples: k_cap 0, need_noise False): its own kernel, `_greedy_tma_kernel`, the
+  same GEMV with the weight tiles loaded by TMA (a host tensor descriptor) and NO logits stored: a greedy
+  draft's q is one-hot at the token, so the launch writes tokens, lse = cut value = the largest logit, cut
+  id = the token, and marks the output `one_hot` (`DraftSample.probs()` / `kept()` then read the tokens).
+  Since session 9 it is PERSISTENT: one program per SM (`default_greedy_programs`) takes vocabulary tiles
+  pid, pid + P, ... in one flattened loop over (tile, H step) pipelined GREEDY_STAGES (6) deep, folds each
+  tile's per-row best key into registers and arrives once. Each row's best is one int64 key,
   (order-preserving int32 image of the value) << 32 | (2^32-1-id),
   whose max is the largest logit with the lowest id; a relaxed `atomic_max` into a per-row slot
   (order-free; the arrival counter's acq_rel release publishes it); the last program to arrive swaps
-  the slots back to empty (relaxed exchange: the arrival's acquire orders it) and writes the tokens. The
-  logits tile is stored after the arrival, so neither the release nor the exchange waits for it (as
-  `kernels/lm_head.py`). No per-tile workspace, no sum-exp (q is
-  one-hot). Where the time goes (2026-12-01, bench/results/session3/explore5c_h200.json, a TMA copy of
-  this launch): 16.8 us with no cross-program reduction at all, 18.6-20.3 with this tail, 19.5-21.0 with
-  the former one (acq_rel `atomic_max` behind the logits store). With the relaxed exchange this launch
-  measured 19.0-20.6 us (1.88-1.95x the torch ops; bench/results/session4/draft_sampling_h200.json). Tried
-  and slower (draft_sampling_slots*_h200.json): per-program key slots with a relaxed counter and a polling
-  last program (19.3-24.8 us at 1-8 rows: the scattered slot stores and the [rows, tiles] read cost more
-  than the fence they save), and spreading the max / counter over 16 groups (no gain: not contention).
-  Session 4 (bench/results/session4/, code at the commits bench/explore/README.md names): a persistent
-  launch (128 programs of 3 tiles, one flattened pipelined loop, one atomic per program) 19.1-20.4 us, no
-  better; an L2 prefetch of each tile's first columns before a PDL wait, plain or evict-last, and a late
-  `gdc_launch_dependents`: 0-0.3 us on the PDL launch only; the tail split in the TMA copy (explore8):
-  16.9-17.5 us with no reduction and no logits, 18.3-18.5 with the logits and one key per program stored
-  (their layout change through shared memory and the stores: ~1-1.5 us), 18.6-19.5 with this tail, and no
-  better without the fence (an arrival that waits for the max's returned value instead). A greedy launch
-  that writes no logits (q is one-hot) measured 18.6-19.1 us (1.95-2.05x): not a clean 2x either, so the
-  logits stay. Session 5 (bench/results/session5/call6/explore15.json, code at commit c9ba572): the logits
-  tile stored straight from the wgmma accumulator layout (inline-asm st.global.f32, 8 fewer st.shared and 2
-  fewer barriers in the PTX) ran 19.6-20.3 us against 19.5-20.3 for this store in the same runs
-  (1.89-1.95x both; PDL 19.1-19.6 vs 18.7-19.8): the layout change is not where the time goes.
+  the slots back to empty (relaxed exchange: the arrival's acquire orders it) and writes the tokens.
+  Why persistent: the arrival is what the per-tile launch (384 programs, one tile each) paid for. In the
+  same runs (bench/results/session9/call1-2, `bench/explore/explore19.py`, rows 1-8, two rounds each) the
+  per-tile stream alone took 16.8-17.6 us and the launch with its 384 arrivals 18.5-19.7 us (median tail
+  1.8-2.0 us); the persistent stream 17.2-18.0 us and the launch with 132 arrivals 17.9-19.0 us (median
+  tail 0.8-1.0 us): 0.2-1.3 us (median 0.6) faster than the per-tile launch in every cell of both calls,
+  2.01-2.12x the torch ops against 1.92-2.08x. Two programs per SM (64-row tiles, 264 programs)
+  measured the same; 8 warps, 256-row tiles or 5 / 7 / 8 stages slower; 264 programs of 128-row tiles
+  (unbalanced: up to 4 tiles on an SM) 20.7-21.0 us. History of the per-tile launch (sessions 3-8, files
+  under bench/results/): 16.8 us with no cross-program reduction, 18.6-20.3 with an arrival behind the
+  logits stores, 18.1-19.4 us (1.97-2.08x the torch ops) once TMA-loaded without logits (session 6); tried and
+  no better there: per-program key slots polled by a last program, the max / counter spread over 16 groups,
+  an arrival without the fence, logits stored from the accumulator layout, block_v 64 / 256, block_h 32 /
+  128, 2-6 stages, 8 warps, and a persistent launch of 128 programs x 3 stages with logits (session 4,
+  19.1-20.4 us). The cp.async greedy branch of `_draft_sample_kernel` still serves LM heads TMA cannot take
+  (`tma_greedy_ok`: fp32, unaligned rows, pre-Hopper GPUs): one tile per program, the same arrival
+  (`_greedy_arrive` / `_greedy_finish`), and the logits tile stored as is (T = 1) after the arrival, so
+  neither the release nor the exchange waits for it (as `kernels/lm_head.py`).
 * general launch. The NR = min(16, next_pow2(R)) rows that exist are taken out of the accumulator once
   ([NR, BLOCK_V], bits moved, not recomputed) and everything after is vectorised over rows, with no
   per-row loop: x = acc / T (IEEE division) is stored; per row the tile max m_p, the tile sum-exp s_p,
@@ -112,6 +100,7 @@ within fp32 rounding of each other (~1e-6 per draw).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -240,8 +229,10 @@ def _draft_sample_kernel(
 
     if GREEDY:
         # ---- greedy launch (the cp.async fallback of `_greedy_tma_kernel`): logits stored as is ----------
-        _greedy_tail(acc, cols, vmask, rows, rmask, cnt, ws_gkeys, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
-                     cuti_ptr, x_ptr, stride_x, True)
+        # the tile is stored after the arrival: neither its release nor the last program's exchange waits for it
+        old = _greedy_arrive(_tile_best_key(acc, cols, vmask), rows, rmask, cnt, ws_gkeys)
+        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+        _greedy_finish(old, NUM_PROGS, rows, rmask, cnt, ws_gkeys, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr)
     else:
         # ---- general launch: the NR rows, vectorised ----------------------------------------------------
         er = rb * 16 + tl.arange(0, NR)
@@ -426,38 +417,51 @@ def _draft_sample_kernel(
 
 @triton.jit
 def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr, gkeys_ptr, cnt_ptr,
-                       R, V, stride_h, NUM_PROGS, CNT_ROW, HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr,
-                       BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    """The greedy-only launch: logits tile by TMA weight loads (tensor descriptor; rows past V and columns
-    past H read as zeros), per-row key max, arrival, tokens. Writes no logits (q is one-hot)."""
+                       R, V, stride_h, NUM_PROGS, CNT_ROW, TILES_PER_PROG: tl.constexpr, HIDDEN: tl.constexpr,
+                       BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    """The greedy-only launch, persistent: program pid takes vocabulary tiles pid, pid + P, ... (P =
+    NUM_PROGS programs per row block, TILES_PER_PROG = cdiv(tiles, P) steps; a step past the last tile reads
+    TMA zero fill and its columns are masked out). One flattened software-pipelined loop over (tile, H
+    step) by TMA weight loads, the per-row best key of every tile folded into `best` in registers, then ONE
+    arrival per program (`_greedy_arrive` / `_greedy_finish`). Writes no logits (q is one-hot)."""
     pid, _, rows, rmask, cnt = _program_rows(R, cnt_ptr, CNT_ROW, USE_PDL)
-    v0 = pid * BLOCK_V
-    cols = v0 + tl.arange(0, BLOCK_V)
-    acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
-    for h0 in range(0, HIDDEN, BLOCK_H):              # constexpr trip count: pipelined num_stages deep
-        w = w_desc.load([v0, h0])
-        hk = h0 + tl.arange(0, BLOCK_H)
-        ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None], mask=rmask[None, :] & (hk < HIDDEN)[:, None],
-                     other=0.0)
-        acc = _tile_dot(w, ht, acc, UPCAST)
-    _greedy_tail(acc, cols, cols < V, rows, rmask, cnt, gkeys_ptr, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
-                 cuti_ptr, tok_ptr, 0, False)
+    best = tl.full([16], _KEY_MIN, tl.int64)
+    for i in tl.range(0, TILES_PER_PROG, flatten=True):
+        v0 = (pid + i * NUM_PROGS) * BLOCK_V
+        acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
+        for h0 in range(0, HIDDEN, BLOCK_H):          # constexpr trip count: pipelined num_stages deep
+            w = w_desc.load([v0, h0])
+            hk = h0 + tl.arange(0, BLOCK_H)
+            ht = tl.load(h_ptr + rows[None, :] * stride_h + hk[:, None],
+                         mask=rmask[None, :] & (hk < HIDDEN)[:, None], other=0.0)
+            acc = _tile_dot(w, ht, acc, UPCAST)
+        cols = v0 + tl.arange(0, BLOCK_V)
+        best = tl.maximum(best, _tile_best_key(acc, cols, cols < V))
+    old = _greedy_arrive(best, rows, rmask, cnt, gkeys_ptr)
+    _greedy_finish(old, NUM_PROGS, rows, rmask, cnt, gkeys_ptr, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr)
 
 
 @triton.jit
-def _greedy_tail(acc, cols, vmask, rows, rmask, cnt, gkeys_ptr, NUM_PROGS, temp_ptr, tok_ptr, lse_ptr, cutv_ptr,
-                 cuti_ptr, x_ptr, stride_x, STORE_LOGITS: tl.constexpr):
-    """The greedy launches' epilogue (lm_head's): one int64 key per row and program, a relaxed `atomic_max`
-    into the row's slot, the acq_rel arrival; the last program swaps the slots back to empty and writes
-    tokens (-1 for rows with temperature > 0), lse = cut value = the largest logit, cut id = the token, and
-    resets the counter. STORE_LOGITS: the tile is stored after the arrival (its release then waits only for
-    the key maxima, not these stores)."""
-    key = tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
-    tl.atomic_max(gkeys_ptr + rows, tl.max(key, axis=0), mask=rmask, sem="relaxed")
+def _tile_best_key(acc, cols, vmask):
+    """[16]: per row of acc [BLOCK_V, 16] its largest logit with the lowest id as an `argmax_key` (columns
+    outside vmask never win)."""
+    return tl.max(tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN), axis=0)
+
+
+@triton.jit
+def _greedy_arrive(best, rows, rmask, cnt, gkeys_ptr):
+    """The greedy launches' arrival: a relaxed `atomic_max` of the program's best keys into the rows' slots,
+    then the acq_rel arrival counter (its release publishes the max); returns the arrivals before this one."""
+    tl.atomic_max(gkeys_ptr + rows, best, mask=rmask, sem="relaxed")
     tl.debug_barrier()            # every thread's atomic is issued before the release below
-    old = tl.atomic_add(cnt, 1, sem="acq_rel")
-    if STORE_LOGITS:
-        tl.store(x_ptr + rows[None, :] * stride_x + cols[:, None], acc, mask=rmask[None, :] & vmask[:, None])
+    return tl.atomic_add(cnt, 1, sem="acq_rel")
+
+
+@triton.jit
+def _greedy_finish(old, NUM_PROGS, rows, rmask, cnt, gkeys_ptr, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr):
+    """The last program to arrive (old == NUM_PROGS - 1) swaps the slots back to empty and writes tokens (-1
+    for rows with temperature > 0), lse = cut value = the largest logit, cut id = the token, and resets the
+    counter."""
     if old == NUM_PROGS - 1:
         # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
         best = tl.atomic_xchg(gkeys_ptr + rows, tl.full([16], _KEY_MIN, tl.int64), mask=rmask, sem="relaxed")
@@ -610,7 +614,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
                       k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
                       group: int | None = None, row_chunk: int | None = None, num_warps: int = 4,
-                      num_stages: int | None = None, maxnreg: int | None = -1, use_pdl: bool = False) -> DraftSample:
+                      num_stages: int | None = None, maxnreg: int | None = -1, greedy_programs: int | None = None,
+                      use_pdl: bool = False) -> DraftSample:
     """Launch-level entry (no host sync, CUDA-graph capturable): one launch, writes into `out`.
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
@@ -624,10 +629,11 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     give them any valid parameters (e.g. temperature 0); a row's outputs never depend on the other rows.
     block_v (power of two in [max(16, k_cap), 1024]), block_h, group (fan-in of the top-k merge tree,
     power of two >= 2; default `merge_tree`'s), row_chunk (rows the top-k parts handle at a time, power of
-    two; default `default_row_chunk`), num_warps, num_stages (None: 3 for the TMA greedy launch, else 4):
-    launch tuning (outputs never depend on them). maxnreg: register cap per thread (-1: `default_maxnreg`
-    for the general launch, which keeps three 4-warp programs per SM, none for the TMA greedy launch;
-    None: no cap). Raises
+    two; default `default_row_chunk`), num_warps, num_stages (None: GREEDY_STAGES for the TMA greedy launch,
+    else 4), greedy_programs (programs per row block of the persistent TMA greedy launch, at most one per
+    vocabulary tile; None: `default_greedy_programs`): launch tuning (outputs never depend on them).
+    maxnreg: register cap per thread (-1: `default_maxnreg` for the general launch, which keeps three 4-warp
+    programs per SM, none for the TMA greedy launch; None: no cap). Raises
     StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
@@ -651,6 +657,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                                     f"{tuple(t.shape)} {t.dtype} on {t.device}")
     if k_cap not in (0, 2, 4, 8, 16, 32, 64):
         raise UnsupportedConfigError("k_cap", k_cap, "must be 0 or a power of two in [2, 64]")
+    if greedy_programs is not None and (type(greedy_programs) is not int or greedy_programs < 1):
+        raise UnsupportedConfigError("greedy_programs", greedy_programs, "must be None or an int >= 1")
     if block_h < 16 or block_h & (block_h - 1):
         raise UnsupportedConfigError("block_h", block_h, "must be a power of two >= 16")
     if block_v < max(k_cap, 16) or block_v > 1024 or block_v & (block_v - 1):
@@ -678,7 +686,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     interp = interpreting()
     tma = cfg["constexprs"]["GREEDY"] and tma_greedy_ok(h, lm_head)
     if num_stages is None:
-        num_stages = 3 if tma else 4
+        num_stages = GREEDY_STAGES if tma else 4
     kwargs = {} if interp else {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg == -1:
         maxnreg = None if tma else default_maxnreg(num_warps)
@@ -688,11 +696,13 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         kwargs["launch_pdl"] = True
     out.one_hot = bool(tma)
     if tma:
+        tiles = cfg["num_progs"]
+        progs = min(tiles, greedy_programs or default_greedy_programs(h.device))
         desc = TensorDescriptor(lm_head, [v, hd], [lm_head.stride(0), 1], [block_v, block_h])
-        _greedy_tma_kernel[(cfg["num_progs"], n_rb)](
+        _greedy_tma_kernel[(progs, n_rb)](
             h, desc, temperature, out.tokens, out.lse, out.cut_value, out.cut_id, ws.gkeys, ws.counters,
-            r, v, h.stride(0), cfg["num_progs"], ws.counters.stride(0), HIDDEN=hd, BLOCK_V=block_v, BLOCK_H=block_h,
-            UPCAST=interp, USE_PDL=use_pdl and not interp, **kwargs)
+            r, v, h.stride(0), progs, ws.counters.stride(0), TILES_PER_PROG=triton.cdiv(tiles, progs), HIDDEN=hd,
+            BLOCK_V=block_v, BLOCK_H=block_h, UPCAST=interp, USE_PDL=use_pdl and not interp, **kwargs)
         return out
     _draft_sample_kernel[(cfg["num_progs"], n_rb)](
         h, lm_head, temperature, top_k, top_p, seeds, offsets,
@@ -703,6 +713,31 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         UPCAST=interp or h.dtype == torch.float32, USE_PDL=use_pdl and not interp,
         **cfg["constexprs"], **kwargs)
     return out
+
+
+#: pipeline depth of the persistent TMA greedy launch: 6 x 16 KB weight tiles in flight per program (one per
+#: SM). Session 9 (bench/results/session9/call1-2, explore19.py): 5 / 6 / 7 / 8 stages 18.6-19.1 / 17.9-19.0 /
+#: 18.7-19.0 / 18.4-19.5 us at 1-8 rows, 6 the best in both calls.
+GREEDY_STAGES = 6
+
+#: programs of the persistent greedy launch under the CPU interpreter: few, so that the tests run programs
+#: of several tiles and steps past the last tile
+_INTERP_GREEDY_PROGRAMS = 3
+
+
+def default_greedy_programs(device) -> int:
+    """Programs per row block of the persistent TMA greedy launch: one per SM of `device` (132 on the
+    H200; 2 / SM with 64-row tiles and 264-396 programs measured no faster, session 9), or
+    `_INTERP_GREEDY_PROGRAMS` under the interpreter."""
+    if interpreting() or torch.device(device).type != "cuda":
+        return _INTERP_GREEDY_PROGRAMS
+    d = torch.device(device)
+    return _sm_count(torch.cuda.current_device() if d.index is None else d.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def tma_greedy_ok(h: torch.Tensor, lm_head: torch.Tensor) -> bool:

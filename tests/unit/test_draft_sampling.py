@@ -637,6 +637,69 @@ def test_greedy_launch_equals_general_path(device):
     check_bitwise("draft_sampling", f32[0].tokens, tokens, output="tokens_fp32")
 
 
+@pytest.mark.parametrize("r", [1, 5, 19])
+def test_persistent_greedy_launch_any_program_count(r, device):
+    """The persistent greedy launch: V = 1000 over 16 tiles of 64 (the last ragged) taken by 1, 2, 3, 5, 7 or
+    16 programs per row block (40 is clamped to 16): programs of one to sixteen tiles, steps past the last
+    tile (16 over 3, 5, 7), one or two row blocks. Every program count gives the reference's tokens and the
+    same outputs bitwise. Each row's largest logit is planted in a different tile, the last (ragged) tile's
+    last column first, so a launch that skips a tile (e.g. a step count rounded down) changes tokens."""
+    h, v = 24, 1000
+    hh, ww = random_inputs(r, h, v, seed=70 + r, device=device)
+    targets = [999, 960, 0, 63, 64, 511, 512, 959, 100, 200, 300, 400, 600, 700, 800, 900, 990, 128, 250][:r]
+    for j, t in enumerate(targets):                  # logit of row j at t: 3 |h_j|^2, far above the others
+        ww[t] = (hh[j].float() * 3).to(ww.dtype)
+    seeds, offsets = counters(r, seed=71, device=device)
+    temp = torch.zeros(r, device=device)
+    topk = torch.zeros(r, dtype=torch.int32, device=device)
+    topp = torch.ones(r, device=device)
+    tokens, _, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
+    assert tokens.tolist() == targets, "the planted maxima must be the rows' argmax"
+    first = None
+    for progs in (1, 2, 3, 5, 7, 16, 40):
+        out = poisoned_out(r, v, device)
+        kernel.draft_sample_into(hh, ww, temp, topk, topp, seeds, offsets, out, k_cap=0, need_noise=False,
+                                 block_v=64, greedy_programs=progs)
+        assert out.one_hot
+        assert_all_written(out)
+        check_bitwise("draft_sampling", out.tokens, tokens, output=f"tokens[programs={progs}]")
+        if first is None:
+            first = out
+        else:
+            assert_same_outputs(out, first, what=f"[programs={progs}]")
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
+def test_bad_greedy_program_count_raises_before_any_write(bad, device):
+    r, h, v = 2, 16, 128
+    hh, ww = random_inputs(r, h, v, seed=72, device=device)
+    seeds, offsets = counters(r, seed=73, device=device)
+    out = poisoned_out(r, v, device)
+    with pytest.raises(UnsupportedConfigError, match="greedy_programs"):
+        kernel.draft_sample_into(hh, ww, torch.zeros(r, device=device),
+                                 torch.zeros(r, dtype=torch.int32, device=device), torch.ones(r, device=device),
+                                 seeds, offsets, out, k_cap=0, need_noise=False, greedy_programs=bad)
+    assert bool((out.tokens == SENTINEL).all()) and out.lse.isnan().all()
+
+
+def test_greedy_launch_compiles_for_sm90_persistent_pipeline():
+    """The persistent TMA greedy launch for SmolLM2's LM head compiles for the H200 with its weight loop
+    pipelined GREEDY_STAGES deep (that many TMA weight loads in the PTX: prologue + steady state), no
+    spills, its stages within one SM's shared memory."""
+    tiles = SMOL["v"] // 128
+    specs = [{"pointers": dict(h_ptr="*bf16", w_desc="tensordesc<bf16[128, 64]>", temp_ptr="*fp32",
+                               tok_ptr="*i64", lse_ptr="*fp32", cutv_ptr="*fp32", cuti_ptr="*i32", gkeys_ptr="*i64",
+                               cnt_ptr="*i32"),
+              "constexprs": dict(TILES_PER_PROG=-(-tiles // 132), HIDDEN=SMOL["h"], BLOCK_V=128, BLOCK_H=64,
+                                 UPCAST=False, USE_PDL=pdl),
+              "num_warps": 4, "num_stages": kernel.GREEDY_STAGES, "ptx": True, "launch_pdl": pdl}
+             for pdl in (False, True)]
+    for info in compile_sm90("lowlat.kernels.draft_sampling:_greedy_tma_kernel", specs):
+        tma = info["ptx"].count("cp.async.bulk.tensor")
+        assert tma == kernel.GREEDY_STAGES, f"{tma} TMA loads: the weight loop is not pipelined GREEDY_STAGES deep"
+        assert info["spill_bytes"] == 0 and info["shared"] <= 227 * 1024, {k: info[k] for k in info if k != "ptx"}
+
+
 def test_greedy_ragged_vocab_with_only_negative_logits(device):
     """V = 100 over tiles of 64 (the last tile is 36 tokens plus 28 padding columns, whose masked GEMV gives
     0) with every real logit negative: the argmax must be a real token (the padding is never a candidate),

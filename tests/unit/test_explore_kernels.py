@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from bench_stream_floor import BLOCK, read_launcher  # noqa: E402
-from explore import tma_gemv  # noqa: E402
+from explore import explore19, tma_gemv  # noqa: E402
 
 from lowlat.numerics import poison  # noqa: E402
 
@@ -68,6 +68,28 @@ def test_tma_greedy_matches_argmax(device, epi, packed):
             assert (x.double() - logits).abs().max().item() < 1e-4
             assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
         assert int(tg.cnt.abs().sum()) == 0, "counters left non-zero"
+
+
+@pytest.mark.parametrize("programs,block_v,flatten", [(3, 64, True), (7, 16, False), (5, 128, True)])
+def test_persistent_greedy_matches_argmax(device, programs, block_v, flatten):
+    """explore19's persistent greedy launch (session 9): tokens = the argmax of the exact logits with the arrival
+    (TAIL 1; twice, the slots and counter left ready), and the programs' own best keys (TAIL 0, the stream-only
+    timing) hold the same argmax; V 1000 over programs of several tiles and steps past the last tile."""
+    v, hd, r = 1000, 96, 5
+    w = _bf16(v, hd, scale=hd ** -0.5, seed=8, device=device)
+    pg = explore19.PersistentGreedy(v, hd, programs=programs, block_v=block_v, block_h=32, stages=2,
+                                    flatten=flatten, device=device)
+    for seed, scale in ((9, 1.0), (10, 0.125)):
+        h = _bf16(r, hd, scale=scale, seed=seed, device=device)
+        want = (h.double() @ w.double().T).argmax(-1)
+        tok = torch.full((r,), -5, dtype=torch.int64, device=device)
+        pg(h, w, tok, tail=1)
+        assert torch.equal(tok, want), (tok, want)
+        assert int(pg.cnt.abs().sum()) == 0, "counter left non-zero"
+    pg.gkeys[16:] = torch.iinfo(torch.int64).min
+    pg(h, w, tok, tail=0)
+    best = pg.gkeys[16:].view(programs, 16)[:, :r].max(0).values
+    assert torch.equal(((best & 0xFFFFFFFF) ^ 0xFFFFFFFF), want), "per-program keys do not hold the argmax"
 
 
 def test_read_kernel_sums_every_element(device):
