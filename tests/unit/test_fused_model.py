@@ -4,7 +4,8 @@ CPU (Triton interpreter, tiny random models): logits of mixed decode / verify / 
 with padding within the numerics policy against the float64 oracle, KV written where the reference
 writes it, padding rows 0, greedy generation through `Engine`, MoE layers through lowlat.kernels.moe,
 refusals, and every kernel compiling for sm_90. GPU: CUDA-graph replay == eager bitwise, greedy
-generation equal to the reference engine on a random-weight SmolLM2-135M-shape model.
+generation equal to the reference engine on a random-weight SmolLM2-135M-shape model; one Qwen3-30B-A3B
+MoE layer (the MoE's router launch making h): graph == eager bitwise, logits within the policy.
 """
 
 from __future__ import annotations
@@ -199,12 +200,14 @@ def _smollm2_random(device):
     return cfg, random_model_weights(cfg, seed=0).to(device=device)
 
 
-@pytest.mark.gpu
-def test_gpu_graph_replay_equals_eager_bitwise(device):
-    cfg, w = _smollm2_random(device)
-    eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False)
-    graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True)
-    for rows, seed in ((1, 0), (6, 1), (8, 2), (16, 3), (48, 4)):
+def graph_vs_eager_steps(cfg, w, device, rows_seeds, **fm_kw):
+    """For each (rows, seed): a decode step of `rows` requests (request i with 37 + 5i cached tokens) run by
+    an eager FusedModel and by a graphed one (the first call of a width captures, the second is a pure
+    replay) on copies of the same caches; checks the graphed logits bitwise equal to the eager ones and
+    yields (rows, case, ks, vs, pa, pb, eager logits) (pa / pb: the eager / graphed runs' caches)."""
+    eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False, **fm_kw)
+    graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True, **fm_kw)
+    for rows, seed in rows_seeds:
         case = random_step(ctx_lens=[37 + 5 * i for i in range(rows)], new_rows=[1] * rows,
                            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                            generator=torch.Generator().manual_seed(seed), device=device)
@@ -216,6 +219,13 @@ def test_gpu_graph_replay_equals_eager_bitwise(device):
         c = graphed.forward(case.step, pb).clone()       # a pure replay
         check_bitwise("fused_model", b, a, output="logits_graph_vs_eager")
         check_bitwise("fused_model", c, a, output="logits_replay_vs_eager")
+        yield rows, case, ks, vs, pa, pb, a
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_equals_eager_bitwise(device):
+    cfg, w = _smollm2_random(device)
+    for _, _, _, _, pa, pb, _ in graph_vs_eager_steps(cfg, w, device, ((1, 0), (6, 1), (8, 2), (16, 3), (48, 4))):
         for i in range(cfg.num_layers):
             check_bitwise("fused_model", pb.k_caches[i].nan_to_num(7.0), pa.k_caches[i].nan_to_num(7.0),
                           output="k_cache")
@@ -338,3 +348,23 @@ def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
             check_bitwise("fused_model", graphed.early_exit_hidden(case.step, pb, n), a, output=f"hidden_{n}")
     # the full step's graph, captured before the drafts, replays unchanged after them
     check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_after_drafts")
+
+
+@pytest.mark.gpu
+def test_gpu_qwen3_moe_layer_graph_equals_eager_and_within_policy(device):
+    """One Qwen3-30B-A3B layer (random weights; vocab cut to 4096 to keep the LM head small) as the fused
+    step runs MoE layers: out_proj as the residual GEMV, then the MoE with its router launch making
+    h = rms_norm(x) (`moe_forward(None, x, ..., norm_weight=mlp_norm)`). CUDA-graph replay == eager
+    bitwise at 1, 6 (padded to 8) and 48 rows; logits within the policy against the float64 reference
+    at 6 rows."""
+    from lowlat.bench import random_weights_on_device
+
+    cfg = preset("Qwen3-30B-A3B").replace(num_layers=1, vocab_size=4096)
+    w = random_weights_on_device(cfg, device, seed=0)
+    for rows, case, ks, vs, _, _, a in graph_vs_eager_steps(cfg, w, device, ((1, 0), (6, 1), (48, 2)),
+                                                            widths=(1, 8, 48)):
+        if rows == 6:
+            oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).forward(
+                case.step, [k.double() for k in ks], [v.double() for v in vs])
+            baseline = ReferenceModel(cfg, w).forward(case.step, [k.clone() for k in ks], [v.clone() for v in vs])
+            check_accuracy("fused_model", a, oracle, baseline, output="logits")
