@@ -11,11 +11,11 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
             and for row invariance, timed at rows 1 and 6 as the step runs it; the fastest correct
             plan per shape is written to --plans-out and used by the rest of the run (the format of
             $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
-  kernels   out_proj (x + attn Wo^T, as the fused step runs it; fused_write_h: with the RMSNorm
-            epilogue writing h, as MoE layers ran it before the MoE's router launch made h), mlp
-            (gate/up with the FFN norm computed in-kernel + SiLU*mul, then down + residual; also each
-            launch alone: gate_up, down) and lm_head (final norm + LM head + argmax), each with PDL
-            on, against its reference (lowlat.reference) under a CUDA graph. One graph replays many launches
+  kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_write_h: with
+            the RMSNorm epilogue writing h, as MoE layers run it), mlp (gate/up with the FFN norm
+            computed in-kernel + SiLU*mul, then down + residual; also each launch alone: gate_up,
+            down) and lm_head (final norm + LM head + argmax), each with PDL on, against its
+            reference (lowlat.reference) under a CUDA graph. One graph replays many launches
             rotating over enough weight copies (>= 192 MB) that every launch reads its weights from
             HBM, not L2; the time is per launch.
   step      the whole decode step (embedding .. logits): FusedModel's captured graph, against a
@@ -153,9 +153,9 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                   variants=("fused", "fused_write_h", "reference_graph")) -> None:
     """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it: out_proj
     is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
-    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers ran it before the MoE's
-    router launch made h), reference_graph, reference_compile_graph. With "fused", the MLP's two
-    launches are also timed alone (ops gate_up, down) to check each GEMV against the bandwidth target."""
+    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it),
+    reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
+    alone (ops gate_up, down) to check each GEMV against the bandwidth target."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
@@ -189,7 +189,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         except Exception as e:                                   # noqa: BLE001 - recorded, run goes on
             rec.error(where, e)
 
-    # ---- out_proj: x + attn Wo^T (the fused step), or with rstd and h (the MoE layers' former form)
+    # ---- out_proj: x + attn Wo^T (the fused step), or with rstd and h (MoE layers)
     nc = _copies(h * q * 2)
     wos = [rnd(h, q, scale=q ** -0.5) for _ in range(nc)]
     plan_o = plan_gemv(h, q, kind="out_proj")

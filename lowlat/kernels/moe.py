@@ -6,21 +6,11 @@ and returns the residual sum of `lowlat.reference.layer.decoder_layer`'s FFN ste
 
     out[m] = x_residual[m] + moe(h)[m]             h, x_residual, out: [M, H] bf16
 
-h is given (h = rms_norm(x, mlp_norm), made by an earlier launch), or, with `norm_weight`, made by the
-first launch from x = x_residual exactly as `lowlat.reference.rms_norm.rms_norm` rounds it, so that the
-launch before the MoE can be the plain residual GEMV x += attn Wo^T (the norm's whole-row statistic
-would otherwise need a cross-program step at that launch's end).
-
 Five launches (seven with a shared expert), each a fixed grid, no host synchronisation, every buffer
 preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA graph:
 
 1. `_router_logits_kernel`, grid (ceil(E / BE), NSPLIT): partial router logits of every row over
    one slice of the hidden dim, part[s, m, e] = sum_{k in slice s} h[m, k] * router[e, k] (fp32).
-   With `norm_weight` every program first reads its rows of x in full (at most 64 x H bf16, in row
-   blocks of 16; blocks past M are skipped) for each row's sum of squares (fp32, a fixed order: every
-   program gets the same rstd, and a row's depends on that row alone), rstd = `_gemv.rstd_of`, then
-   normalises its slice, h = bf16(w * bf16(x * rstd)) (the reference's two roundings), routes on it,
-   and the programs of expert block 0 store the slice to workspace.h.
 2. `_route_plan_kernel`, one program for all M <= 64 rows (a row tile of max(16, next power of two
    of M): each row's work is its own and its reductions do not depend on their order — maxima, and
    the two sums in int64 fixed point, `_exact_row_sum` — so the tile changes no result): logits[m, e]
@@ -62,10 +52,8 @@ kernel keeps everything in fp32 from the matmul accumulators to the single final
 
 Optional PDL (programmatic dependent launch, `use_pdl=True`, sm_90): every kernel waits
 (`griddepcontrol.wait`) before reading what the previous kernel wrote and then lets the next kernel
-launch; the router kernel loads its first weight slice (and norm weights) before waiting, x after; the
-down kernel reads the plan (two launches old) before waiting. h written by launch 1 is read by launch 3
-(5 for the shared expert) after its wait: launch 2 cannot complete before its own wait on launch 1 has
-returned, so every launch after it sees launch 1's writes. Off under the interpreter.
+launch; the router kernel loads its first weight slice before waiting, the down kernel reads the plan
+(two launches old) before waiting. Off under the interpreter.
 
 Where the time goes (H200, one Qwen3-30B-A3B block, 128 experts top-8, `bench/explore/moe_profile.py`:
 CUPTI timestamps of the CUDA-graph replay after a read-only L2 flush, PDL on; session 8, 2026-12-01,
@@ -81,15 +69,6 @@ plan warps (equal at 1 row, slower at 6 with 1 or 2); the plan kernel also writi
 words and a slot table so an expert program finds its rows in one round trip, together with the
 down kernel's first weight chunk loaded before its wait (plan +2 us, gate/up unchanged; 1.4 us
 slower at 1 row, 4.9 us at 6).
-
-The FFN norm made by the router launch (`norm_weight`, issue 3) instead of by out_proj's epilogue (H200,
-Qwen3-30B-A3B, PDL, one CUDA graph per form, 512 MB read flush before each replay, median of 300):
-out_proj + MoE block 51.5 / 147.3 / 231.7 / 363.8 us at 1 / 6 / 16 / 48 rows against 52.4 / 148.1 /
-232.4 / 353.8 with out_proj writing h. Alone, out_proj as the residual GEMV takes 12.2 / 12.6 / 12.9 /
-17.4 us against 16.1 / 16.8 / 17.4 / 29.1, and the MoE block 43.2 / 139.4 / 224.0 / 362.8 against
-39.7 / 135.2 / 218.6 / 328.6: the row statistic, a chain of dependent L2 reads (four 512-column
-chunks per 16-row block, read in every router program), costs about as much as the epilogue saved,
-and more at 48 rows. Same h and out bits in both forms on these inputs.
 
 Under the Triton CPU interpreter (TRITON_INTERPRET=1, CI at tiny shapes) the kernels take
 INTERP=True: operands are upcast to fp32 before every tl.dot, and fp32 -> bf16 is rounded to
@@ -114,7 +93,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import argmax_key, rstd_of
+from lowlat.kernels._gemv import argmax_key
 from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
@@ -145,47 +124,10 @@ def _round_bf16(x, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _row_rstd(x_ptr, stride_xm, M, H, eps, NK: tl.constexpr, BKN: tl.constexpr, BM: tl.constexpr):
-    """rstd [BM] fp32 of rows 0..BM-1 of x (bf16 [M, H]; rows >= M get 0): `rstd_of` of each row's sum of
-    squares over all H columns in fp32. Row block by row block of 16 (blocks at or past M are skipped):
-    the NK chunks of BKN columns are added elementwise in column order into a [16, BKN] tile, which is
-    then reduced once (columns >= H count 0). A row's value depends on that row's x alone (the same
-    [16, BKN] tile whatever M and whichever block), and every program that calls it gets the same bits.
-    (The chunk loop unrolled, a block's loads all in flight at once, was slower on the H200: 46.4 vs
-    43.1 us for the MoE block at 1 row.)"""
-    rows = tl.arange(0, BM)
-    j = tl.arange(0, 16)
-    rstd = tl.zeros([BM], dtype=tl.float32)
-    for rb in tl.static_range(BM // 16):
-        if rb * 16 < M:
-            r = rb * 16 + j
-            sq = tl.zeros([16, BKN], dtype=tl.float32)
-            for c in range(NK):
-                k = c * BKN + tl.arange(0, BKN)
-                xr = tl.load(x_ptr + r[:, None] * stride_xm + k[None, :], mask=(r < M)[:, None] & (k < H)[None, :],
-                             other=0.0).to(tl.float32)
-                sq += xr * xr
-            block = rstd_of(tl.sum(sq, axis=1), H, eps)                          # [16]
-            # place the block's 16 values at rows rb*16.. (exact: one nonzero term per row)
-            rstd += tl.sum(tl.where(rows[:, None] == r[None, :], block[None, :], 0.0), axis=1)
-    return rstd
-
-
-# one build for every M, as the other kernels that make a norm statistic: an M == 1 or M % 16 == 0 build could
-# lay the statistic's tiles out differently, and a row's rstd would then depend on M
-@triton.jit(do_not_specialize=["M"])
-def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, nw_ptr, h_ptr, stride_hm, M, E, H, eps,
+def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
                           BE: tl.constexpr, HS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
-                          NK: tl.constexpr, BKN: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr,
-                          USE_PDL: tl.constexpr):
-    """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} h[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32.
-
-    NORM False: h is x (the normed rows, given). NORM True: x is the un-normalised residual stream and
-    h = rms_norm(x, nw, eps) is made here, with the reference's rounding: h = bf16(nw * bf16(x * rstd)),
-    rstd from the whole row (`_row_rstd`: every program reads its rows in full, NK chunks of BKN >= H
-    columns); the programs of expert block 0 store their slice of h (all M rows) to h_ptr [M, H] bf16
-    for the expert launches.
-    """
+                          INTERP: tl.constexpr, USE_PDL: tl.constexpr):
+    """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} x[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32."""
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
     e = pid_e * BE + tl.arange(0, BE)
@@ -193,29 +135,18 @@ def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, nw_ptr, 
     emask = e < E
     rmask = rows < M
     acc = tl.zeros([BE, BM], dtype=tl.float32)
-    rstd = tl.zeros([BM], dtype=tl.float32)
     for i in tl.static_range(HS // BK):
         k = pid_s * HS + i * BK + tl.arange(0, BK)
         kmask = k < H
         # the router weights do not depend on the previous kernel: load them before waiting on it
         w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
                     mask=emask[:, None] & kmask[None, :], other=0.0)
-        if NORM:
-            nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         if i == 0:
             if USE_PDL:
                 gdc_wait()
                 gdc_launch_dependents()
-            if NORM:          # x is the previous kernel's output: read only after the wait
-                rstd = _row_rstd(x_ptr, stride_xm, M, H, eps, NK, BKN, BM)
         xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
                      mask=rmask[None, :] & kmask[:, None], other=0.0)
-        if NORM:
-            # reference rms_norm's rounding order: bf16(x * rstd) first, then the weight product rounded
-            y = _round_bf16(xt.to(tl.float32) * rstd[None, :], INTERP).to(tl.float32)
-            xt = _round_bf16(nw[:, None] * y, INTERP)
-            if pid_e == 0:
-                tl.store(h_ptr + rows[None, :] * stride_hm + k[:, None], xt, mask=rmask[None, :] & kmask[:, None])
         if INTERP:
             w = w.to(tl.float32)
             xt = xt.to(tl.float32)
@@ -230,7 +161,8 @@ def _exact_row_sum(v):
     is cut to a multiple of 2^-48 (exact for v >= 2^-24; the cut is < 2^-48 per value, far below an fp32
     ulp of a sum >= 1, as a softmax denominator is), the int64 sum is exact, then one rounding to fp32
     (NaN counts 0; its row's values stay NaN). A float `tl.sum` adds in an order set by the tile's layout,
-    which follows the plan kernel's row tile, hence M: a row's gates would then depend on M."""
+    which follows the plan kernel's row tile, hence M: a row's gates then depended on M in the last bit
+    (found in session 9 on the H200; `test_qwen3_route_gates_row_invariant`)."""
     q = (tl.where(v == v, v, 0.0) * 281474976710656.0).to(tl.int64)                     # 2^48
     return tl.sum(q, axis=1).to(tl.float32) * (1.0 / 281474976710656.0)
 
@@ -370,13 +302,9 @@ def _expert_gate_up_kernel(x_ptr, stride_xm, bitmap_ptr, stride_bm, plan_ptr, wg
                            E_P2: tl.constexpr, ALL_ROWS: tl.constexpr, NV_PTR: tl.constexpr,
                            INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     """act[m*KMAX + slot, n] = silu(x[m] . wg[e, n]) * (x[m] . wu[e, n]) for expert e's rows m,
-    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS). x is h: given, or written by the
-    router launch (`moe_forward` with norm_weight)."""
+    e = plan[1 + program_id(0)] (the shared expert when ALL_ROWS)."""
     pid_n = tl.program_id(1)
     if USE_PDL:
-        # every read of x (h) comes after this wait: when the router launch (launch 1) wrote h, this launch
-        # (3, or 5 for the shared expert) sees it because it waits on its predecessor, and no launch of the
-        # chain can complete before its own wait on the one before it has returned (launch 2's on launch 1)
         gdc_wait()
         # only after the wait: the down launch reads the plan before its own wait, which is safe because
         # it cannot start before every program here has passed this wait on the plan kernel
@@ -395,7 +323,6 @@ def _expert_gate_up_kernel(x_ptr, stride_xm, bitmap_ptr, stride_bm, plan_ptr, wg
             for k0 in range(0, H, BK):
                 k = k0 + tl.arange(0, BK)
                 kmask = k < H
-                # h rows: read only after this launch's gdc_wait (see the comment there)
                 xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
                              mask=ok[None, :] & kmask[:, None], other=0.0)
                 wmask = nmask[:, None] & kmask[None, :]
@@ -504,8 +431,7 @@ class MoEKernelConfig:
     route / plan kernel's row tile does follow M, `_plan_rows`, but its work is per row along the experts,
     with order-free reductions, so no result depends on it.)
 
-    BE experts x HS hidden per router program (BK per step; with norm_weight each program first reads
-    its rows in full for their rstd, BK_NORM columns per step); BR rows per expert tile; gate/up
+    BE experts x HS hidden per router program (BK per step); BR rows per expert tile; gate/up
     programs cover BN intermediate columns (BK hidden per step); down programs BNH hidden outputs
     (BKI intermediate per step); combine programs BH hidden columns.
     """
@@ -519,7 +445,6 @@ class MoEKernelConfig:
     BNH: int
     BKI: int
     BH: int
-    BK_NORM: int = 256
     num_warps: int = 4
     num_stages: int = 3
     #: warps of the one route / plan program
@@ -534,14 +459,14 @@ class MoEKernelConfig:
         """
         h, e, i = _p2(max(hidden, 16)), _p2(max(num_experts, 16)), _p2(max(inter, 16))
         if interpret:
-            return cls(BE=e, HS=h, BK_ROUTER=h, BR=16, BN=i, BK=h, BNH=h, BKI=i, BH=h, BK_NORM=h)
+            return cls(BE=e, HS=h, BK_ROUTER=h, BR=16, BN=i, BK=h, BNH=h, BKI=i, BH=h)
         bk_router = min(128, h)
         return cls(BE=min(32, e), HS=min(256, h), BK_ROUTER=bk_router, BR=16, BN=min(32, i),
-                   BK=min(128, h), BNH=min(64, h), BKI=min(128, i), BH=min(256, h), BK_NORM=min(512, h))
+                   BK=min(128, h), BNH=min(64, h), BKI=min(128, i), BH=min(256, h))
 
 
 def _check_config(c: MoEKernelConfig) -> None:
-    for name in ("BE", "HS", "BK_ROUTER", "BR", "BN", "BK", "BNH", "BKI", "BH", "BK_NORM"):
+    for name in ("BE", "HS", "BK_ROUTER", "BR", "BN", "BK", "BNH", "BKI", "BH"):
         v = getattr(c, name)
         if v < 16 or v & (v - 1):
             raise UnsupportedConfigError(f"MoEKernelConfig.{name}", v, "must be a power of two >= 16")
@@ -565,8 +490,6 @@ class MoEWorkspace:
     act         [R * KMAX, Ie]          bf16   SwiGLU intermediate of each (row, slot)
     y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
     shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
-    h           [R, H]                  bf16   rms_norm(x, norm_weight) of each row, written by the router
-                                               launch when `moe_forward` is given norm_weight
     R = max_rows (<= 64), KMAX = slots per row (top_k).
     """
 
@@ -584,7 +507,6 @@ class MoEWorkspace:
     y: torch.Tensor
     shared_act: torch.Tensor | None
     shared_y: torch.Tensor | None
-    h: torch.Tensor
 
     @classmethod
     def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
@@ -610,7 +532,6 @@ class MoEWorkspace:
             y=torch.empty(max_rows * slots_per_row, hidden, dtype=f32, device=device),
             shared_act=torch.empty(max_rows, shared_inter, dtype=bf16, device=device) if has_shared else None,
             shared_y=torch.empty(max_rows, hidden, dtype=f32, device=device) if has_shared else None,
-            h=torch.empty(max_rows, hidden, dtype=bf16, device=device),
         )
 
     @classmethod
@@ -676,12 +597,11 @@ def _check_weights(lw: LayerWeights, hidden: int, device: torch.device) -> tuple
     return e, ie, s
 
 
-def _check_h(h, use_pdl: bool, name: str = "h") -> tuple[int, int]:
-    """(M, H) of the rows a launch reads first (h, or x_residual when it is normalised in the router)."""
+def _check_h(h, use_pdl: bool) -> tuple[int, int]:
     if not isinstance(h, torch.Tensor) or h.dim() != 2:
-        raise StepContractError(f"{name} must be an [M, H] tensor, got {getattr(h, 'shape', type(h).__name__)}")
-    _check_device(h, name, use_pdl)
-    _check_tensor(name, h, tuple(h.shape), torch.bfloat16, h.device)
+        raise StepContractError(f"h must be an [M, H] tensor, got {getattr(h, 'shape', type(h).__name__)}")
+    _check_device(h, "h", use_pdl)
+    _check_tensor("h", h, tuple(h.shape), torch.bfloat16, h.device)
     return int(h.shape[0]), int(h.shape[1])
 
 
@@ -737,9 +657,7 @@ def _launch_opts(c, use_pdl: bool) -> dict:
 
 # ----------------------------------------------------------------------------------------- launches
 def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: MoEKernelConfig,
-                  use_pdl: bool, norm: tuple[torch.Tensor, float] | None = None) -> None:
-    """Router logits + route / plan of rows h [M, H]; with norm = (norm_weight, eps), h is the
-    un-normalised x and the router launch writes rms_norm(x, norm_weight, eps) to ws.h[:M]."""
+                  use_pdl: bool) -> None:
     m, hidden = h.shape
     e = router.shape[0]
     interp = _interpreting()
@@ -749,11 +667,9 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
                                 f"slices of HS={c.HS} and E={e} (allocate it with the same config)")
     nv_ptr = nv_t if nv_t is not None else ws.bitmap
     opts = _launch_opts(c, use_pdl)
-    nw, eps = norm if norm is not None else (h, 0.0)      # h: an unused pointer without the norm
     _router_logits_kernel[(triton.cdiv(e, c.BE), nsplit)](
-        h, h.stride(0), router, router.stride(0), ws.logits, nw, ws.h, ws.h.stride(0), m, e, hidden, float(eps),
-        BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, NK=triton.cdiv(hidden, c.BK_NORM), BKN=c.BK_NORM,
-        NORM=norm is not None, INTERP=interp, USE_PDL=use_pdl, **opts)
+        h, h.stride(0), router, router.stride(0), ws.logits, m, e, hidden,
+        BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, **opts)
     _route_plan_kernel[(1,)](
         ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, nv_ptr, m, e,
         NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
@@ -858,89 +774,52 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
     return workspace.bitmap[:m].view(torch.bool), workspace.gates[:m]
 
 
-def moe_forward(h: torch.Tensor | None, x_residual: torch.Tensor, lw: LayerWeights, cfg: ModelConfig,
+def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg: ModelConfig,
                 num_valid_rows, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                use_pdl: bool = False, config: MoEKernelConfig | None = None,
-                norm_weight: torch.Tensor | None = None, eps: float | None = None) -> torch.Tensor:
-    """x_residual + moe(h): route, run the active experts, combine. Two forms:
-
-    * ``moe_forward(h, x, ...)`` (norm_weight None): h = rms_norm(x, mlp_norm) made before (e.g. by
-      `lowlat.kernels.out_proj.out_proj` with write_h). Matches `x_residual + lowlat.reference.moe.moe(h,
-      ...)`.
-    * ``moe_forward(None, x, ..., norm_weight=mlp_norm, eps=eps)``: the input is the un-normalised
-      residual stream x = x_residual, and the first launch (the router) makes h = rms_norm(x, norm_weight,
-      eps) itself: each row's rstd from its whole row (`_gemv.rstd_of` of the fp32 sum of squares),
-      h = bf16(norm_weight * bf16(x * rstd)) as the reference rounds it. It routes on h and writes h to
-      workspace.h[:M], which the expert and shared-expert launches read. Matches
-      `x + lowlat.reference.moe.moe(lowlat.reference.rms_norm.rms_norm(x, norm_weight, eps), ...)`, the
-      whole FFN step of `reference.layer.decoder_layer`; h is bitwise the reference's wherever the two fp32
-      sums of squares agree (always when the sum is exact in fp32; otherwise their summation orders may
-      differ by an ulp), and out is bitwise `moe_forward(workspace.h[:M], x, ...)`'s.
+                use_pdl: bool = False, config: MoEKernelConfig | None = None) -> torch.Tensor:
+    """x_residual + moe(h): route, run the active experts, combine; matches
+    `x_residual + lowlat.reference.moe.moe(h, ...)` (the FFN step of `reference.layer.decoder_layer`).
 
     Parameters
     ----------
-    h : [M, H] bf16, 1 <= M <= 64 — rms_norm(x, mlp_norm); None when norm_weight is given.
-    x_residual : [M, H] bf16 — the residual stream x (with norm_weight also the rows normalised).
+    h : [M, H] bf16, 1 <= M <= 64 — rms_norm(x, mlp_norm).
+    x_residual : [M, H] bf16 — the residual stream x.
     lw : LayerWeights with router [E, H], expert_gate / expert_up [E, Ie, H] (contiguous),
         expert_down [E, H, Ie], optional shared_gate / shared_up [Is, H], shared_down [H, Is]; bf16.
-    cfg : ModelConfig (top_k, norm_topk_prob; rms_eps is eps's default).
+    cfg : ModelConfig (top_k, norm_topk_prob).
     num_valid_rows : int in 0..M or an int32 [1] device tensor; rows >= it are padding: they never
         enter routing and out[m] = x_residual[m] for them.
     out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add).
     workspace : MoEWorkspace (preallocate it for CUDA graphs); allocated for M rows when None.
     use_pdl : launch with programmatic dependent launch (CUDA only).
-    norm_weight : [H] bf16 — the FFN's RMSNorm weight (mlp_norm): normalise x_residual in the router
-        launch. None (default): h is given.
-    eps : RMSNorm epsilon (> 0) with norm_weight; None resolves to cfg.rms_eps. Must be None without
-        norm_weight.
 
     Returns out: [M, H] bf16, out[m] = bf16(((sum over m's experts in index order of
     gate * expert(h[m])) + shared(h[m])) + x_residual[m]), fp32 throughout.
-    Mutates: out, workspace (with norm_weight: workspace.h[:M] = h, padding rows included; they are
-    normalised like any row and never read).
-    Raises StepContractError (shape, dtype, device, row count; h and norm_weight both given or neither;
-    eps without norm_weight or not > 0) / UnsupportedConfigError before any write.
+    Mutates: out, workspace. Raises StepContractError / UnsupportedConfigError before any write.
     """
     if not cfg.is_moe:
         raise UnsupportedConfigError("num_experts", cfg.num_experts, "moe_forward needs an MoE config")
-    if norm_weight is None:
-        if eps is not None:
-            raise StepContractError("eps given without norm_weight")
-        if h is None:
-            raise StepContractError("h is None: give h (the normed rows) or norm_weight (normalise x_residual)")
-        src, src_name = h, "h"
-    elif h is not None:
-        raise StepContractError("give h or norm_weight, not both (with norm_weight, h is made from x_residual)")
-    else:
-        src, src_name = x_residual, "x_residual"
-    m, hidden = _check_h(src, use_pdl, src_name)
+    m, hidden = _check_h(h, use_pdl)
     if hidden != cfg.hidden_size:
-        raise StepContractError(f"{src_name} has H={hidden}, config hidden_size={cfg.hidden_size}")
-    _check_tensor("x_residual", x_residual, (m, hidden), torch.bfloat16, src.device)
-    norm = None
-    if norm_weight is not None:
-        _check_tensor("norm_weight", norm_weight, (hidden,), torch.bfloat16, src.device)
-        eps = cfg.rms_eps if eps is None else eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-            raise StepContractError(f"eps={eps} must be > 0")
-        norm = (norm_weight, float(eps))
-    nv, nv_t = _check_rows(src, num_valid_rows)
-    e, ie, s = _check_weights(lw, hidden, src.device)
+        raise StepContractError(f"h has H={hidden}, config hidden_size={cfg.hidden_size}")
+    _check_tensor("x_residual", x_residual, (m, hidden), torch.bfloat16, h.device)
+    nv, nv_t = _check_rows(h, num_valid_rows)
+    e, ie, s = _check_weights(lw, hidden, h.device)
     if e != cfg.num_experts or not 1 <= cfg.top_k <= e:
         raise UnsupportedConfigError("num_experts", e, f"weights have E={e}, config num_experts="
                                      f"{cfg.num_experts}, top_k={cfg.top_k}")
     if out is None:
         out = torch.empty_like(x_residual)
-    _check_tensor("out", out, (m, hidden), torch.bfloat16, src.device)
+    _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
     c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=_interpreting())
     _check_config(c)
     if workspace is None:
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=cfg.top_k,
-                                          moe_inter=ie, shared_inter=s, device=src.device, config=c)
-    _check_workspace(workspace, m, e, hidden, ie, s, cfg.top_k, src.device)
-    _launch_route(src, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl, norm)
-    _launch_experts(src if norm is None else workspace.h[:m], x_residual, workspace.bitmap, workspace.gates, lw,
-                    nv, nv_t, cfg.top_k, out, workspace, c, use_pdl)
+                                          moe_inter=ie, shared_inter=s, device=h.device, config=c)
+    _check_workspace(workspace, m, e, hidden, ie, s, cfg.top_k, h.device)
+    _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl)
+    _launch_experts(h, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,
+                    workspace, c, use_pdl)
     return out
 
 
@@ -998,8 +877,7 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     nsplit = triton.cdiv(hidden, c.HS)
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
            "nvalid_ptr": "*u8", "plan_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
-           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16",
-           "nw_ptr": "*bf16", "h_ptr": "*bf16", "eps": "fp32"}
+           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16"}
     base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False)
     specs = []
 
@@ -1008,11 +886,7 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
         sig = {p: ptr.get(p, "i32") for p in fn.arg_names if p not in cx}
         specs.append((name, fn, sig, cx, dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
 
-    nk = triton.cdiv(hidden, c.BK_NORM)
-    add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NK=nk, BKN=c.BK_NORM,
-        NORM=False)
-    add("router_logits_norm", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NK=nk, BKN=c.BK_NORM,
-        NORM=True)                                   # h = rms_norm(x) made here (moe_forward's norm_weight)
+    add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER)
     for bm in (16, 32, MAX_KERNEL_ROWS):             # the plan row tiles `_plan_rows` gives
         add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
             PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)

@@ -17,12 +17,10 @@ needs co-residency), every sum has a fixed order, so results are bitwise determi
 depend on which program arrives last.
 
 The same kernel with the norm switched off is `residual_gemv` (x = residual + a W^T, no counters
-without split-K): the fused model uses it for every layer's output projection and the MLP's down
-projection, and lets the next launch compute the FFN norm itself (the MLP's gate/up kernel,
-`lowlat.kernels.mlp`; the MoE's router launch, `lowlat.kernels.moe.moe_forward` with norm_weight), so
-no launch ends with a grid-wide arrival counter. `out_proj` with h written is what MoE layers ran
-before that (issue 3: 37% of copy bandwidth for Qwen3-30B-A3B's out_proj against 53% as the residual
-GEMV, session 5); the per-kernel bench still times it.
+without split-K): the fused model's dense layers use it for the output projection and the MLP's
+down projection, and let the gate/up kernel compute the FFN norm's statistics itself
+(`lowlat.kernels.mlp`), so no launch ends with a grid-wide arrival counter. The MoE layers use
+`out_proj` with h written.
 """
 
 from __future__ import annotations

@@ -77,8 +77,7 @@ def _sig(*pairs) -> dict:
 
 def compile_all(quick: bool = False) -> list[dict]:
     """Compile every GEMV kernel variant the fused model launches (quick: SmolLM2 only, 1 and 3 row
-    blocks), plus out_proj with the RMSNorm epilogue writing h (the MoE layers' former form; the bench
-    still times it)."""
+    blocks), plus out_proj with the RMSNorm epilogue (MoE layers) and its h-writing form."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: this compiles the GPU path")
     import triton
@@ -125,10 +124,6 @@ def compile_all(quick: bool = False) -> list[dict]:
                 NT_P2=nt, BH=512, N_COLS=h)
             run(f"{model}/gate_up", _gate_up_kernel, gu_sig, plan_gemv(i, h, kind="gate_up"), nmb, True, NORM=2)
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
-    if not quick:     # Qwen3-30B-A3B's out_proj: the residual GEMV before its MoE (whose router makes h)
-        for nmb in row_blocks:
-            run("Qwen3-30B-A3B/out_proj", _residual_gemv_kernel, res_sig, plan_gemv(2048, 4096, kind="residual"), nmb,
-                True, NORM=False, WRITE_H=False, NT_P2=2, BH=512, N_COLS=1)
     # the attention prologue (a pair GEMV of kind "qkv"; one row block per program, NUM_MB only sizes the
     # workspace rows), with its plan and epilogue-load rule; Qwen3 adds QK-norm
     from lowlat.config import preset

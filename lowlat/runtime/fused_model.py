@@ -7,8 +7,7 @@
         x     = residual_gemv(attn)   x + attn Wo^T                                 (kernels/out_proj)
         act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
         x     = residual_gemv(act)    x + act Wd^T                                  (kernels/out_proj)
-                (MoE layers: after the same x += attn Wo^T, kernels/moe.moe_forward on x, whose router
-                launch makes h = rms_norm(x) itself)
+                (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
 It computes what `lowlat.reference.model.ReferenceModel.forward` computes (logits [M, V] fp32,
@@ -38,7 +37,7 @@ from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pac
 from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
-from lowlat.kernels.out_proj import residual_gemv
+from lowlat.kernels.out_proj import out_proj, residual_gemv
 from lowlat.step import MAX_ROWS, StepBatch
 from lowlat.weights import LayerWeights, ModelWeights
 
@@ -75,6 +74,8 @@ class _Buffers:
     x: torch.Tensor             # [w, H] bf16 residual stream
     q: torch.Tensor             # [w, Hq, D] bf16
     attn: torch.Tensor          # [w, Hq, D] bf16
+    rstd: torch.Tensor          # [w] fp32
+    h: torch.Tensor             # [w, H] bf16 (MoE layers only)
     act: torch.Tensor           # [w, I] bf16
     logits: torch.Tensor        # [w, V] fp32
     tokens: torch.Tensor        # [w] int64
@@ -160,7 +161,7 @@ class FusedModel:
                 w_down=lw_dev.w_down if dense else None, moe=None if dense else lw_dev))
         cfg = self.cfg
         h, i = cfg.hidden_size, cfg.intermediate_size
-        self.plan_o = plan_gemv(h, cfg.q_size, kind="residual")
+        self.plan_o = plan_gemv(h, cfg.q_size, kind="out_proj" if cfg.is_moe else "residual")
         self.plan_gu = plan_gemv(i, h, kind="gate_up") if not cfg.is_moe else None
         self.plan_down = plan_gemv(h, i, kind="residual") if not cfg.is_moe else None
         self.plan_lm = plan_gemv(cfg.vocab_size, h, kind="lm_head")
@@ -183,6 +184,8 @@ class FusedModel:
             x=torch.zeros(wmax, cfg.hidden_size, dtype=bf, **z),
             q=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
+            rstd=torch.zeros(wmax, dtype=torch.float32, **z),
+            h=torch.zeros(wmax, cfg.hidden_size if cfg.is_moe else 1, dtype=bf, **z),
             act=torch.zeros(wmax, max(cfg.intermediate_size, 1) if not cfg.is_moe else 1, dtype=bf, **z),
             logits=torch.zeros(wmax, cfg.vocab_size, dtype=torch.float32, **z),
             tokens=torch.zeros(wmax, dtype=torch.int64, **z),
@@ -291,17 +294,17 @@ class FusedModel:
         g.replay()
 
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
-        """x += attn Wo^T (the residual GEMV), then x += FFN(rms_norm(x)): the MLP's two launches (its
-        gate/up makes the norm's statistics) or the MoE block (its router launch makes h)."""
+        """x += attn Wo^T, then x += FFN(rms_norm(x)): three launches (dense) or out_proj + MoE."""
         cfg, pdl, w, x = self.cfg, self.use_pdl, bufs.width, bufs.x
-        residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
         if L.moe is None:
+            residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
             residual_gemv(bufs.act, L.w_down, x, out=x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
         else:
-            self._moe.moe_forward(None, x, L.moe, cfg, bufs.nvalid, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=x,
-                                  workspace=self.moe_ws, use_pdl=pdl)
+            out_proj(attn.view(w, -1), L.wo, x, L.mlp_norm, cfg.rms_eps, out=x, h_out=bufs.h,
+                     rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
 
     def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True,
              parts: frozenset = frozenset(("attention", "ffn")), num_layers: int | None = None) -> None:

@@ -42,7 +42,6 @@ def test_the_checkout_under_test_is_compiled():
     worktree testing a change must not silently compile the main tree)."""
     root = Path(__file__).resolve().parents[2]
     [info] = compile_sm90("lowlat.kernels.moe:_router_logits_kernel", [{
-        "constexprs": {"BE": 16, "HS": 64, "BK": 64, "BM": 16, "NK": 1, "BKN": 64, "NORM": False, "INTERP": False,
-                       "USE_PDL": False},
+        "constexprs": {"BE": 16, "HS": 64, "BK": 64, "BM": 16, "INTERP": False, "USE_PDL": False},
         "pointers": {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32"}}])
     assert Path(info["source"]).is_relative_to(root), (info["source"], root)

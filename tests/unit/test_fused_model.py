@@ -5,7 +5,7 @@ with padding within the numerics policy against the float64 oracle, KV written w
 writes it, padding rows 0, greedy generation through `Engine`, MoE layers through lowlat.kernels.moe,
 refusals, and every kernel compiling for sm_90. GPU: CUDA-graph replay == eager bitwise, greedy
 generation equal to the reference engine on a random-weight SmolLM2-135M-shape model; one Qwen3-30B-A3B
-MoE layer (the MoE's router launch making h): graph == eager bitwise, logits within the policy.
+MoE layer: graph == eager bitwise, logits within the policy.
 """
 
 from __future__ import annotations
@@ -353,10 +353,9 @@ def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
 @pytest.mark.gpu
 def test_gpu_qwen3_moe_layer_graph_equals_eager_and_within_policy(device):
     """One Qwen3-30B-A3B layer (random weights; vocab cut to 4096 to keep the LM head small) as the fused
-    step runs MoE layers: out_proj as the residual GEMV, then the MoE with its router launch making
-    h = rms_norm(x) (`moe_forward(None, x, ..., norm_weight=mlp_norm)`). CUDA-graph replay == eager
-    bitwise at 1, 6 (padded to 8) and 48 rows; logits within the policy against the float64 reference
-    at 6 rows."""
+    step runs MoE layers: out_proj writing x and h = rms_norm(x), then the MoE block. CUDA-graph replay ==
+    eager bitwise at 1, 6 (padded to 8) and 48 rows; logits within the policy against the float64
+    reference at 6 rows."""
     from lowlat.bench import random_weights_on_device
 
     cfg = preset("Qwen3-30B-A3B").replace(num_layers=1, vocab_size=4096)

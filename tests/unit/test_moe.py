@@ -3,11 +3,8 @@
 CPU (Triton interpreter, tiny shapes): routing bitmap equality incl. deliberate ties, placement on
 forced routings incl. degenerate bitmaps, the full block within the numerics policy, padding rows,
 a dense MLP split into experts, NaN weights of inactive experts, typed errors, and a compile of
-every kernel for sm_90; the normed-input form (`moe_forward(None, x, ..., norm_weight=g)`, h made by
-the router launch): within the policy of x + moe(rms_norm(x, g)), bitwise the h-given form on the h
-it wrote, h bitwise the reference rms_norm where the sum of squares is exact, rows independent.
-GPU (`-m gpu`, Qwen3-30B-A3B shapes: H 2048, E 128, top-8, Ie 768): the same properties at full size,
-bitwise run-to-run determinism, row invariance (both forms, and the gates alone), CUDA graphs and PDL.
+every kernel for sm_90. GPU (`-m gpu`, Qwen3-30B-A3B shapes: H 2048, E 128, top-8, Ie 768): the
+same properties at full size, bitwise run-to-run determinism, row invariance, CUDA graphs and PDL.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from lowlat.kernels import moe as kmoe
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
 from lowlat.reference.mlp import swiglu_mlp
 from lowlat.reference.moe import moe, moe_experts, route_topk
-from lowlat.reference.rms_norm import rms_norm
 from lowlat.weights import LayerWeights, random_layer_weights
 
 ON_GPU = torch.cuda.is_available()
@@ -154,52 +150,20 @@ def nan_fill_experts(lw: LayerWeights, experts) -> LayerWeights:
 
 def run_forward(h, x, lw, cfg, nv, *, nv_tensor: bool = False, **kw):
     out = poison(torch.empty_like(x))
-    nv_arg = torch.tensor([nv], dtype=torch.int32, device=x.device) if nv_tensor else nv
+    nv_arg = torch.tensor([nv], dtype=torch.int32, device=h.device) if nv_tensor else nv
     res = kmoe.moe_forward(h, x, lw, cfg, nv_arg, out=out, **kw)
     assert res is out
     return out
 
 
-def check_forward(out, h, x, lw, cfg, nv, *, output="out", h_oracle=None, lw_oracle=None):
-    """Policy check of moe_forward's output, and padding rows == x_residual bitwise. The oracle runs on
-    h_oracle (default h in float64) and lw_oracle (default lw in float64)."""
+def check_forward(out, h, x, lw, cfg, nv, *, output="out"):
+    """Policy check of moe_forward's output, and padding rows == x_residual bitwise."""
     base = expected_forward(h, x, lw, cfg.top_k, cfg.norm_topk_prob, nv)
-    orc = expected_forward(oracle_cast(h) if h_oracle is None else h_oracle, oracle_cast(x),
-                           oracle_weights(lw) if lw_oracle is None else lw_oracle, cfg.top_k, cfg.norm_topk_prob, nv)
+    orc = expected_forward(oracle_cast(h), oracle_cast(x), oracle_weights(lw), cfg.top_k,
+                           cfg.norm_topk_prob, nv)
     check_valid_rows(out, orc, base, nv, output)
     if nv < x.shape[0]:
         check_bitwise("moe", out[nv:], x[nv:], output="padding_rows")
-
-
-def grid_rows(g: torch.Generator, m: int, n: int, device) -> torch.Tensor:
-    """x [M, N] bf16 of values k/8, |k| <= 24: every square is a multiple of 1/64 below 10, so a sum of
-    up to ~29000 of them is exact in fp32 in any order. rms_norm's statistic is then the same bits
-    however it is summed (the kernel's order or torch's), and so is its bf16 output."""
-    return (torch.randint(-24, 25, (m, n), generator=g) / 8).to(device=device, dtype=torch.bfloat16)
-
-
-def run_normed(x, lw, cfg, nv, *, workspace=None, config=None, **kw):
-    """moe_forward(None, x, ..., norm_weight=lw.mlp_norm): (out, h), both [M, H] and poisoned first;
-    h is what the router launch wrote to workspace.h."""
-    m = x.shape[0]
-    ws = workspace if workspace is not None else kmoe.MoEWorkspace.allocate(
-        max_rows=m, hidden=cfg.hidden_size, num_experts=cfg.num_experts, slots_per_row=cfg.top_k,
-        moe_inter=cfg.moe_intermediate_size, shared_inter=cfg.shared_expert_intermediate_size, device=x.device,
-        config=config)
-    poison(ws.h)
-    out = run_forward(None, x, lw, cfg, nv, norm_weight=lw.mlp_norm, workspace=ws, config=config, **kw)
-    return out, ws.h[:m]
-
-
-def check_normed(out, h, x, lw, cfg, nv, *, eps=None, lw_oracle=None):
-    """The normed-input form: h (valid rows) within the policy of rms_norm(x, mlp_norm, eps), out within
-    the policy of x + moe(rms_norm(x, mlp_norm, eps)), padding rows of out == x bitwise."""
-    eps = cfg.rms_eps if eps is None else eps
-    hb = rms_norm(x, lw.mlp_norm, eps)
-    ho = rms_norm(oracle_cast(x), oracle_cast(lw.mlp_norm), eps)
-    if nv > 0:
-        check_accuracy("moe", h[:nv], ho[:nv], hb[:nv], output="h")
-    check_forward(out, hb, x, lw, cfg, nv, output="normed", h_oracle=ho, lw_oracle=lw_oracle)
 
 
 # ----------------------------------------------------------------------------------------- routing
@@ -304,29 +268,19 @@ def test_expert_with_more_rows_than_a_tile(device, rows):
 
 
 # ----------------------------------------------------------------------------------------- full block
-#: the full block's property-test examples (`block_example` draws num_valid_rows and top_k from them)
-BLOCK_EXAMPLES = dict(m=st.integers(1, MAX_M), data=st.data(), experts=st.sampled_from([4, 8]),
-                      shape=st.sampled_from([(32, 16), (96, 48)]), shared=st.sampled_from([0, 24]),
-                      renormalize=st.booleans(), nv_tensor=st.booleans(), seed=st.integers(0, 2**16))
-
-
-def block_example(device, m, data, experts, shape, shared, renormalize, seed):
-    """(nv, cfg, lw, g) of one example: num_valid_rows in 0..m and top_k drawn, a tiny config, its weights
-    and the generator for the rows."""
+@QUICK
+@given(m=st.integers(1, MAX_M), data=st.data(), experts=st.sampled_from([4, 8]),
+       shape=st.sampled_from([(32, 16), (96, 48)]), shared=st.sampled_from([0, 24]),
+       renormalize=st.booleans(), nv_tensor=st.booleans(), seed=st.integers(0, 2**16))
+def test_moe_forward_within_policy(device, m, data, experts, shape, shared, renormalize, nv_tensor, seed):
+    """x + moe(h) within 2x the bf16 reference's error; NaN padding rows change nothing."""
     nv = data.draw(st.integers(0, m), label="num_valid_rows")
     top_k = data.draw(st.integers(1, min(experts, 3)), label="top_k")
     hidden, inter = shape
     cfg = tiny_cfg(hidden=hidden, experts=experts, top_k=top_k, inter=inter, shared=shared,
                    renormalize=renormalize)
-    return nv, cfg, moe_weights(cfg, seed, device), torch.Generator().manual_seed(seed)
-
-
-@QUICK
-@given(**BLOCK_EXAMPLES)
-def test_moe_forward_within_policy(device, m, data, experts, shape, shared, renormalize, nv_tensor, seed):
-    """x + moe(h) within 2x the bf16 reference's error; NaN padding rows change nothing."""
-    nv, cfg, lw, g = block_example(device, m, data, experts, shape, shared, renormalize, seed)
-    hidden = cfg.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    lw = moe_weights(cfg, seed, device)
     h, x = rand_rows(g, m, hidden, device), rand_rows(g, m, hidden, device)
     h[nv:] = float("nan")
     out = run_forward(h, x, lw, cfg, nv, nv_tensor=nv_tensor)
@@ -402,79 +356,6 @@ def test_inactive_expert_weights_never_read_routed(device, m, seed):
     check_bitwise("moe", dirty, clean, output="inactive_nan")
 
 
-# ----------------------------------------------------------------------------------------- normed input
-#: H = 48 in three router slices of 16 and three chunks of 16 in each program's row statistic, E = 32 in
-#: two router expert blocks of 16 (h is stored by block 0 only)
-SPLIT_CONFIG = kmoe.MoEKernelConfig(BE=16, HS=16, BK_ROUTER=16, BR=16, BN=16, BK=16, BNH=16, BKI=16, BH=16,
-                                    BK_NORM=16)
-
-
-@QUICK
-@given(**BLOCK_EXAMPLES, eps=st.sampled_from([None, 1e-2]))
-def test_moe_forward_normed_input_within_policy_and_equal_to_given_h(device, m, data, experts, shape, shared,
-                                                                     renormalize, nv_tensor, seed, eps):
-    """moe_forward(None, x, norm_weight=g, eps): out within the policy of x + moe(rms_norm(x, g, eps)),
-    the h it wrote within the policy of rms_norm, padding rows out == x; and out bitwise equal to the
-    h-given form run on that h. eps None is cfg.rms_eps; 1e-2 moves rstd by ~0.5% (ignoring it fails)."""
-    nv, cfg, lw, g = block_example(device, m, data, experts, shape, shared, renormalize, seed)
-    x = rand_rows(g, m, cfg.hidden_size, device)
-    x[nv:] = 3e4                                # padding rows: huge, never routed
-    out, h = run_normed(x, lw, cfg, nv, nv_tensor=nv_tensor, eps=eps)
-    check_normed(out, h, x, lw, cfg, nv, eps=eps)
-    given_h = run_forward(h.clone(), x, lw, cfg, nv, nv_tensor=nv_tensor)
-    check_bitwise("moe", out, given_h, output="normed_vs_given_h")
-
-
-@pytest.mark.parametrize("config", [None, SPLIT_CONFIG], ids=["one_slice", "split"])
-@pytest.mark.parametrize("m,nv", [(1, 1), (6, 4), (17, 17), (48, 40)])
-def test_normed_h_equals_reference_rms_norm_bitwise(device, config, m, nv):
-    """On rows whose fp32 sum of squares is exact (`grid_rows`), the h the router launch writes is bitwise
-    the reference rms_norm(x, mlp_norm, eps), padding rows included, whether one program makes it or
-    three slices x two expert blocks; out is bitwise the h-given form's on that reference h (shared
-    expert included) and within the policy."""
-    cfg = tiny_cfg(hidden=48, experts=32, top_k=2, inter=16, shared=24)
-    g = torch.Generator().manual_seed(m)
-    lw = moe_weights(cfg, m, device)
-    x = grid_rows(g, m, 48, device)
-    out, h = run_normed(x, lw, cfg, nv, config=config)
-    want_h = rms_norm(x, lw.mlp_norm, cfg.rms_eps)
-    check_bitwise("moe", h, want_h, output="h")
-    check_bitwise("moe", out, run_forward(want_h, x, lw, cfg, nv, config=config), output="normed_vs_reference_h")
-    check_normed(out, h, x, lw, cfg, nv)
-
-
-def test_normed_input_rows_independent_of_m_and_padding(device):
-    """A row's out and h are bitwise the same whatever M and whatever the other rows hold (padding rows
-    huge or NaN), with the router split in slices and expert blocks."""
-    cfg = tiny_cfg(hidden=48, experts=32, top_k=2, inter=16)
-    g = torch.Generator().manual_seed(31)
-    lw = moe_weights(cfg, 31, device)
-    x = rand_rows(g, 40, 48, device)
-    full, full_h = (t.clone() for t in run_normed(x, lw, cfg, 40, config=SPLIT_CONFIG))
-    for m in (1, 17, 33):
-        out, h = run_normed(x[:m].clone(), lw, cfg, m, config=SPLIT_CONFIG)
-        check_bitwise("moe", out, full[:m], output=f"out_m{m}")
-        check_bitwise("moe", h, full_h[:m], output=f"h_m{m}")
-    for pad in (3e4, float("nan")):
-        xp = x.clone()
-        xp[30:] = pad
-        out, h = run_normed(xp, lw, cfg, 30, config=SPLIT_CONFIG)
-        check_bitwise("moe", out[:30], full[:30], output="out_padding")
-        check_bitwise("moe", h[:30], full_h[:30], output="h_padding")
-
-
-def test_normed_input_in_place_with_the_default_eps(device):
-    """As the fused step calls it: out is x itself; eps None resolves to cfg.rms_eps."""
-    cfg = tiny_cfg(hidden=32, experts=4, top_k=2, inter=16)
-    g = torch.Generator().manual_seed(4)
-    lw = moe_weights(cfg, 4, device)
-    x = rand_rows(g, 5, 32, device)
-    expect = kmoe.moe_forward(None, x, lw, cfg, 4, norm_weight=lw.mlp_norm, eps=cfg.rms_eps)
-    x2 = x.clone()
-    assert kmoe.moe_forward(None, x2, lw, cfg, 4, norm_weight=lw.mlp_norm, out=x2) is x2
-    check_bitwise("moe", x2, expect, output="in_place")
-
-
 # ----------------------------------------------------------------------------------------- errors
 def _error_cases(device):
     cfg = tiny_cfg(hidden=32, experts=4, top_k=2, inter=16)
@@ -487,8 +368,6 @@ def _error_cases(device):
 
     small_ws = kmoe.MoEWorkspace.allocate(max_rows=2, hidden=32, num_experts=4, slots_per_row=2, moe_inter=16,
                                           device=device)
-    nw = lw.mlp_norm
-    normed = dict(h=None, norm_weight=nw)        # the form that normalises x_residual in the router launch
     return cfg, lw, h, x, [
         ("h float32", dict(h=h.float()), StepContractError, "h must be torch.bfloat16"),
         ("h 1-D", dict(h=h[0]), StepContractError, "h must be an \\[M, H\\] tensor"),
@@ -510,42 +389,19 @@ def _error_cases(device):
         ("out dtype", dict(out=torch.full((3, 32), 7.0, device=device)), StepContractError,
          "out must be torch.bfloat16"),
         ("small workspace", dict(workspace=small_ws), StepContractError, "max_rows=2 < M=3"),
-        ("h and norm_weight", dict(norm_weight=nw), StepContractError, "give h or norm_weight, not both"),
-        ("neither h nor norm_weight", dict(h=None), StepContractError, "h is None"),
-        ("eps without norm_weight", dict(eps=1e-6), StepContractError, "eps given without norm_weight"),
-        ("normed: norm_weight shape", dict(normed, norm_weight=nw[:16]), StepContractError,
-         "norm_weight must have shape"),
-        ("normed: norm_weight dtype", dict(normed, norm_weight=nw.float()), StepContractError,
-         "norm_weight must be torch.bfloat16"),
-        ("normed: eps 0", dict(normed, eps=0.0), StepContractError, "eps=0.0 must be > 0"),
-        ("normed: eps NaN", dict(normed, eps=float("nan")), StepContractError, "eps=nan must be > 0"),
-        ("normed: x_residual float32", dict(normed, x_residual=x.float()), StepContractError,
-         "x_residual must be torch.bfloat16"),
-        ("normed: x_residual 1-D", dict(normed, x_residual=x[0]), StepContractError,
-         "x_residual must be an \\[M, H\\] tensor"),
-        ("normed: too many rows", dict(normed, x_residual=x.repeat(22, 1)[:65]), StepContractError, "M=65 rows"),
-        ("normed: out shape", dict(normed, out=torch.full((2, 32), 7.0, device=device, dtype=torch.bfloat16)),
-         StepContractError, "out must have shape"),
-        ("normed: small workspace", dict(normed, workspace=small_ws), StepContractError, "max_rows=2 < M=3"),
     ]
 
 
 def test_bad_inputs_raise_typed_errors_and_write_nothing(device):
-    """Both forms (h given; h None with norm_weight): a typed error, and neither out nor the workspace's
-    h written."""
     cfg, lw, h, x, cases = _error_cases(device)
     for name, change, err, msg in cases:
         out = torch.full_like(x, 7.0)
-        ws = kmoe.MoEWorkspace.allocate(max_rows=3, hidden=32, num_experts=4, slots_per_row=2, moe_inter=16,
-                                        device=device)
-        args = dict(h=h, x_residual=x, lw=lw, cfg=cfg, num_valid_rows=3, out=out, workspace=ws)
+        args = dict(h=h, x_residual=x, lw=lw, cfg=cfg, num_valid_rows=3, out=out)
         args.update(change)
         sentinel = args["out"].clone()
-        ws_h = args["workspace"].h.fill_(7.0)
         with pytest.raises(err, match=msg):
             kmoe.moe_forward(**args)
         assert torch.equal(args["out"], sentinel), f"{name}: out was written before the error"
-        assert bool((ws_h == 7.0).all()), f"{name}: workspace.h was written before the error"
 
 
 def test_route_bad_top_k_and_forced_bad_bitmap(device):
@@ -565,8 +421,6 @@ def test_use_pdl_refused_under_interpreter(device):
     cfg, lw, h, x, _ = _error_cases(device)
     with pytest.raises(UnsupportedConfigError, match="use_pdl"):
         kmoe.moe_forward(h, x, lw, cfg, 3, use_pdl=True)
-    with pytest.raises(UnsupportedConfigError, match="use_pdl"):
-        kmoe.moe_forward(None, x, lw, cfg, 3, norm_weight=lw.mlp_norm, use_pdl=True)
 
 
 # ----------------------------------------------------------------------------------------- sm_90 build
@@ -599,7 +453,7 @@ def test_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stdout.count(" ok ") == 26, r.stdout
+    assert r.stdout.count(" ok ") == 24, r.stdout
 
 
 # ----------------------------------------------------------------------------------------- GPU, full size
@@ -609,6 +463,14 @@ def qwen(device):
     cfg = preset("Qwen3-30B-A3B")
     lw = moe_weights(cfg, 0, device)
     return cfg, lw, oracle_weights(lw)
+
+
+def _qwen_check(out, h, x, cfg, lw, lw64, nv, output="out"):
+    base = expected_forward(h, x, lw, cfg.top_k, cfg.norm_topk_prob, nv)
+    orc = expected_forward(oracle_cast(h), oracle_cast(x), lw64, cfg.top_k, cfg.norm_topk_prob, nv)
+    check_valid_rows(out, orc, base, nv, output)
+    if nv < x.shape[0]:
+        check_bitwise("moe", out[nv:], x[nv:], output="padding_rows")
 
 
 @pytest.mark.gpu
@@ -621,7 +483,7 @@ def test_qwen3_moe_layer_within_policy(qwen, device, m, data, seed):
     h, x = rand_rows(g, m, cfg.hidden_size, device), rand_rows(g, m, cfg.hidden_size, device)
     h[nv:] = float("nan")
     out = run_forward(h, x, lw, cfg, nv)
-    check_forward(out, h, x, lw, cfg, nv, lw_oracle=lw64)
+    _qwen_check(out, h, x, cfg, lw, lw64, nv)
 
 
 @pytest.mark.gpu
@@ -673,30 +535,21 @@ def test_qwen3_forced_routing_matches_reference(qwen, device, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("normed", [False, True], ids=["h_given", "normed_input"])
-def test_qwen3_deterministic_and_row_invariant(qwen, device, normed):
-    """Bitwise: two runs; each row alone (M=1); the first 30 rows at M=30 vs M=48 with padding. Both
-    forms: h given, or x normalised in the router launch (h unused there)."""
+def test_qwen3_deterministic_and_row_invariant(qwen, device):
+    """Bitwise: two runs; each row alone (M=1); the first 30 rows at M=30 vs M=48 with padding."""
     cfg, lw, _ = qwen
     g = torch.Generator().manual_seed(5)
     h, x = rand_rows(g, 48, cfg.hidden_size, device), rand_rows(g, 48, cfg.hidden_size, device)
-
-    def fwd(h, x, nv):
-        if normed:
-            return run_forward(None, x, lw, cfg, nv, norm_weight=lw.mlp_norm)
-        return run_forward(h, x, lw, cfg, nv)
-
-    a = fwd(h, x, 48)
-    b = fwd(h, x, 48)
+    a = run_forward(h, x, lw, cfg, 48)
+    b = run_forward(h, x, lw, cfg, 48)
     check_bitwise("moe", a, b, output="run_to_run")
     for i in (0, 7, 31, 47):
-        one = fwd(h[i:i + 1].clone(), x[i:i + 1].clone(), 1)
+        one = run_forward(h[i:i + 1].clone(), x[i:i + 1].clone(), lw, cfg, 1)
         check_bitwise("moe", one, a[i:i + 1], output="row_invariance")
-    hp, xp = h.clone(), x.clone()
+    hp = h.clone()
     hp[30:] = rand_rows(g, 18, cfg.hidden_size, device)       # different padding contents
-    xp[30:] = rand_rows(g, 18, cfg.hidden_size, device)
-    padded = fwd(hp, xp, 30)
-    short = fwd(h[:30].clone(), x[:30].clone(), 30)
+    padded = run_forward(hp, x, lw, cfg, 30)
+    short = run_forward(h[:30].clone(), x[:30].clone(), lw, cfg, 30)
     check_bitwise("moe", padded[:30], a[:30], output="row_invariance_padding")
     check_bitwise("moe", short, a[:30], output="row_invariance_width")
 
@@ -715,11 +568,9 @@ def test_qwen3_inactive_expert_weights_never_read(qwen, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("normed", [False, True], ids=["h_given", "normed_input"])
 @pytest.mark.parametrize("use_pdl", [False, True])
-def test_qwen3_cuda_graph_replay_bitwise_equals_eager(qwen, device, use_pdl, normed):
-    """Captured once (preallocated workspace, num_valid_rows on the device), replayed on new rows; both
-    forms (normed_input: h made by the router launch into the workspace, as the fused step runs it)."""
+def test_qwen3_cuda_graph_replay_bitwise_equals_eager(qwen, device, use_pdl):
+    """Captured once (preallocated workspace, num_valid_rows on the device), replayed on new rows."""
     cfg, lw, lw64 = qwen
     m = 16
     ws = kmoe.MoEWorkspace.for_config(cfg, m, device)
@@ -728,55 +579,21 @@ def test_qwen3_cuda_graph_replay_bitwise_equals_eager(qwen, device, use_pdl, nor
     x = rand_rows(g, m, cfg.hidden_size, device)
     nv = torch.tensor([m], dtype=torch.int32, device=device)
     out = torch.empty_like(x)
-    h_in, form = (None, dict(norm_weight=lw.mlp_norm)) if normed else (h, {})
-
-    def launch():
-        kmoe.moe_forward(h_in, x, lw, cfg, nv, out=out, workspace=ws, use_pdl=use_pdl, **form)
-
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        launch()                                                # warm-up / compile
+        kmoe.moe_forward(h, x, lw, cfg, nv, out=out, workspace=ws, use_pdl=use_pdl)   # warm-up / compile
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        launch()
+        kmoe.moe_forward(h, x, lw, cfg, nv, out=out, workspace=ws, use_pdl=use_pdl)
     for valid in (16, 9):
         h.copy_(rand_rows(g, m, cfg.hidden_size, device))
         x.copy_(rand_rows(g, m, cfg.hidden_size, device))
         nv.fill_(valid)
         poison(out)
-        poison(ws.h)
         graph.replay()
         torch.cuda.synchronize()
-        eager = run_forward(h_in, x, lw, cfg, valid, **form)
+        eager = run_forward(h, x, lw, cfg, valid)
         check_bitwise("moe", out, eager, output="graph_vs_eager")
-        if normed:
-            check_normed(out, ws.h[:m], x, lw, cfg, valid, lw_oracle=lw64)
-        else:
-            check_forward(out, h, x, lw, cfg, valid, lw_oracle=lw64)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("use_pdl", [False, True])
-@pytest.mark.parametrize("rows", [1, 6, 48])
-def test_qwen3_normed_input_equals_h_given_form_bitwise(qwen, device, rows, use_pdl):
-    """Qwen3-shaped random rows (padding rows huge): the normed-input form (the router launch makes h
-    from x) is bitwise the h-given form run on the h it wrote, h and out within the policy. On rows whose
-    sum of squares is exact in fp32 (`grid_rows`), h is bitwise the reference rms_norm run on the CPU
-    (whose rsqrt, like the kernel's `rstd_of`, is correctly rounded) and out bitwise the h-given form's
-    on that reference h."""
-    cfg, lw, lw64 = qwen
-    nv = max(1, rows - 3)
-    g = torch.Generator().manual_seed(rows)
-    ws = kmoe.MoEWorkspace.for_config(cfg, rows, device)
-    x = rand_rows(g, rows, cfg.hidden_size, device)
-    x[nv:] = 3e4
-    out, h = run_normed(x, lw, cfg, nv, workspace=ws, use_pdl=use_pdl)
-    check_bitwise("moe", out, run_forward(h.clone(), x, lw, cfg, nv, use_pdl=use_pdl), output="normed_vs_given_h")
-    check_normed(out, h, x, lw, cfg, nv, lw_oracle=lw64)
-    xg = grid_rows(g, rows, cfg.hidden_size, device)
-    out, h = run_normed(xg, lw, cfg, nv, workspace=ws, use_pdl=use_pdl)
-    want_h = rms_norm(xg.cpu(), lw.mlp_norm.cpu(), cfg.rms_eps).to(device)
-    check_bitwise("moe", h, want_h, output="h_exact_rows")
-    check_bitwise("moe", out, run_forward(want_h, xg, lw, cfg, nv, use_pdl=use_pdl), output="normed_vs_reference_h")
+        _qwen_check(out, h, x, cfg, lw, lw64, valid)
