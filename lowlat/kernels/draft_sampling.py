@@ -56,10 +56,11 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
 (`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
 
-Measured on an H200 (bench/results/session6/call3/draft_sampling_h200.json, V 49152, H 576, CUDA graphs,
-rows 1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8`): greedy (TMA, no logits) 18.6-19.3 us
-(1.98-2.04x the torch ops), temperature 21.3-31.6 us (3.3-4.3x), top-k 50 + top-p 0.9 34.4-57.0 us
-(2.3-3.7x). Session 4 (session4/draft_sampling_h200.json): the cp.async greedy launch with logits 19.0-20.6 us
+Measured on an H200 (bench/results/session9/call3/draft_sampling_{1,2}.json, V 49152, H 576, CUDA graphs,
+rows 1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8 [--no-pdl]`, two runs): greedy (persistent,
+TMA, no logits) 18.1-19.4 us (1.96-2.08x the torch ops; 17.7-18.8 us = 2.06-2.12x launched with PDL),
+temperature 21.2-32.5 us (3.3-4.5x), top-k 50 + top-p 0.9 33.8-59.4 us (2.3-3.9x). Session 6
+(session6/call3): the per-tile greedy launch 18.6-19.3 us (1.98-2.04x). Session 4 (session4/draft_sampling_h200.json): the cp.async greedy launch with logits 19.0-20.6 us
 (1.88-1.95x; 18.8-20.0 us with PDL); session 3 (acq_rel slot exchange) 19.2-20.7 us.
 
 Occupancy: a program's 4-stage pipeline takes 72 KB of shared memory and the launch caps registers at
