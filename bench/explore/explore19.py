@@ -34,7 +34,7 @@ def _persistent_greedy_kernel(h_ptr, stride_h, w_desc, tok_ptr, gkeys_ptr, cnt_p
                               NUM_PROGS, MAX_MINE: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr,
                               BLOCK_H: tl.constexpr,
                               STAGES: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr,
-                              UPCAST: tl.constexpr):
+                              UPCAST: tl.constexpr, RUNMAX: tl.constexpr = False):
     """Program pid takes vocabulary tiles pid, pid + P, ...; per tile acc [BLOCK_V, 16] over H by TMA weight
     tiles, its per-row best key folded into `best`. TAIL 1: one relaxed atomic_max per row, acq_rel arrival,
     the last program swaps the slots back and writes tokens (production's tail, once per program); TAIL 0:
@@ -43,6 +43,7 @@ def _persistent_greedy_kernel(h_ptr, stride_h, w_desc, tok_ptr, gkeys_ptr, cnt_p
     rows = tl.arange(0, 16)
     rmask = rows < R
     best = tl.full([16], _KEY_MIN, tl.int64)
+    best2 = tl.full([BLOCK_V, 16], _KEY_MIN, tl.int64)
     for i in tl.range(0, MAX_MINE, num_stages=STAGES, flatten=FLATTEN):     # past NUM_TILES: TMA zero fill
         v0 = (pid + i * NUM_PROGS) * BLOCK_V
         acc = tl.zeros([BLOCK_V, 16], dtype=tl.float32)
@@ -57,7 +58,12 @@ def _persistent_greedy_kernel(h_ptr, stride_h, w_desc, tok_ptr, gkeys_ptr, cnt_p
                 acc = mma(w, ht, acc, UPCAST)
         cols = v0 + tl.arange(0, BLOCK_V)
         key = tl.where((cols < V)[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
-        best = tl.maximum(best, tl.max(key, axis=0))
+        if RUNMAX:        # elementwise running max: no cross-warp reduction per tile, one after the loop
+            best2 = tl.maximum(best2, key)
+        else:
+            best = tl.maximum(best, tl.max(key, axis=0))
+    if RUNMAX:
+        best = tl.max(best2, axis=0)
     if TAIL == 0:
         tl.store(gkeys_ptr + 16 + pid * 16 + rows, best, mask=rmask)
     else:
@@ -83,7 +89,7 @@ class PersistentGreedy:
         self.cnt = torch.zeros(1, dtype=torch.int32, device=device)
         self.descs = {}
 
-    def __call__(self, h, w, tok_out, tail: int = 1):
+    def __call__(self, h, w, tok_out, tail: int = 1, runmax: bool = False):
         key = w.data_ptr()
         if key not in self.descs:
             self.descs[key] = TensorDescriptor(w, list(w.shape), list(w.stride()), [self.bv, self.bh])
@@ -93,7 +99,8 @@ class PersistentGreedy:
                                              h.shape[0], self.v, self.tiles, self.p,
                                              MAX_MINE=triton.cdiv(self.tiles, self.p), HIDDEN=self.hd,
                                              BLOCK_V=self.bv, BLOCK_H=self.bh, STAGES=self.stages,
-                                             FLATTEN=self.flatten, TAIL=tail, UPCAST=interp, **kw)
+                                             FLATTEN=self.flatten, TAIL=tail, UPCAST=interp, RUNMAX=runmax,
+                                             **kw)
         return tok_out
 
 
@@ -115,9 +122,10 @@ def smoke() -> int:
     for p, bv, st, fl in ((3, 64, 2, True), (7, 16, 3, False)):
         pg = PersistentGreedy(v, hd, programs=p, block_v=bv, block_h=32, stages=st, flatten=fl, device="cpu")
         for r in (1, 5):
-            tok = torch.full((r,), -2, dtype=torch.int64)
-            pg(h[:r], w, tok)
-            assert torch.equal(tok, want[:r]), (p, bv, r, tok, want[:r])
+            for rm in (False, True):
+                tok = torch.full((r,), -2, dtype=torch.int64)
+                pg(h[:r], w, tok, runmax=rm)
+                assert torch.equal(tok, want[:r]), (p, bv, r, rm, tok, want[:r])
     print("smoke ok")
     return 0
 
@@ -130,6 +138,8 @@ def main():
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 6, 8])
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--call1", action="store_true", help="the configurations of session 9's first call")
+    p.add_argument("--runmax", action="store_true", help="P 132 / 128-row tiles / 6 stages with and without "
+                   "an elementwise running max of the keys (one cross-warp reduction per program, not per tile)")
     a = p.parse_args()
     if a.smoke:
         return smoke()
@@ -140,8 +150,9 @@ def main():
     rec = Recorder(a.out)
     case = GreedyCase()
     stream = TmaGreedy(case.v, case.hd, block_v=128, block_h=64, stages=3)
+    configs = [(132, 128, 6, True, 4)] if a.runmax else CONFIGS_CALL1 if a.call1 else CONFIGS
     pgs = {c: PersistentGreedy(case.v, case.hd, programs=c[0], block_v=c[1], stages=c[2], flatten=c[3], warps=c[4])
-           for c in (CONFIGS_CALL1 if a.call1 else CONFIGS)}
+           for c in configs}
     for rep in range(a.reps):
         for r in a.rows:
             base = dict(op="greedy", rows=r, rep=rep)
@@ -155,14 +166,17 @@ def main():
                 if time.time() > deadline:
                     return 0
                 for tail in (1, 0):
-                    def one(pg=pg, c=c, tail=tail):
-                        for t in to:
-                            t.fill_(-2)
-                        us = t_us(lambda i: pg(case.hs[i][:r], case.ws[i], to[i], tail=tail), case.rot, 61)
-                        same = all(torch.equal(to[i], want[i]) for i in range(case.rot)) if tail else None
-                        rec(dict(base, variant="persistent_p{}_bv{}_st{}_fl{}_w{}".format(*c) + ("" if tail else
-                                 "_stream_only"), us=us, speedup=round(t_torch / us, 3), same_tokens=same))
-                    rec.guard(f"{c}/{tail}", one, **base)
+                    for rm in ((False, True) if a.runmax else (False,)):
+                        def one(pg=pg, c=c, tail=tail, rm=rm):
+                            for t in to:
+                                t.fill_(-2)
+                            us = t_us(lambda i: pg(case.hs[i][:r], case.ws[i], to[i], tail=tail, runmax=rm),
+                                      case.rot, 61)
+                            same = all(torch.equal(to[i], want[i]) for i in range(case.rot)) if tail else None
+                            rec(dict(base, variant="persistent_p{}_bv{}_st{}_fl{}_w{}".format(*c)
+                                     + ("_runmax" if rm else "") + ("" if tail else "_stream_only"), us=us,
+                                     speedup=round(t_torch / us, 3), same_tokens=same))
+                        rec.guard(f"{c}/{tail}/{rm}", one, **base)
     return 0
 
 

@@ -70,8 +70,9 @@ def test_tma_greedy_matches_argmax(device, epi, packed):
         assert int(tg.cnt.abs().sum()) == 0, "counters left non-zero"
 
 
+@pytest.mark.parametrize("runmax", [False, True])
 @pytest.mark.parametrize("programs,block_v,flatten", [(3, 64, True), (7, 16, False), (5, 128, True)])
-def test_persistent_greedy_matches_argmax(device, programs, block_v, flatten):
+def test_persistent_greedy_matches_argmax(device, programs, block_v, flatten, runmax):
     """explore19's persistent greedy launch (session 9): tokens = the argmax of the exact logits with the arrival
     (TAIL 1; twice, the slots and counter left ready), and the programs' own best keys (TAIL 0, the stream-only
     timing) hold the same argmax; V 1000 over programs of several tiles and steps past the last tile."""
@@ -83,11 +84,11 @@ def test_persistent_greedy_matches_argmax(device, programs, block_v, flatten):
         h = _bf16(r, hd, scale=scale, seed=seed, device=device)
         want = (h.double() @ w.double().T).argmax(-1)
         tok = torch.full((r,), -5, dtype=torch.int64, device=device)
-        pg(h, w, tok, tail=1)
+        pg(h, w, tok, tail=1, runmax=runmax)
         assert torch.equal(tok, want), (tok, want)
         assert int(pg.cnt.abs().sum()) == 0, "counter left non-zero"
     pg.gkeys[16:] = torch.iinfo(torch.int64).min
-    pg(h, w, tok, tail=0)
+    pg(h, w, tok, tail=0, runmax=runmax)
     best = pg.gkeys[16:].view(programs, 16)[:, :r].max(0).values
     assert torch.equal(((best & 0xFFFFFFFF) ^ 0xFFFFFFFF), want), "per-program keys do not hold the argmax"
 
