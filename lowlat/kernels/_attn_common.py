@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -30,10 +31,22 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_props_of(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def cuda_props(device):
+    """torch.cuda.get_device_properties of a CUDA `device` (index None: the current device), looked up once
+    per device: launch paths ask for the capability / SM count on every call."""
+    d = torch.device(device)
+    return _cuda_props_of(torch.cuda.current_device() if d.index is None else d.index)
+
+
 def pdl_supported(device: torch.device) -> bool:
     """PDL needs a CUDA device of compute capability >= 9.0 and the gdc intrinsics."""
     return (gdc_wait is not None and device.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+            and cuda_props(device).major >= 9)
 
 
 @triton.jit

@@ -138,6 +138,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import cuda_props
 from lowlat.kernels._attn_common import to_bf16  # noqa: F401  (fp32 -> bf16, RNE; integer ops when interpreting)
 
 #: The largest number of rows a GEMV here takes (three row blocks of 16).
@@ -175,8 +176,7 @@ def interpreting() -> bool:
 
 def pdl_available(device: torch.device) -> bool:
     """PDL needs a Hopper-or-newer GPU and the compiled (not interpreted) Triton path."""
-    return (not interpreting() and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return not interpreting() and device.type == "cuda" and cuda_props(device).major >= 9
 
 
 def row_blocks(m: int) -> int:

@@ -103,7 +103,6 @@ within fp32 rounding of each other (~1e-6 per draw).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +111,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._attn_common import cuda_props
 from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value, mma
 from lowlat.kernels.philox import philox_exponential
 
@@ -186,8 +186,9 @@ def _tile_dot(w, ht, acc, UPCAST: tl.constexpr):
 
 @triton.jit
 def _program_rows(R, cnt_ptr, CNT_ROW, USE_PDL: tl.constexpr):
-    """(pid, rb, rows [16], rmask, cnt) of a draft-sampling program: vocabulary tile pid = program_id(0), row
-    block rb = program_id(1), its rows (valid below R) and its arrival counter; under USE_PDL, after the wait
+    """(pid, rb, rows [16], rmask, cnt) of a draft-sampling program: pid = program_id(0) (the general launch's
+    vocabulary tile; the persistent greedy launch's first tile), row block rb = program_id(1), its rows
+    (valid below R) and its arrival counter; under USE_PDL, after the wait
     for the previous kernel (whose output h is read next) and the early launch of the next one."""
     pid = tl.program_id(0)
     rb = tl.program_id(1)
@@ -741,13 +742,7 @@ def default_greedy_programs(device) -> int:
     `_INTERP_GREEDY_PROGRAMS` under the interpreter."""
     if interpreting() or torch.device(device).type != "cuda":
         return _INTERP_GREEDY_PROGRAMS
-    d = torch.device(device)
-    return _sm_count(torch.cuda.current_device() if d.index is None else d.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return cuda_props(device).multi_processor_count
 
 
 def tma_greedy_ok(h: torch.Tensor, lm_head: torch.Tensor) -> bool:
@@ -759,7 +754,7 @@ def tma_greedy_ok(h: torch.Tensor, lm_head: torch.Tensor) -> bool:
         return False
     if interpreting():
         return True
-    return lm_head.device.type == "cuda" and torch.cuda.get_device_capability(lm_head.device)[0] >= 9
+    return lm_head.device.type == "cuda" and cuda_props(lm_head.device).major >= 9
 
 
 def launch_config(r: int, v: int, hidden: int, *, k_cap: int, need_noise: bool, block_v: int = 128,

@@ -98,6 +98,8 @@ from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
 MAX_KERNEL_ROWS = 64
+#: below every `argmax_key`: an expert already picked, or not there
+_NO_KEY = tl.constexpr(-(2 ** 63))
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -205,15 +207,15 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         prob = ex / _exact_row_sum(ex)[:, None]
         # selection key: the logit (softmax is monotone; NaN sorts first so a NaN row stays NaN) packed
         # with the expert index (`argmax_key`: larger logit first, lower index among equal ones), so each
-        # pick is one max over the row; a picked or padded expert gets the smallest int64
+        # pick is one max over the row; a picked or padded expert gets _NO_KEY
         key = argmax_key(tl.where(logit != logit, float("inf"), logit), ei[None, :])
-        key = tl.where(live, key, -9223372036854775807 - 1)
+        key = tl.where(live, key, _NO_KEY)
         chosen = tl.zeros([BM, E_P2], dtype=tl.int1)
         for _ in tl.static_range(TOP_K):
             best = tl.max(key, axis=1)
             hit = key == best[:, None]
             chosen = chosen | hit
-            key = tl.where(hit, -9223372036854775807 - 1, key)
+            key = tl.where(hit, _NO_KEY, key)
         chosen = chosen & live & valid[:, None]
         g = tl.where(chosen, prob, 0.0)
         if RENORM:

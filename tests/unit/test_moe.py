@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -497,6 +499,35 @@ def test_qwen3_route_bitmap_equals_reference_with_ties(device, mode):
     _, orc_gates = route_topk(oracle_cast(h), oracle_cast(router), cfg.top_k, True, 40)
     assert torch.equal(bitmap, ref_bitmap)
     check_accuracy("moe", gates, orc_gates, ref_gates, output="gates")
+
+
+@triton.jit
+def _exact_row_sum_probe(v_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.arange(0, R)
+    v = tl.load(v_ptr + r[:, None] * C + tl.arange(0, C)[None, :])
+    tl.store(out_ptr + r, kmoe._exact_row_sum(v))
+
+
+def test_exact_row_sum_is_order_free_and_exact(device):
+    """`moe._exact_row_sum` (the route kernel's softmax and renormalisation sums): the same bits whatever
+    the order of a row's values (columns permuted), within 2^-48 per value + one fp32 rounding of the
+    float64 sum, NaN counted as 0. A float sum in the tile's order fails the permutation check (it is what
+    made a row's gates depend on M on the GPU; the GPU guard is test_qwen3_route_gates_row_invariant)."""
+    g = torch.Generator().manual_seed(11)
+    r, c = 16, 128
+    v = torch.exp(-30 * torch.rand(r, c, generator=g))         # softmax-like terms, 1e-13 .. 1
+    v[3, 5] = float("nan")
+    sums = []
+    for p in range(6):
+        perm = torch.randperm(c, generator=g) if p else torch.arange(c)
+        out = torch.full((r,), float("nan"), device=device)
+        _exact_row_sum_probe[(1,)](v[:, perm].contiguous().to(device), out, R=r, C=c)
+        sums.append(out.cpu())
+    for p, x in enumerate(sums[1:], 1):
+        assert torch.equal(x, sums[0]), f"permutation {p} changed a row sum: {(x - sums[0]).abs().max()}"
+    want = torch.nan_to_num(v.double(), nan=0.0).sum(1)
+    err = (sums[0].double() - want).abs()
+    assert bool((err <= c * 2.0 ** -48 + want * 2.0 ** -24).all()), err.max()
 
 
 @pytest.mark.gpu
