@@ -1,7 +1,7 @@
 """Draft sampling span: the single-launch Triton kernel vs the separate PyTorch ops it replaces.
 
     python bench/bench_draft_sampling.py --out bench/results/draft_sampling_h200.json
-        [--rows 1 2 4 6 8] [--vocab 49152] [--hidden 576] [--iters 200] [--no-pdl]
+        [--rows 1 2 4 6 8] [--vocab 49152] [--hidden 576] [--iters 200] [--no-pdl] [--no-in-step]
         [--sweep [--sweep-configs greedy ...] [--sweep-rows 1 8]]
     python bench/bench_draft_sampling.py --smoke        # tiny shapes on the CPU interpreter: the script runs
 
@@ -12,14 +12,20 @@ One draft position of R rows (SmolLM2-135M's LM head: V = 49152, H = 576, bf16):
                  their launch latency), as it runs inside the fused decode step;
   fused+q        fused plus DraftSample.probs() (dense q [R, V], as verification reads it);
   torch          matmul -> float -> / T -> softmax (greedy: argmax) or topk -> softmax -> top-p mask (cumsum)
-                 -> renormalise -> multinomial, plus the dense q scatter: the PyTorch ops the kernel replaces.
+                 -> renormalise -> multinomial, plus the dense q scatter: the PyTorch ops the kernel replaces;
+  in step        fused (PDL) and torch where the fused draft step runs them (FusedModel.draft_position): right
+                 after the final RMSNorm kernel (`kernels/rms_norm.py`, PDL), ROT (norm -> sampling) pairs in
+                 one CUDA graph; the span is from the norm's end (h ready) to the sampling's last kernel end,
+                 from CUPTI device timestamps (`in_step_spans`): fused_in_step_us, torch_in_step_us.
 Configurations: greedy; temperature 1.0 (no filter); T 0.8 + top-k 50 + top-p 0.9.
 
 Every variant is captured in a CUDA graph of ROT launches on ROT different copies of W and h (together
 beyond the 50 MB L2, so every launch streams its weights from HBM); the time per launch is the median
 over replays / ROT. The HBM floor is bytes that must move (W + h + logits written; the greedy launch
 stores no logits since session 6: "one_hot") / the measured device-to-device copy bandwidth (read +
-write). The target (issue 5) is fused >= 2x faster than torch.
+write). The target (issue 5) is fused >= 2x faster than torch. Back to back (fused_us, fused_pdl_us) a launch
+also pays the previous launch's drain and its own start; in step, under PDL, the sampling kernel's programs
+are resident and waiting before the norm ends, which is how the runtime's draft step launches it.
 --sweep also times launch-parameter variants (SWEEP: block_v / num_warps / num_stages / maxnreg for greedy,
 row_chunk / group / maxnreg / num_warps for top_k_top_p) for --sweep-configs (default greedy) at --sweep-rows
 (default 1 and 8); every entry records whether its tokens (same_tokens) and all outputs (same_outputs: tokens,
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -103,10 +110,34 @@ def time_eager(fn, rot: int, iters: int) -> float:
     return time_launches(fn, rot, graph=False, iters=iters, warmup=0)["us_median"]
 
 
+def in_step_spans(r: int, step_inputs, body_fused, body_torch, rot: int, iters: int) -> dict:
+    """The span of draft sampling where the fused draft step runs it: after the final RMSNorm
+    (`lowlat.kernels.rms_norm.rms_norm_into`, PDL) in one CUDA graph of `rot` (norm -> sampling) pairs on
+    rotating copies. Kernel end times from CUPTI (`benchmarking.kernel_trace`); a span is the last end among
+    the sampling's kernels minus the norm's end (`benchmarking.spans_after`), i.e. from the moment its input
+    h is ready to the moment its outputs are. body_fused(i, h) / body_torch(i, h): the sampling on h.
+    Returns {"fused": median µs, "torch": median µs, "n": spans per median}."""
+    from lowlat.benchmarking import capture_graph, kernel_trace, spans_after
+    from lowlat.kernels.rms_norm import _rms_norm_kernel, rms_norm_into
+
+    xs, gamma, eps, hn = step_inputs
+    out = {}
+    for label, body in (("fused", body_fused), ("torch", body_torch)):
+        def pair(i, body=body):
+            rms_norm_into(xs[i][:r], gamma, eps, hn[i][:r], use_pdl=True)
+            body(i, hn[i][:r])
+        g = capture_graph(pair, rot)
+        spans = spans_after(kernel_trace(g.replay, iters=iters), _rms_norm_kernel.fn.__name__)
+        out[label] = round(statistics.median(spans), 2)
+        out["n"] = len(spans)
+    return out
+
+
 def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: float, sweep=(),
-               pdl: bool = True) -> list[dict]:
+               pdl: bool = True, step_inputs=None) -> list[dict]:
     """Every config at r rows (see the module docstring); `sweep`: the configs whose launch parameters
-    are also swept at this row count."""
+    are also swept at this row count; `step_inputs` (x copies, RMSNorm weight, eps, h buffers): also
+    time the in-step span (`in_step_spans`)."""
     from lowlat.kernels import draft_sampling as ds
 
     dev = weights[0].device
@@ -121,9 +152,9 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         k_cap, need_noise = ds.launch_flags(temp.cpu(), topk.cpu(), v)
         outs = [ds.empty_draft_sample(r, v, dev) for _ in range(rot)]
 
-        def fused(i, **launch):
-            ds.draft_sample_into(hs[i][:r], weights[i], temp, topk, topp, seeds, offsets, outs[i],
-                                 k_cap=k_cap, need_noise=need_noise, **launch)
+        def fused(i, h=None, **launch):
+            ds.draft_sample_into(hs[i][:r] if h is None else h, weights[i], temp, topk, topp, seeds, offsets,
+                                 outs[i], k_cap=k_cap, need_noise=need_noise, **launch)
 
         qd = [torch.empty(r, v, dtype=torch.float32, device=dev) for _ in range(rot)]
 
@@ -131,8 +162,9 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
             fused(i)
             qd[i].copy_(outs[i].probs())
 
-        def unfused(i):
-            torch_draft_step(hs[i][:r], weights[i], cfg["temperature"], cfg["top_k"], cfg["top_p"], qd[i])
+        def unfused(i, h=None):
+            torch_draft_step(hs[i][:r] if h is None else h, weights[i], cfg["temperature"], cfg["top_k"],
+                             cfg["top_p"], qd[i])
 
         def try_time(fn, n_iters=iters):
             try:
@@ -149,6 +181,15 @@ def bench_rows(r: int, v: int, hd: int, weights, hs, iters: int, rot: int, bw: f
         extra = {}
         if pdl:
             extra["fused_pdl_us"] = try_time(lambda i: fused(i, use_pdl=True))
+        if step_inputs is not None:
+            try:
+                sp = in_step_spans(r, step_inputs, lambda i, h: fused(i, h, use_pdl=True), unfused, rot,
+                                   max(20, iters // 4))
+                extra.update(fused_in_step_us=sp["fused"], torch_in_step_us=sp["torch"],
+                             speedup_in_step=round(sp["torch"] / sp["fused"], 2), in_step_spans=sp["n"])
+            except Exception as exc:                       # record, go on
+                torch.cuda.synchronize()
+                extra["in_step_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         torch_mode = "cuda_graph"
         try:
             t_torch = time_graph(unfused, rot, iters)
@@ -229,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-pdl", action="store_true", help="skip the PDL launch of the fused kernel")
+    ap.add_argument("--no-in-step", action="store_true", help="skip the in-step spans (after a PDL RMSNorm, "
+                    "from CUPTI kernel end times)")
     args = ap.parse_args(argv)
     if args.smoke:
         return smoke()
@@ -242,11 +285,18 @@ def main(argv=None) -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     weights = [(torch.randn(v, hd, generator=g, device="cuda") * hd ** -0.5 * 4).bfloat16() for _ in range(rot)]
     hs = [torch.randn(max(args.rows), hd, generator=g, device="cuda").bfloat16() for _ in range(rot)]
+    step_inputs = None
+    if not args.no_in_step:             # the final RMSNorm's input (pre-norm hidden states) per copy
+        xs = [torch.randn(max(args.rows), hd, generator=g, device="cuda").bfloat16() for _ in range(rot)]
+        gamma = (1 + 0.1 * torch.randn(hd, generator=g, device="cuda")).bfloat16()
+        hn = [torch.empty(max(args.rows), hd, dtype=torch.bfloat16, device="cuda") for _ in range(rot)]
+        step_inputs = (xs, gamma, 1e-5, hn)
     bw = copy_bandwidth()
     results = []
     for r in args.rows:
         sweep = args.sweep_configs if args.sweep and r in args.sweep_rows else ()
-        results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, sweep, pdl=not args.no_pdl))
+        results.extend(bench_rows(r, v, hd, weights, hs, args.iters, rot, bw, sweep, pdl=not args.no_pdl,
+                                  step_inputs=step_inputs))
     doc = {**versions(), "copy_bandwidth_TBps": round(bw / 1e12, 3), "rotation": rot, "iters": args.iters,
            "target": "fused >= 2x faster than torch (issue 5)", "results": results}
     write_json(args.out, doc)

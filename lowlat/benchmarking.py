@@ -171,6 +171,47 @@ def capture_graph(launch: Callable[[int], Any], n: int):
     return g
 
 
+def kernel_trace(run: Callable[[], Any], *, iters: int, warmup: int = 2) -> list[tuple[str, float, float]]:
+    """Every GPU kernel, memset and memcpy of `iters` calls of run() as (name, start µs, end µs), in start order.
+
+    Device timestamps from torch.profiler (CUPTI), which reports the kernels inside a CUDA-graph replay one
+    by one; under PDL a kernel's start is when its programs became resident, not when its wait returned,
+    so compare end times (`spans_after`). warmup: untimed calls first.
+    """
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            run()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.loads(Path(f.name).read_text())
+    ev = [e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    return sorted(((e["name"], float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev), key=lambda k: k[1])
+
+
+def spans_after(trace: Sequence[tuple[str, float, float]], marker: str) -> list[float]:
+    """For each kernel whose name starts with `marker`: the µs from its end to the last end among the kernels
+    that follow it, up to the next marker (what those kernels add to a chain after the marker's output is
+    ready). Segments without a following kernel are skipped."""
+    spans, mark_end, last = [], None, None
+    for name, _start, end in list(trace) + [(marker, 0.0, 0.0)]:
+        if name.startswith(marker):
+            if mark_end is not None and last is not None:
+                spans.append(last - mark_end)
+            mark_end, last = end, None
+        elif mark_end is not None:
+            last = end if last is None else max(last, end)
+    return spans
+
+
 def time_launches(launch: Callable[[int], Any], n: int, *, graph: bool = True, iters: int = 30,
                   warmup: int = 3) -> dict:
     """Per-launch time of launch(0..n-1) (launch i uses input copy i: cold L2 with `rotation_copies`).

@@ -17,6 +17,19 @@ from lowlat.bench import _Recorder  # noqa: E402
 from lowlat.benchmarking import copy_bandwidth, time_launches, versions  # noqa: E402
 
 
+def explore_parser():
+    """The exploration scripts' shared options: --out, --budget-s, --reps, --rows, --smoke."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=240)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 6, 8])
+    p.add_argument("--smoke", action="store_true")
+    return p
+
+
 def t_us(fn, n: int, iters: int = 41) -> float:
     """Median us per launch of fn(0..n-1) captured in one CUDA graph."""
     return round(time_launches(fn, n, iters=iters)["us_median"], 2)

@@ -12,7 +12,6 @@ programs per SM (1 / 2), the stages (3-8) and the tile (64 / 128 rows of the voc
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -131,12 +130,10 @@ def smoke() -> int:
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", default=None)
-    p.add_argument("--budget-s", type=float, default=240)
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 6, 8])
-    p.add_argument("--smoke", action="store_true")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import explore_parser
+
+    p = explore_parser()
     p.add_argument("--call1", action="store_true", help="the configurations of session 9's first call")
     p.add_argument("--runmax", action="store_true", help="P 132 / 128-row tiles / 6 stages with and without "
                    "an elementwise running max of the keys (one cross-warp reduction per program, not per tile)")

@@ -27,7 +27,11 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   tail 0.8-1.0 us): 0.2-1.3 us (median 0.6) faster than the per-tile launch in every cell of both calls,
   2.01-2.12x the torch ops against 1.92-2.08x. Two programs per SM (64-row tiles, 264 programs)
   measured the same; 8 warps, 256-row tiles or 5 / 7 / 8 stages slower; 264 programs of 128-row tiles
-  (unbalanced: up to 4 tiles on an SM) 20.7-21.0 us. History of the per-tile launch (sessions 3-8, files
+  (unbalanced: up to 4 tiles on an SM) 20.7-21.0 us. Session 10 (`bench/explore/explore20.py`, session10/call1-2),
+  no better under PDL: an L2 prefetch of the program's first tile before `gdc_wait` (whole tile: 26-30 us
+  back to back; its first 512 columns: +1.5 us), the next launch triggered after the stream instead of at
+  the start (+1.5 us back to back; equal after a norm), 128 programs or each program's tiles contiguous
+  (within the spread). History of the per-tile launch (sessions 3-8, files
   under bench/results/): 16.8 us with no cross-program reduction, 18.6-20.3 with an arrival behind the
   logits stores, 18.1-19.4 us (1.97-2.08x the torch ops) once TMA-loaded without logits (session 6); tried and
   no better there: per-program key slots polled by a last program, the max / counter spread over 16 groups,
@@ -57,6 +61,12 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
 With top-k, the per-tile top-k and every merge node work on RC rows at a time in a loop
 (`default_row_chunk`: 4 at K_CAP 64), not on all NR rows unrolled: at 8 rows that halved the launch.
 
+Where the runtime runs it (session 10, bench/results/session10/call3/draft_sampling.json, `python
+bench/bench_draft_sampling.py --rows 1 2 4 6 8`): inside `FusedModel.draft_position`'s graph, launched with
+PDL right after the final RMSNorm kernel, its span from the norm's end to its own (CUPTI end times, the torch
+ops measured in the same place): greedy 16.5-16.7 us against 36.5-37.9 (2.20-2.27x), temperature 19.2-29.3
+against 89-105 (3.6-4.7x), top-k 50 + top-p 0.9 31.7-57.4 against 133-144 (2.5-4.2x). Launched back to back
+on its own in the same run: greedy 19.0-21.9 us (1.96-2.24x the torch ops' 40.4-43.3).
 Measured on an H200 (bench/results/session9/call3/draft_sampling_{1,2}.json, V 49152, H 576, CUDA graphs,
 rows 1-8, `python bench/bench_draft_sampling.py --rows 1 2 4 6 8 [--no-pdl]`, two runs): greedy (persistent,
 TMA, no logits) 18.1-19.4 us (1.96-2.08x the torch ops; 17.7-18.8 us = 2.06-2.12x launched with PDL; with

@@ -11,11 +11,17 @@ k+1 rows per request (lowlat/runtime/speculative.py). Two drafters:
   most recent earlier occurrence of the request's last n-gram. Deterministic: its draft distribution q
   is one-hot on the proposed token.
 
-Draft sampling follows the request's sampling parameters (`sample_drafts`): greedy requests take the
-argmax of the draft logits; sampled requests draw, with counter-based randomness, from the draft's
-filtered distribution q (the same temperature / top-k / top-p the target's distribution gets), and q is
-returned for the rejection step. On CUDA one launch per draft position does LM head + filter + sample
-(lowlat/kernels/draft_sampling.py); elsewhere its reference (lowlat/reference/draft_sampling.py) runs.
+Draft sampling follows the request's sampling parameters: greedy requests take the argmax of the draft
+logits; sampled requests draw, with counter-based randomness (Philox key = the request's seed, offset =
+rng_offset * DRAFT_OFFSET_STRIDE + draft position), from the draft's filtered distribution q (the same
+temperature / top-k / top-p the target's distribution gets), and q is returned for the rejection step.
+On the fused backend (a runner with `draft_position`, FusedModel) a whole draft position -- embed, layers
+0..n-1, final RMSNorm, and the single-launch draft sampler (LM head + filter + sample,
+lowlat/kernels/draft_sampling.py) -- is one CUDA graph whose launches are chained by PDL, whenever the
+rows' parameters fit the sampler (`draft_params(...).fits`). Otherwise the hidden states come from the
+runner's `early_exit_hidden` or the reference model and `sample_drafts` draws: the same sampler launched
+on its own on CUDA, its reference (lowlat/reference/draft_sampling.py) elsewhere; the same counters give
+the same tokens on every route.
 
 DEFAULT_DRAFT_LAYERS comes from measured acceptance on real prompts: `python bench/bench_speculative.py
 --sweep-layers ...`, results in bench/results/draft_layers_sweep.json (SmolLM2-135M-Instruct, reference
@@ -160,36 +166,61 @@ def use_kernels(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
+@dataclass
+class DraftParams:
+    """Per-row sampling values of one draft position (row r = states[r]), as host (CPU) tensors.
+
+    temperature [R] float32 (0 = greedy); top_k [R] int32 (0 = off, also for top_k <= 0 or >= V);
+    top_p [R] float32; seeds [R] int64 (the requests' Philox keys); offsets [R] int64 (rng_offset *
+    DRAFT_OFFSET_STRIDE + position). fits: the single-launch draft sampler takes every row (every top_k
+    <= 64 or off; top_p < 1 only with top_k >= 1).
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor
+    offsets: torch.Tensor
+    fits: bool
+
+
+def draft_params(states: Sequence[SpecState], position: int, vocab_size: int) -> DraftParams:
+    """The `DraftParams` of draft position `position` for these requests' rows."""
+    temp = [s.params.temperature for s in states]
+    top_k = [s.params.top_k if 0 < s.params.top_k < vocab_size else 0 for s in states]
+    top_p = [s.params.top_p for s in states]
+    fits = all(k <= 64 for k in top_k) and all(p >= 1 or 1 <= k for p, k in zip(top_p, top_k))
+    return DraftParams(
+        temperature=torch.tensor(temp, dtype=torch.float32), top_k=torch.tensor(top_k, dtype=torch.int32),
+        top_p=torch.tensor(top_p, dtype=torch.float32),
+        seeds=torch.tensor([s.params.seed for s in states], dtype=torch.int64),
+        offsets=torch.tensor([s.rng_offset * DRAFT_OFFSET_STRIDE + position for s in states], dtype=torch.int64),
+        fits=fits)
+
+
 def sample_drafts(h: torch.Tensor, lm_head: torch.Tensor, states: Sequence[SpecState],
                   position: int) -> tuple[list[int], torch.Tensor]:
     """One draft token per row from final-normed hidden states h [R, H] (row r = states[r]).
 
     Runs the single-launch draft sampler (`lowlat.kernels.draft_sampling.draft_sample`: LM-head GEMV,
-    temperature, top-k/top-p, counter-based sample) on CUDA when every row's top-k fits it (<= 64, or
-    off), else its reference (`lowlat.reference.draft_sampling.draft_sample`). Philox key = the request's
-    seed, offset = rng_offset * DRAFT_OFFSET_STRIDE + position. Greedy rows (temperature 0) take argmax.
+    temperature, top-k/top-p, counter-based sample) on CUDA when the rows fit it (`draft_params`), else
+    its reference (`lowlat.reference.draft_sampling.draft_sample`). Philox key = the request's seed,
+    offset = rng_offset * DRAFT_OFFSET_STRIDE + position. Greedy rows (temperature 0) take argmax.
     Returns (tokens, q [R, V] float32: the distribution each token was drawn from).
     """
     dev = h.device
-    temp = [s.params.temperature for s in states]
-    top_k = [s.params.top_k if 0 < s.params.top_k < lm_head.shape[0] else 0 for s in states]
-    top_p = [s.params.top_p for s in states]
-    seeds = torch.tensor([s.params.seed for s in states], dtype=torch.int64, device=dev)
-    offsets = torch.tensor([s.rng_offset * DRAFT_OFFSET_STRIDE + position for s in states],
-                           dtype=torch.int64, device=dev)
-    fits = all(k <= 64 for k in top_k) and all(p >= 1 or 1 <= k for p, k in zip(top_p, top_k))
-    if use_kernels(dev) and fits:
+    p = draft_params(states, position, lm_head.shape[0])
+    seeds, offsets = p.seeds.to(dev), p.offsets.to(dev)
+    if use_kernels(dev) and p.fits:
         from lowlat.kernels.draft_sampling import draft_sample
 
-        out = draft_sample(h.contiguous(), lm_head, torch.tensor(temp), torch.tensor(top_k), torch.tensor(top_p),
-                           seeds=seeds, offsets=offsets)
+        out = draft_sample(h.contiguous(), lm_head, p.temperature, p.top_k, p.top_p, seeds=seeds, offsets=offsets)
         return out.tokens.tolist(), out.probs()
     from lowlat.reference.draft_sampling import draft_sample as ref_draft_sample
 
     # the reference runs its GEMV in float32: convert the [V, H] weight once, not every draft position
     w32 = _float32_copy(lm_head)
-    tokens, q, _ = ref_draft_sample(h.to(w32.dtype), w32, torch.tensor(temp), torch.tensor(top_k),
-                                    torch.tensor(top_p), seeds, offsets)
+    tokens, q, _ = ref_draft_sample(h.to(w32.dtype), w32, p.temperature, p.top_k, p.top_p, seeds, offsets)
     return tokens.tolist(), q
 
 
@@ -220,19 +251,33 @@ class LayerSkipDrafter:
     (`rows_step` keeps the slots), and rollback (`KVCachePool.truncate`) frees the positions after the
     last accepted token. Positions < L (the committed context) are never written by the draft.
 
+    Routes, per draft position:
+      1. fused runner with `draft_position` (FusedModel) and rows that fit the single-launch sampler
+         (`draft_params(...).fits`): the whole position -- embed, layers 0..n-1, final RMSNorm, draft
+         sampling -- is one CUDA graph per (width, n, sampler launch flags), every launch chained by PDL
+         (`FusedModel.draft_position`); tokens come back in one `.tolist()`, q through
+         `DraftSample.probs()` for the rows with temperature > 0;
+      2. fused runner, rows that do not fit: its `early_exit_hidden` (layers + norm, a graph per
+         (width, n)), then `sample_drafts`;
+      3. no fused runner, `fused=False`, or `forward=`: the reference model's (or `forward`'s) hidden
+         states, then `sample_drafts`.
+    Every route uses the same Philox counters (`draft_params`), so the same hidden states give the same
+    tokens.
+
     Parameters:
         num_layers  n, 1..N-1 (default DEFAULT_DRAFT_LAYERS, capped at N-1)
-        model       the ReferenceModel whose first n layers draft; default: the engine backend's
-                    `.model` (reference backend) or its fallback's (the fused backend's reference forward)
+        model       the ReferenceModel whose first n layers draft on route 3; default: the engine
+                    backend's `.model` (reference backend) or its fallback's (the fused backend's reference
+                    forward)
         forward     optional draft forward `(step, pool, num_layers) -> final-normed hidden states
                     [M, H]`; it overrides `model` and `fused` (then pass `lm_head`)
-        lm_head     [V, H] LM-head weight for the draft sampler (default: the model's)
-        fused       when the engine's backend is the fused contract backend with a built runner that
-                    has `early_exit_hidden` (FusedModel), draft through it: the same fused launches
-                    for layers 0..n-1 in a CUDA graph per (width, n) (default True; TP 1 only, as
-                    FusedModel). False: always the reference model.
-    Draft tokens come from `sample_drafts` (the single-launch draft-sampling kernel on CUDA).
-    Raises ValueError for n outside 1..N-1 (checked when the engine is first seen).
+        lm_head     [V, H] LM-head weight for `sample_drafts` (default: the fused runner's `lm_head_w`,
+                    else the model's)
+        fused       draft through the fused runner (routes 1-2) when the engine has one: the fused
+                    contract backend's built runner, or a backend that is itself one (`Engine(cfg,
+                    FusedModel(...), pool)`); default True (TP 1 only, as FusedModel). False: always the
+                    reference model.
+    Raises ValueError for n outside 1..N-1 (checked before the first draft step).
     """
 
     name = "layers"
@@ -243,14 +288,25 @@ class LayerSkipDrafter:
         self.num_layers, self.model, self._forward, self.lm_head = num_layers, model, forward, lm_head
         self.fused = fused
 
-    def _draft_hidden(self, engine: Engine, step: StepBatch) -> torch.Tensor:
+    def _check_layers(self, engine: Engine) -> None:
         n_total = engine.cfg.num_layers
         if not 1 <= self.num_layers < n_total:
             raise ValueError(f"draft num_layers={self.num_layers} must be in 1..{n_total - 1}")
+
+    def _runner(self, engine: Engine):
+        """The fused runner to draft through (an object with `early_exit_hidden`), or None."""
+        if self._forward is not None or not self.fused:
+            return None
+        built = getattr(engine.backend, "built", None)
+        runner = getattr(built, "runner", None) if built is not None else engine.backend
+        return runner if hasattr(runner, "early_exit_hidden") else None
+
+    def _draft_hidden(self, engine: Engine, step: StepBatch) -> torch.Tensor:
+        self._check_layers(engine)
         if self._forward is not None:
             return self._forward(step, engine.pool, self.num_layers)
-        runner = getattr(getattr(engine.backend, "built", None), "runner", None)
-        if self.fused and hasattr(runner, "early_exit_hidden"):
+        runner = self._runner(engine)
+        if runner is not None:
             return runner.early_exit_hidden(step, engine.pool, self.num_layers)
         model = self._model(engine)
         return model.hidden_states(step, engine.pool.k_caches, engine.pool.v_caches, self.num_layers)
@@ -264,17 +320,46 @@ class LayerSkipDrafter:
                             f"without a reference model ({type(engine.backend).__name__})")
         return model
 
+    def _lm_head(self, engine: Engine, runner) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head
+        if getattr(runner, "lm_head_w", None) is not None:
+            return runner.lm_head_w
+        return self._model(engine).weights.lm_head
+
+    def _draft_position(self, engine: Engine, runner, step: StepBatch,
+                        p: DraftParams) -> tuple[list[int], torch.Tensor | None]:
+        """Route 1: (tokens, q [R, V] float32 or None when every row is greedy) of one draft position."""
+        from lowlat.kernels.draft_sampling import launch_flags
+
+        k_cap, need_noise = launch_flags(p.temperature, p.top_k, engine.cfg.vocab_size)
+        out = runner.draft_position(step, engine.pool, self.num_layers, p.temperature, p.top_k, p.top_p,
+                                    p.seeds, p.offsets, k_cap=k_cap, need_noise=need_noise)
+        tokens = out.tokens.tolist()
+        if any(t < 0 for t in tokens):     # the launch flags come from these very rows: a bug, not an input
+            raise RuntimeError(f"draft_position marked rows as outside its launch (tokens {tokens}, k_cap {k_cap}, "
+                               f"need_noise {need_noise})")
+        return tokens, (out.probs() if bool((p.temperature > 0).any()) else None)
+
     def propose(self, engine: Engine, states: Sequence[SpecState]) -> DraftProposal:
+        self._check_layers(engine)
         tokens: list[list[int]] = [[] for _ in states]
         probs: list[list[torch.Tensor]] = [[] for _ in states]
         inputs = [s.pending for s in states]
         start = [engine.pool.seq_lens[s.pool_idx] for s in states]
-        lm_head = self.lm_head if self.lm_head is not None else self._model(engine).weights.lm_head
+        runner = self._runner(engine)
+        lm_head = None
         for j in range(max((s.max_draft for s in states), default=0)):
             live = [b for b, s in enumerate(states) if s.max_draft > j]
             step = rows_step(engine, [(states[b].pool_idx, start[b] + j, [inputs[b]]) for b in live])
-            h = self._draft_hidden(engine, step)[: step.num_valid_rows]
-            toks, q = sample_drafts(h.to(lm_head.dtype), lm_head, [states[b] for b in live], j)
+            rows = [states[b] for b in live]
+            params = draft_params(rows, j, engine.cfg.vocab_size)
+            if params.fits and hasattr(runner, "draft_position"):
+                toks, q = self._draft_position(engine, runner, step, params)
+            else:
+                h = self._draft_hidden(engine, step)[: step.num_valid_rows]
+                lm_head = self._lm_head(engine, runner) if lm_head is None else lm_head
+                toks, q = sample_drafts(h.to(lm_head.dtype), lm_head, rows, j)
             for row, b in enumerate(live):
                 tokens[b].append(toks[row])
                 if states[b].params.temperature > 0:

@@ -10,6 +10,11 @@
                 (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
+A self-speculation draft position (`draft_position`) runs embed + layers 0..n-1, then
+    h      = rms_norm(x)              final RMSNorm                                 (kernels/rms_norm)
+    sample = draft_sample(h)          LM head + temperature / top-k / top-p + draw  (kernels/draft_sampling)
+as one graph per (width, n, sampler launch flags), every launch chained by PDL like the full step's.
+
 It computes what `lowlat.reference.model.ReferenceModel.forward` computes (logits [M, V] fp32,
 padding rows 0), within the numerics policy. Consecutive launches are chained with PDL on Hopper,
 so each GEMV loads its weights (or prefetches them into L2) while the previous kernel finishes; the
@@ -26,7 +31,7 @@ static inputs and replay. On the CPU (Triton interpreter) the same kernels run e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -35,9 +40,12 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import GemvWorkspace, pdl_available, plan_gemv
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
 from lowlat.kernels.decode_attention import make_decode_workspace
+from lowlat.kernels.draft_sampling import DraftSample, draft_sample_into, empty_draft_sample
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
 from lowlat.kernels.out_proj import out_proj, residual_gemv
+from lowlat.kernels.rms_norm import MAX_HIDDEN as RMS_MAX_HIDDEN
+from lowlat.kernels.rms_norm import rms_norm_into
 from lowlat.step import MAX_ROWS, StepBatch
 from lowlat.weights import LayerWeights, ModelWeights
 
@@ -45,6 +53,17 @@ from lowlat.weights import LayerWeights, ModelWeights
 DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
+#: The draft sampler's candidate-list lengths (`draft_sampling.k_cap_for`; 0 = no row uses top-k).
+K_CAPS = (0, 2, 4, 8, 16, 32, 64)
+
+
+class DraftKey(NamedTuple):
+    """The CUDA graph of one self-speculation draft position (`FusedModel.draft_position`)."""
+
+    width: int          # step width the rows are padded to
+    num_layers: int     # n: layers 0..n-1 run
+    k_cap: int          # the draft sampler's launch flags (`draft_sampling.launch_flags`)
+    need_noise: bool
 
 
 @dataclass
@@ -79,6 +98,13 @@ class _Buffers:
     act: torch.Tensor           # [w, I] bf16
     logits: torch.Tensor        # [w, V] fp32
     tokens: torch.Tensor        # [w] int64
+    hn: torch.Tensor            # [w, H] bf16 final-normed x of a draft (early exit) position
+    # a draft position's sampling parameters (padding rows: temperature 0, top_k 0, top_p 1, seed 0, offset 0)
+    temperature: torch.Tensor   # [w] fp32
+    top_k: torch.Tensor         # [w] int32
+    top_p: torch.Tensor         # [w] fp32
+    seeds: torch.Tensor         # [w] int64 Philox keys
+    offsets: torch.Tensor       # [w] int64 Philox step counters
 
 
 class FusedModel:
@@ -97,6 +123,8 @@ class FusedModel:
 
     `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
     `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).
+    Self-speculation drafts: `early_exit_hidden` (final-normed hidden states after n layers) and
+    `draft_position` (those, then the draft sampler, as one graph).
     """
 
     name = "fused"
@@ -128,7 +156,8 @@ class FusedModel:
             self._moe = moe_kernels
         self._build_weights(weights)
         self._build_buffers()
-        self._graphs: dict = {}           # width -> graph of the step; (width, n) -> early exit after n layers
+        self._graphs: dict = {}           # width -> graph of the step; (width, n) -> early exit after n layers;
+        #                                   DraftKey -> a draft position
         self._kv_key: tuple | None = None
         self.last_tokens: torch.Tensor | None = None
 
@@ -189,7 +218,16 @@ class FusedModel:
             act=torch.zeros(wmax, max(cfg.intermediate_size, 1) if not cfg.is_moe else 1, dtype=bf, **z),
             logits=torch.zeros(wmax, cfg.vocab_size, dtype=torch.float32, **z),
             tokens=torch.zeros(wmax, dtype=torch.int64, **z),
+            hn=torch.zeros(wmax, cfg.hidden_size, dtype=bf, **z),
+            temperature=torch.zeros(wmax, dtype=torch.float32, **z),
+            top_k=torch.zeros(wmax, dtype=torch.int32, **z),
+            top_p=torch.ones(wmax, dtype=torch.float32, **z),
+            seeds=torch.zeros(wmax, dtype=torch.int64, **z),
+            offsets=torch.zeros(wmax, dtype=torch.int64, **z),
         )
+        # the draft sampler's outputs ([wmax, V] fp32 logits among them): made by the first draft_position
+        self._draft_out: dict[int, DraftSample] | None = None
+        self._draft_one_hot: dict[DraftKey, bool] = {}
         self._nvalid = torch.ones(1, dtype=torch.int32, device=dev)
         self._page_table: torch.Tensor | None = None      # [wmax, C] int32, C from the first step
         self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, **{k: v[:w] for k, v in self._full.items()})
@@ -219,18 +257,91 @@ class FusedModel:
         """Final-normed hidden states [M, H] bf16 after the first `num_layers` layers: the early-exit
         draft model of self-speculation (`ReferenceModel.hidden_states(..., num_layers)` is its spec;
         Elhoushi et al. 2024, LayerSkip). Runs the same fused launches for layers 0..n-1 (their K/V
-        written into `pool`, layers >= n untouched), no LM head, in its own CUDA graph per (width, n);
-        the final RMSNorm is the reference's, applied to the returned rows. Padding rows are 0.
-        Raises ValueError for n outside 1..N, StepContractError as `forward`."""
-        from lowlat.reference.rms_norm import rms_norm
-
-        if not 1 <= num_layers <= self.cfg.num_layers:
-            raise ValueError(f"num_layers={num_layers} must be in 1..{self.cfg.num_layers}")
+        written into `pool`, layers >= n untouched), no LM head, then the final RMSNorm
+        (`kernels.rms_norm`), in its own CUDA graph per (width, n). Returns a new tensor; padding rows
+        are 0. Raises ValueError for n outside 1..N, StepContractError as `forward`."""
+        self._check_num_layers(num_layers)
         bufs, m, kc, vc = self._prepare(step, pool)
-        self._launch((bufs.width, num_layers), bufs, kc, vc, include_lm_head=False, num_layers=num_layers)
-        h = rms_norm(bufs.x[:m], self.final_norm, self.cfg.rms_eps)
+        self._launch((bufs.width, num_layers), bufs, kc, vc, include_lm_head=False, num_layers=num_layers,
+                     final_norm=True)
+        h = bufs.hn[:m].clone()
         h[step.num_valid_rows:] = 0
         return h
+
+    def draft_position(self, step: StepBatch, pool: Any, num_layers: int, temperature: torch.Tensor,
+                       top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, *,
+                       k_cap: int, need_noise: bool) -> DraftSample:
+        """One self-speculation draft position, every launch of it chained by PDL in ONE CUDA graph per
+        `DraftKey` (width, n, k_cap, need_noise): embed, layers 0..n-1 (as `early_exit_hidden`: their K/V
+        written into `pool`, layers >= n untouched), the final RMSNorm (`kernels.rms_norm`), then the
+        single-launch draft sampler (`kernels.draft_sampling.draft_sample_into`: LM head, temperature,
+        top-k / top-p, Philox draw) on the normed rows. Its spec: `ReferenceModel.hidden_states(...,
+        num_layers)` followed by `lowlat.reference.draft_sampling.draft_sample`. On the CPU (no graphs)
+        the same launches run eagerly.
+
+        Parameters:
+            step, pool   as `forward`; M = step.num_valid_rows valid rows (padded to a captured width)
+            num_layers   n in 1..N
+            temperature [M] float32, top_k [M] int32, top_p [M] float32, seeds [M] int64, offsets [M] int64
+                         the valid rows' sampling parameters and Philox counters (any device); copied into
+                         the width's static buffers, whose padding rows get temperature 0, top_k 0, top_p 1,
+                         seed 0, offset 0. Values are not checked (no host sync): a row outside what k_cap /
+                         need_noise compile for gets token -1 (see `draft_sample_into`).
+            k_cap, need_noise  the sampler's launch flags for these rows (`draft_sampling.launch_flags`)
+        Returns: a `DraftSample` of the M valid rows (tokens [M] int64, logits [M, V] fp32 unless one_hot,
+            lse / cut_value [M] fp32, cut_id [M] int32; q via `.probs()`): views of static buffers, valid
+            until the next draft_position at the same width. `one_hot` is the flag the launch set (on a
+            replay, the one recorded when the graph was captured).
+        Raises ValueError for n outside 1..N; UnsupportedConfigError for k_cap not in K_CAPS or a model
+        the draft kernels do not take; StepContractError for sampling tensors of the wrong shape or dtype,
+        and as `forward`. Nothing is written then.
+        """
+        self._check_num_layers(num_layers)
+        if k_cap not in K_CAPS:
+            raise UnsupportedConfigError("k_cap", k_cap, f"must be one of {K_CAPS}")
+        if self.cfg.vocab_size * self.cfg.hidden_size >= 2 ** 31 or self.cfg.hidden_size > RMS_MAX_HIDDEN:
+            raise UnsupportedConfigError("vocab_size", self.cfg.vocab_size, "the draft kernels index the LM head "
+                                         f"with int32 and take H <= {RMS_MAX_HIDDEN}")
+        nv = step.num_valid_rows
+        for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                            ("top_p", top_p, torch.float32), ("seeds", seeds, torch.int64),
+                            ("offsets", offsets, torch.int64)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (nv,) or t.dtype != dt:
+                raise StepContractError(f"{name} must be [num_valid_rows] = [{nv}] {dt}, got "
+                                        f"{tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}")
+        bufs, m, kc, vc = self._prepare(step, pool)
+        self._load_sampling(bufs, nv, temperature, top_k, top_p, seeds, offsets)
+        out = self._draft_sample_out(bufs.width)
+        key = DraftKey(bufs.width, num_layers, k_cap, bool(need_noise))
+        replay = self.use_graphs and key in self._graphs
+        self._launch(key, bufs, kc, vc, include_lm_head=False, num_layers=num_layers,
+                     sample=(out, k_cap, bool(need_noise)))
+        if not replay:                    # the launch set out.one_hot; a replay runs no launch
+            self._draft_one_hot[key] = out.one_hot
+        return DraftSample(out.tokens[:nv], out.logits[:nv], out.lse[:nv], out.cut_value[:nv], out.cut_id[:nv],
+                           one_hot=self._draft_one_hot[key])
+
+    def _check_num_layers(self, num_layers: int) -> None:
+        if not 1 <= num_layers <= self.cfg.num_layers:
+            raise ValueError(f"num_layers={num_layers} must be in 1..{self.cfg.num_layers}")
+
+    def _draft_sample_out(self, width: int) -> DraftSample:
+        """The draft sampler's static outputs at `width` (views of max-width buffers made on first use)."""
+        if self._draft_out is None:
+            f = empty_draft_sample(self.widths[-1], self.cfg.vocab_size, self.device)
+            self._draft_out = {w: DraftSample(f.tokens[:w], f.logits[:w], f.lse[:w], f.cut_value[:w], f.cut_id[:w])
+                               for w in self.widths}
+        return self._draft_out[width]
+
+    def _load_sampling(self, bufs: _Buffers, nv: int, *values: torch.Tensor) -> None:
+        """Copy the valid rows' sampling tensors into the width's static buffers, padding rows' values after
+        them (one copy per tensor: the padding is appended on the source's device)."""
+        pad = bufs.width - nv
+        for dst, src, fill in zip((bufs.temperature, bufs.top_k, bufs.top_p, bufs.seeds, bufs.offsets), values,
+                                  (0, 0, 1, 0, 0)):
+            if pad:
+                src = torch.cat([src, src.new_full((pad,), fill)])
+            dst.copy_(src, non_blocking=True)
 
     def _prepare(self, step: StepBatch, pool: Any):
         """Check the step (when `validate`), pick its width, load its tensors into the static inputs."""
@@ -307,12 +418,14 @@ class FusedModel:
             self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
 
     def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True,
-             parts: frozenset = frozenset(("attention", "ffn")), num_layers: int | None = None) -> None:
+             parts: frozenset = frozenset(("attention", "ffn")), num_layers: int | None = None,
+             final_norm: bool = False, sample: tuple[DraftSample, int, bool] | None = None) -> None:
         """The launches of one step on the static buffers of one width: layers 0..num_layers-1 (all by
         default), then the LM head. Benchmarks time pieces of it: the layers alone (not
         `include_lm_head`), or only some launches of every layer (`parts`: "attention" =
         attn_prologue + decode_attention, "ffn" = out_proj + MLP / MoE); a step without all parts
-        computes nothing meaningful."""
+        computes nothing meaningful. A draft position: `final_norm` writes bufs.hn = rms_norm(x); `sample`
+        = (out, k_cap, need_noise) does too, then draws from it into out with the static sampling buffers."""
         from lowlat.kernels.attn_prologue import attn_prologue
         from lowlat.kernels.decode_attention import decode_attention
 
@@ -332,6 +445,12 @@ class FusedModel:
                                     out=bufs.attn, workspace=self.dec_ws, use_pdl=pdl)
             if "ffn" in parts:
                 self._ffn(L, bufs, attn)
+        if final_norm or sample is not None:
+            rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)
+        if sample is not None:
+            out, k_cap, need_noise = sample
+            draft_sample_into(bufs.hn, self.lm_head_w, bufs.temperature, bufs.top_k, bufs.top_p, bufs.seeds,
+                              bufs.offsets, out, k_cap=k_cap, need_noise=need_noise, use_pdl=pdl)
         if include_lm_head:
             lm_head(x, self.final_norm, self.lm_head_w, bufs.nvalid, cfg.rms_eps, logits_out=bufs.logits,
                     tokens_out=bufs.tokens, workspace=self.gemv_ws, plan=self.plan_lm, use_pdl=pdl)

@@ -138,3 +138,36 @@ def test_event_timing_flushes_before_every_call_by_callable_or_by_zeroing(device
     bm.event_times_us(lambda: runs.add_(1), iters=1, flush=buf)
     torch.cuda.synchronize()
     assert int(buf.abs().sum()) == 0
+
+
+def test_spans_after_measures_from_each_markers_end_to_the_last_end_before_the_next_marker():
+    """spans_after: one span per marker with kernels after it, from the marker's END (its output ready) to
+    the LAST end among the kernels up to the next marker (not the last to start); kernels before the
+    first marker and a marker with nothing after it give no span."""
+    trace = [("early", 0.0, 1.0),
+             ("norm_k", 1.0, 3.0), ("gemv", 3.5, 10.0), ("argmax", 10.5, 12.0), ("scatter", 11.0, 11.5),
+             ("norm_k", 12.0, 14.0), ("draft", 13.0, 20.0),        # started under PDL before the norm ended
+             ("norm_k", 21.0, 22.0)]
+    assert bm.spans_after(trace, "norm") == [12.0 - 3.0, 20.0 - 14.0]
+    assert bm.spans_after(trace, "absent") == []
+    assert bm.spans_after([], "norm") == []
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_trace_lists_the_graph_replays_kernels_in_order(device):
+    """kernel_trace reports each kernel inside a CUDA-graph replay (CUPTI), once per call, in start order,
+    with end >= start; spans_after over it gives one span per marked pair."""
+    a = torch.randn(1 << 20, device=device)
+    b = torch.empty_like(a)
+
+    def pair(i):
+        torch.mul(a, 2.0, out=b)                              # the marker's kernel: an elementwise mul
+        torch.cumsum(b[:4096], 0)                              # a different kernel after it
+
+    g = bm.capture_graph(pair, 3)
+    trace = bm.kernel_trace(g.replay, iters=4, warmup=1)
+    assert all(e >= s for _, s, e in trace) and [s for _, s, _ in trace] == sorted(s for _, s, _ in trace)
+    mul = [n for n, _, _ in trace if "Mul" in n or "mul" in n]
+    assert len(mul) == 3 * 4, [n for n, _, _ in trace]
+    spans = bm.spans_after(trace, mul[0])
+    assert len(spans) == 3 * 4 and all(s > 0 for s in spans)

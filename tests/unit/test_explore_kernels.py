@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from bench_stream_floor import BLOCK, read_launcher  # noqa: E402
-from explore import explore19, tma_gemv  # noqa: E402
+from explore import explore19, explore20, tma_gemv  # noqa: E402
 
 from lowlat.numerics import poison  # noqa: E402
 
@@ -91,6 +91,34 @@ def test_persistent_greedy_matches_argmax(device, programs, block_v, flatten, ru
     pg(h, w, tok, tail=0, runmax=runmax)
     best = pg.gkeys[16:].view(programs, 16)[:, :r].max(0).values
     assert torch.equal(((best & 0xFFFFFFFF) ^ 0xFFFFFFFF), want), "per-program keys do not hold the argmax"
+
+
+@pytest.mark.parametrize("launch", [dict(), dict(order=1), dict(programs=5, order=1), dict(pf_k=512, late=True),
+                                    dict(pf_k=1024, pf_tiles=2), dict(late=True, programs=4)])
+def test_prefetch_greedy_matches_argmax(device, launch):
+    """explore20's greedy launch (session 10): every timed variant (tile order, program count, and on the GPU the
+    PDL launch with its L2 prefetch before the wait and the late trigger) gives the argmax of the exact logits,
+    twice (slots and counter left ready), over programs of several tiles and steps past the last tile; and its
+    norm kernel is the reference RMSNorm within one bf16 rounding."""
+    from lowlat.reference.rms_norm import rms_norm
+
+    v, hd, r = 1000, 96, 5
+    w = _bf16(v, hd, scale=hd ** -0.5, seed=8, device=device)
+    pg = explore20.PfGreedy(v, hd, programs=3, device=device)
+    pg.bv, pg.bh, pg.tiles = 64, 32, -(-v // 64)
+    gpu = torch.device(device).type == "cuda"
+    for seed, scale in ((9, 1.0), (10, 0.125)):
+        h = _bf16(r, hd, scale=scale, seed=seed, device=device)
+        want = (h.double() @ w.double().T).argmax(-1)
+        tok = torch.full((r,), -5, dtype=torch.int64, device=device)
+        pg(h, w, tok, pdl=gpu, **launch)
+        assert torch.equal(tok, want), (tok, want)
+        assert int(pg.cnt.abs().sum()) == 0, "counter left non-zero"
+    x = _bf16(3, hd, seed=11, device=device)
+    g = _bf16(hd, seed=12, device=device)
+    got = explore20.norm(x, g, poison(torch.empty_like(x)), pdl=gpu).float()
+    ref = rms_norm(x, g, 1e-5).float()
+    assert not got.isnan().any() and (got - ref).abs().max() <= 2 ** -7 * ref.abs().max()
 
 
 def test_read_kernel_sums_every_element(device):

@@ -3,7 +3,10 @@
 CPU (Triton interpreter, tiny random models): logits of mixed decode / verify / prefill-chunk steps
 with padding within the numerics policy against the float64 oracle, KV written where the reference
 writes it, padding rows 0, greedy generation through `Engine`, MoE layers through lowlat.kernels.moe,
-refusals, and every kernel compiling for sm_90. GPU: CUDA-graph replay == eager bitwise, greedy
+refusals, and every kernel compiling for sm_90. Self-speculation: the early-exit forward and the draft
+position (layers + final norm + draft sampler) against their reference pipeline, padding rows' sampling
+parameters, LayerSkipDrafter's routes, greedy speculative decoding through draft positions == plain
+greedy. GPU: CUDA-graph replay == eager bitwise (steps, early exits, draft positions), greedy
 generation equal to the reference engine on a random-weight SmolLM2-135M-shape model; one Qwen3-30B-A3B
 MoE layer: graph == eager bitwise, logits within the policy.
 """
@@ -20,7 +23,7 @@ import torch
 
 from lowlat.config import preset
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.numerics import check_accuracy, check_bitwise
+from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.engine import Engine, SamplingParams, reference_engine
 from lowlat.runtime.fused_model import FusedModel
@@ -306,25 +309,295 @@ def test_early_exit_leaves_the_full_steps_outputs_alone():
     assert torch.equal(logits, want_logits) and torch.equal(fm.last_tokens, want_tokens)
 
 
+# ------------------------------------------------------------------------------------- draft position
+#: (temperature, top_k, top_p) of the valid rows of a draft position's step, per case
+DRAFT_ROWS = {
+    "greedy": ([0.0, 0.0, 0.0], [0, 0, 0], [1.0, 1.0, 1.0]),           # the greedy-only launch (one_hot)
+    "mixed": ([0.0, 0.8, 1.2], [0, 0, 5], [1.0, 1.0, 0.8]),            # greedy, temperature, top-k + top-p
+    "top_k": ([0.0, 0.7, 1.0], [0, 1, 3], [1.0, 1.0, 0.9]),            # top-k (+ top-p), no per-token noise
+}
+
+
+def draft_rows(case: str, nv: int, seed: int):
+    """(temperature [nv] f32, top_k [nv] i32, top_p [nv] f32, seeds [nv] i64, offsets [nv] i64) of a case:
+    the last nv rows of DRAFT_ROWS[case] (cycled for nv > 3); Philox keys random, offsets as the drafter forms them
+    (rng_offset * DRAFT_OFFSET_STRIDE + position)."""
+    from lowlat.runtime.drafters import DRAFT_OFFSET_STRIDE
+
+    t, k, p = (list(map(v.__getitem__, [(i - nv) % 3 for i in range(nv)])) for v in DRAFT_ROWS[case])
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(0, 2 ** 62, (nv,), generator=g)
+    offsets = torch.randint(0, 1000, (nv,), generator=g) * DRAFT_OFFSET_STRIDE + torch.randint(0, 5, (nv,), generator=g)
+    return (torch.tensor(t, dtype=torch.float32), torch.tensor(k, dtype=torch.int32),
+            torch.tensor(p, dtype=torch.float32), seeds, offsets)
+
+
+def run_draft_position(fm, step, pool, n, rows):
+    """fm.draft_position with the launch flags the drafter derives for `rows` (draft_rows' tuple)."""
+    from lowlat.kernels.draft_sampling import launch_flags
+
+    k_cap, need_noise = launch_flags(rows[0], rows[1], fm.cfg.vocab_size)
+    return fm.draft_position(step, pool, n, *rows, k_cap=k_cap, need_noise=need_noise)
+
+
+def fresh_pool(ks, vs):
+    return SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+
+
+def one_row_case(cfg, seed):
+    """A 1-row decode step padded to width 4 (3 padding rows), with its caches."""
+    case = random_step(ctx_lens=[5], new_rows=[1], num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                       vocab_size=cfg.vocab_size, pad_to=4, generator=torch.Generator().manual_seed(seed))
+    return case, *layer_caches(case, cfg.num_layers, seed)
+
+
+@pytest.mark.parametrize("rows_case", list(DRAFT_ROWS))
+def test_draft_position_tokens_equal_reference_pipeline(rows_case):
+    """A draft position (embed, layers 0..n-1, final RMSNorm, draft sampler: one launch chain) vs its spec,
+    ReferenceModel.hidden_states(num_layers=n) + reference draft_sample, on the same Philox counters:
+    (1) exactly the reference sampler's tokens on the fused pipeline's own normed rows (early_exit_hidden's,
+    the same launches), q within the policy there; (2) the reference pipeline's tokens, a flip accepted only
+    where the two pipelines' logits differ within the numerics policy (then (1) says the flip is the
+    sampler's answer to those logits); (3) only the M valid rows come back; K/V written for layers < n
+    only, bitwise as early_exit_hidden writes them."""
+    from lowlat.reference.draft_sampling import draft_sample as ref_draft_sample
+
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    n, lm = 2, w.lm_head
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    for case, ks, vs in (_early_exit_case(cfg, 9), one_row_case(cfg, 10)):
+        nv = case.step.num_valid_rows
+        rows = draft_rows(rows_case, nv, seed=11 + nv)
+        pool = fresh_pool(ks, vs)
+        out = run_draft_position(fm, case.step, pool, n, rows)
+        assert out.tokens.shape == (nv,) and out.lse.shape == (nv,) and out.cut_id.shape == (nv,)
+        assert out.logits.shape == (nv, cfg.vocab_size) and out.one_hot == bool((rows[0] == 0).all())
+        assert bool((out.tokens >= 0).all()), f"rows marked outside the launch: {out.tokens}"
+        # (1) the sampler on the fused normed rows
+        ee_pool = fresh_pool(ks, vs)
+        h = fm.early_exit_hidden(case.step, ee_pool, n)[:nv]
+        tok_h, q_h, _ = ref_draft_sample(h, lm, *rows)
+        check_bitwise("draft_position", out.tokens, tok_h, output="tokens_vs_sampler_on_fused_h")
+        _, q_o, _ = ref_draft_sample(*oracle_cast((h, lm)), *rows)
+        check_accuracy("draft_sampling", out.probs(), q_o, q_h, output="q")
+        # (2) the reference pipeline
+        hr = ReferenceModel(cfg, w).hidden_states(case.step, [k.clone() for k in ks], [v.clone() for v in vs], n)[:nv]
+        tok_r, _, logits_r = ref_draft_sample(hr, lm, *rows)
+        if not torch.equal(out.tokens, tok_r):
+            h64 = ReferenceModel(cfg, w.to(dtype=torch.float64)).hidden_states(
+                case.step, [k.double() for k in ks], [v.double() for v in vs], n)[:nv]
+            check_accuracy("draft_position", h.float() @ lm.float().T, h64 @ lm.double().T, logits_r,
+                           output="logits_at_a_token_flip")
+        # (3) K/V of layers < n only, as early_exit_hidden writes them
+        loc = case.step.out_cache_loc[:nv].long()
+        for i in range(cfg.num_layers):
+            written = not torch.equal(pool.k_caches[i][loc].nan_to_num(7.0), ks[i][loc].nan_to_num(7.0))
+            assert written == (i < n), f"layer {i}: K written {written}, draft of {n} layers"
+            check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ee_pool.k_caches[i].nan_to_num(7.0),
+                          output=f"k_cache_{i}")
+            check_bitwise("draft_position", pool.v_caches[i].nan_to_num(7.0), ee_pool.v_caches[i].nan_to_num(7.0),
+                          output=f"v_cache_{i}")
+
+
+def test_draft_position_padding_rows_get_neutral_parameters():
+    """Padding rows of the width run as greedy rows with zero counters (temperature 0, top_k 0, top_p 1,
+    seed 0, offset 0), whatever an earlier call at the same width left there: a sampled draft of 3 rows,
+    then a greedy 1-row draft (3 padding rows in the greedy-only launch, where a padding row with a
+    temperature would come out as token -1)."""
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    for (case, ks, vs), rows_case in ((_early_exit_case(cfg, 9), "mixed"), (one_row_case(cfg, 10), "greedy")):
+        nv = case.step.num_valid_rows
+        out = run_draft_position(fm, case.step, fresh_pool(ks, vs), 1, draft_rows(rows_case, nv, seed=3))
+        assert out.tokens.shape == (nv,)
+        b = fm._bufs[4]
+        for name, want in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("seeds", 0), ("offsets", 0)):
+            pad = getattr(b, name)[nv:]
+            assert bool((pad == want).all()), f"padding rows' {name} = {pad.tolist()}, want {want}"
+        static = fm._draft_sample_out(4)
+        assert bool((static.tokens >= 0).all()), f"a padding row ran outside the launch: {static.tokens.tolist()}"
+
+
+def test_draft_position_bad_arguments_raise_before_any_kv_write():
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    case, ks, vs = _early_exit_case(cfg, 9)
+    pool = fresh_pool(ks, vs)
+    rows = draft_rows("mixed", 3, seed=1)
+    with pytest.raises(ValueError, match="num_layers=4"):
+        fm.draft_position(case.step, pool, 4, *rows, k_cap=8, need_noise=True)
+    with pytest.raises(ValueError, match="num_layers=0"):
+        fm.draft_position(case.step, pool, 0, *rows, k_cap=8, need_noise=True)
+    with pytest.raises(UnsupportedConfigError, match="k_cap"):
+        fm.draft_position(case.step, pool, 2, *rows, k_cap=5, need_noise=True)
+    with pytest.raises(StepContractError, match=r"temperature must be \[num_valid_rows\] = \[3\]"):
+        fm.draft_position(case.step, pool, 2, torch.zeros(4), *rows[1:], k_cap=8, need_noise=True)
+    with pytest.raises(StepContractError, match="top_k must be"):
+        fm.draft_position(case.step, pool, 2, rows[0], rows[1].long(), *rows[2:], k_cap=8, need_noise=True)
+    with pytest.raises(StepContractError, match="offsets must be"):
+        fm.draft_position(case.step, pool, 2, *rows[:4], rows[4].int(), k_cap=8, need_noise=True)
+    for i in range(cfg.num_layers):
+        check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ks[i].nan_to_num(7.0), output="k_cache")
+
+
+def _fake_drafter_engine(runner):
+    """An engine-shaped namespace around a real KV pool (two requests with 5 and 3 cached tokens) whose
+    backend's built runner is `runner`; returns (engine, pool indices)."""
+    from lowlat.runtime.kv_cache import KVCachePool
+
+    cfg = tiny(num_layers=3)
+    pool = KVCachePool(cfg, num_slots=64, max_reqs=4, max_ctx=32)
+    idx = [pool.alloc_request(), pool.alloc_request()]
+    pool.extend(idx[0], 5)
+    pool.extend(idx[1], 3)
+    engine = SimpleNamespace(cfg=cfg, pool=pool, widths=(1, 2, 4), max_rows=4, device=torch.device("cpu"),
+                             backend=SimpleNamespace(built=SimpleNamespace(runner=runner), fallback=None))
+    return engine, idx
+
+
+class _RecordingRunner:
+    """A fused runner double: records draft_position / early_exit_hidden calls; drafts token 10 + position."""
+
+    def __init__(self, cfg):
+        self.cfg, self.calls = cfg, []
+        self.lm_head_w = torch.zeros(cfg.vocab_size, cfg.hidden_size, dtype=torch.bfloat16)
+
+    def draft_position(self, step, pool, n, temperature, top_k, top_p, seeds, offsets, *, k_cap, need_noise):
+        from lowlat.kernels.draft_sampling import DraftSample
+
+        self.calls.append(("draft_position", step, pool, n, temperature, top_k, top_p, seeds, offsets, k_cap,
+                           need_noise))
+        m, v = step.num_valid_rows, self.cfg.vocab_size
+        tok = 10 + int(offsets[0]) % 64
+        return DraftSample(tokens=torch.full((m,), tok), logits=torch.zeros(m, v), lse=torch.zeros(m),
+                           cut_value=torch.zeros(m), cut_id=torch.zeros(m, dtype=torch.int32), one_hot=True)
+
+    def early_exit_hidden(self, step, pool, n):
+        self.calls.append(("early_exit_hidden", step, pool, n))
+        return torch.zeros(step.num_rows, self.cfg.hidden_size, dtype=torch.bfloat16)
+
+
 def test_layer_skip_drafter_uses_the_fused_runner_when_built():
-    """LayerSkipDrafter drafts through the built runner's early_exit_hidden (not the reference model)
-    when the engine's backend has one, and through the reference model with fused=False."""
-    from lowlat.runtime.drafters import LayerSkipDrafter
+    """LayerSkipDrafter drafts each position through the built runner's draft_position (the drafter's Philox
+    seeds and offsets rng_offset * DRAFT_OFFSET_STRIDE + position, the launch flags of the rows, q rows only
+    for sampled requests) when every row fits the draft sampler; through early_exit_hidden + sample_drafts
+    when a row does not (top_k 100); through the reference model with fused=False; through `forward=` when
+    given."""
+    from lowlat.kernels.draft_sampling import launch_flags
+    from lowlat.runtime.drafters import DRAFT_OFFSET_STRIDE, LayerSkipDrafter, SpecState
 
-    calls = []
+    runner = _RecordingRunner(tiny(num_layers=3))
+    engine, idx = _fake_drafter_engine(runner)
+    greedy = SamplingParams(seed=5)
+    sampled = SamplingParams(temperature=0.9, top_k=7, top_p=0.8, seed=77)
 
-    class Runner:
-        def early_exit_hidden(self, step, pool, n):
-            calls.append((step, pool, n))
-            return torch.zeros(step.num_rows, 4)
+    def states(*params):
+        return [SpecState(req=SimpleNamespace(params=p, req_pool_idx=i), pending=3 + b, history=[], max_draft=2,
+                          rng_offset=4 + b) for b, (i, p) in enumerate(zip(idx, params))]
 
-    pool = object()                                     # the engine's KV pool goes to the runner as is
-    engine = SimpleNamespace(cfg=SimpleNamespace(num_layers=3), pool=pool,
-                             backend=SimpleNamespace(built=SimpleNamespace(runner=Runner()), fallback=None))
+    prop = LayerSkipDrafter(2).propose(engine, states(greedy, sampled))
+    calls = [c for c in runner.calls if c[0] == "draft_position"]
+    assert len(calls) == 2 and len(runner.calls) == 2, [c[0] for c in runner.calls]
+    for j, (_, step, pool, n, temp, top_k, top_p, seeds, offsets, k_cap, need_noise) in enumerate(calls):
+        assert pool is engine.pool and n == 2 and step.num_valid_rows == 2
+        assert step.positions[:2].tolist() == [5 + j, 3 + j]
+        assert step.input_ids[:2].tolist() == ([3, 4] if j == 0 else [10 + 4 * DRAFT_OFFSET_STRIDE % 64] * 2)
+        assert temp.tolist() == pytest.approx([0.0, 0.9]) and top_k.tolist() == [0, 7]
+        assert top_p.tolist() == pytest.approx([1.0, 0.8])
+        assert seeds.tolist() == [5, 77]
+        assert offsets.tolist() == [4 * DRAFT_OFFSET_STRIDE + j, 5 * DRAFT_OFFSET_STRIDE + j]
+        assert (k_cap, need_noise) == launch_flags(temp, top_k, engine.cfg.vocab_size) == (8, False)
+    assert prop.tokens == [[10, 11], [10, 11]]
+    assert prop.probs[0] is None and prop.probs[1].shape == (2, engine.cfg.vocab_size)
+    assert prop.probs[1][:, 10:12].tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+    runner.calls.clear()            # a row the draft sampler cannot take: layers through the runner, then sampling
+    prop = LayerSkipDrafter(2).propose(engine, states(greedy, SamplingParams(temperature=1.0, top_k=100, seed=1)))
+    assert [c[0] for c in runner.calls] == ["early_exit_hidden"] * 2 and all(len(t) == 2 for t in prop.tokens)
+
     step = SimpleNamespace(num_rows=2)
-    assert LayerSkipDrafter(2)._draft_hidden(engine, step).shape == (2, 4) and calls == [(step, pool, 2)]
     with pytest.raises(TypeError, match="LayerSkipDrafter needs"):
         LayerSkipDrafter(2, fused=False)._draft_hidden(engine, step)
+    seen = []
+    own = LayerSkipDrafter(2, forward=lambda st, pl, n: seen.append(n) or torch.zeros(st.num_rows, 64),
+                           lm_head=torch.zeros(engine.cfg.vocab_size, 64))
+    runner.calls.clear()
+    assert [len(t) for t in own.propose(engine, states(greedy, greedy)).tokens] == [2, 2]
+    assert seen == [2, 2] and runner.calls == []
+
+
+def test_layer_skip_drafter_draft_position_route_equals_early_exit_route():
+    """`Engine(cfg, FusedModel(...), pool)` (the runner is the backend itself), three requests (top-k + top-p,
+    greedy, temperature only), two drafts each: the draft_position route proposes exactly the tokens of the
+    early_exit_hidden + sample_drafts route on the same Philox counters (on the CPU that route samples with
+    the reference sampler), the same kept sets for the sampled requests, q rows within the policy's floor of
+    the reference's, and no q for the greedy request."""
+    from lowlat.runtime.drafters import LayerSkipDrafter, SpecState
+    from lowlat.runtime.kv_cache import KVCachePool
+
+    cfg = tiny(num_layers=3)
+    w = random_model_weights(cfg, seed=8)
+    fm = FusedModel(cfg, w, device="cpu", widths=(1, 2, 4))
+    pool = KVCachePool(cfg, num_slots=64, max_reqs=4, max_ctx=32)
+    g = torch.Generator().manual_seed(12)
+    for kc, vc in zip(pool.k_caches, pool.v_caches):
+        kc.copy_(torch.randn(kc.shape, generator=g))
+        vc.copy_(torch.randn(vc.shape, generator=g))
+    engine = Engine(cfg, fm, pool, widths=(1, 2, 4), max_rows=4)
+    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=3), SamplingParams(seed=8),
+              SamplingParams(temperature=1.3, seed=4)]
+    states = []
+    for b, sp in enumerate(params):
+        idx = pool.alloc_request()
+        pool.extend(idx, 4 + 3 * b)
+        states.append(SpecState(req=SimpleNamespace(params=sp, req_pool_idx=idx), pending=5 + 40 * b, history=[],
+                                max_draft=2, rng_offset=2 + b))
+    fused = LayerSkipDrafter(1).propose(engine, states)
+    for b, s in enumerate(states):        # roll the draft positions back, as a verify step would
+        pool.truncate(s.pool_idx, 4 + 3 * b)
+    runner = SimpleNamespace(early_exit_hidden=fm.early_exit_hidden, lm_head_w=fm.lm_head_w)    # no draft_position
+    separate = LayerSkipDrafter(1).propose(SimpleNamespace(**{**vars(engine), "backend": runner}), states)
+    assert fused.tokens == separate.tokens and all(len(t) == 2 for t in fused.tokens)
+    assert fused.probs[1] is None and separate.probs[1] is None
+    for b in (0, 2):
+        qf, qs = fused.probs[b], separate.probs[b]
+        assert qf.shape == (2, cfg.vocab_size)
+        check_bitwise("draft_position", qf > 0, qs > 0, output="kept_vs_early_exit_route")
+        check_accuracy("draft_sampling", qf, qs, None, output="q_vs_early_exit_route")
+
+
+def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monkeypatch):
+    """The fused contract backend on a tiny model (CPU: the Triton interpreter), built for verify steps of
+    k + 1 rows: greedy speculative decoding whose every draft position runs through
+    FusedModel.draft_position emits plain greedy decoding's tokens exactly (verify rows are row-invariant
+    decode rows), and frees every KV slot."""
+    from lowlat.runtime import contract
+    from lowlat.runtime.drafters import LayerSkipDrafter
+    from lowlat.runtime.speculative import SpeculativeDecoder
+
+    cfg = tiny(num_layers=2, head_dim=64, vocab_size=128)
+    w = random_model_weights(cfg, seed=6)
+    k = 3
+    eng = contract.fused_engine(cfg, w, device="cpu", num_slots=128, max_reqs=4, max_ctx=48,
+                                hardware=contract.DeviceFacts("sm_90", 132, "NVIDIA H200"),
+                                runner_factory=contract.fused_runner, tokens_per_request=k + 1)
+    runner = eng.backend.built.runner
+    assert isinstance(runner, FusedModel), eng.backend.report()
+    keys = []
+    real = runner.draft_position
+    monkeypatch.setattr(runner, "draft_position", lambda *a, **kw: keys.append(kw) or real(*a, **kw))
+    prompts = [[3, 17, 99, 4, 8], [42, 7]]
+    sp = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    plain = [r.output_ids for r in eng.generate(prompts, sp)]
+    free_before = eng.pool.free_slots
+    res = SpeculativeDecoder(eng, LayerSkipDrafter(1), k=k).generate(prompts, sp)
+    assert [r.output_ids for r in res] == plain
+    assert eng.pool.free_slots == free_before
+    assert keys and all(kw == {"k_cap": 0, "need_noise": False} for kw in keys)
+    assert eng.backend.counts["fused"] > 0
 
 
 @pytest.mark.gpu
@@ -348,6 +621,54 @@ def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
             check_bitwise("fused_model", graphed.early_exit_hidden(case.step, pb, n), a, output=f"hidden_{n}")
     # the full step's graph, captured before the drafts, replays unchanged after them
     check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_after_drafts")
+
+
+def assert_same_draft(a, b, what: str) -> None:
+    """Bitwise: tokens, lse, cut value / id, the one_hot flag, and the logits unless one_hot."""
+    assert a.one_hot == b.one_hot, f"{what}: one_hot {a.one_hot} vs {b.one_hot}"
+    for name in ("tokens", "lse", "cut_value", "cut_id") + (() if a.one_hot else ("logits",)):
+        check_bitwise("draft_position", getattr(b, name), getattr(a, name), output=f"{name}_{what}")
+
+
+@pytest.mark.gpu
+def test_gpu_draft_position_graph_equals_eager_bitwise(device):
+    """Draft positions at widths 1 and 6 (5 valid rows + 1 padding row), n = 4 and 29, greedy-only and mixed
+    rows, PDL on: the DraftKey graph's capture run and a pure replay equal an eager run bitwise (tokens, lse,
+    cut values, logits, one_hot; K/V); the tokens are the standalone draft sampler's on early_exit_hidden's
+    rows; the full step's graph, captured first, replays unchanged after the drafts."""
+    from lowlat.kernels.draft_sampling import draft_sample, launch_flags
+    from lowlat.runtime.fused_model import DraftKey
+
+    cfg, w = _smollm2_random(device)
+    eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False)
+    graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True)
+    assert graphed.use_pdl
+    for rows, width in ((1, 1), (5, 6)):
+        case = random_step(ctx_lens=[40 + 7 * i for i in range(rows)], new_rows=[1] * rows,
+                           num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                           pad_to=width, generator=torch.Generator().manual_seed(rows), device=device)
+        ks, vs = layer_caches(case, cfg.num_layers, rows)
+        pa, pb = fresh_pool(ks, vs), fresh_pool(ks, vs)
+        full = eager.forward(case.step, pa).clone()
+        check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_captured_first")
+        for n in (4, 29):
+            for rows_case in ("greedy", "mixed"):
+                d = draft_rows(rows_case, rows, seed=n)
+                a = run_draft_position(eager, case.step, pa, n, d)
+                a = type(a)(a.tokens.clone(), a.logits.clone(), a.lse.clone(), a.cut_value.clone(), a.cut_id.clone(),
+                            a.one_hot)
+                for what in ("capture", "replay"):
+                    assert_same_draft(a, run_draft_position(graphed, case.step, pb, n, d), f"{rows_case}_{n}_{what}")
+                assert DraftKey(width, n, *launch_flags(d[0], d[1], cfg.vocab_size)) in graphed._graphs
+                assert a.one_hot == (rows_case == "greedy")
+                for i in range(cfg.num_layers):
+                    check_bitwise("draft_position", pb.k_caches[i].nan_to_num(7.0), pa.k_caches[i].nan_to_num(7.0),
+                                  output="k_cache")
+                h = eager.early_exit_hidden(case.step, fresh_pool(ks, vs), n)[:rows]
+                alone = draft_sample(h, eager.lm_head_w, *(t.to(device) for t in d[:3]), seeds=d[3].to(device),
+                                     offsets=d[4].to(device))
+                check_bitwise("draft_position", a.tokens, alone.tokens, output=f"tokens_vs_sampler_{rows_case}_{n}")
+        check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_after_drafts")
 
 
 @pytest.mark.gpu

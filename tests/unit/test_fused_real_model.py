@@ -86,12 +86,14 @@ def fused_verify_engine(smollm2):
 @pytest.mark.parametrize("draft_layers", [6, 29])
 def test_fused_greedy_speculative_with_fused_draft_equals_fused_plain(fused_verify_engine, smollm2_tokenizer,
                                                                      draft_layers):
-    """Self-speculation on the fused backend, the draft through FusedModel.early_exit_hidden (k = 5,
-    4 requests together: verify steps of up to 24 rows): the emitted greedy tokens equal plain fused
-    greedy decoding token for token (row invariance of the fused kernels makes the verify rows' logits
-    bitwise those of a decode row), and every KV slot is freed afterwards."""
+    """Self-speculation on the fused backend, every draft position one FusedModel.draft_position graph
+    (layers 0..n-1, final RMSNorm, draft sampler, chained by PDL; k = 5, 4 requests together: verify steps
+    of up to 24 rows): the emitted greedy tokens equal plain fused greedy decoding token for token (row
+    invariance of the fused kernels makes the verify rows' logits bitwise those of a decode row), and every
+    KV slot is freed afterwards."""
     from lowlat.eval.prompts import prompt_token_ids
     from lowlat.runtime.drafters import LayerSkipDrafter
+    from lowlat.runtime.fused_model import DraftKey
     from lowlat.runtime.speculative import SpeculativeDecoder
 
     fused = fused_verify_engine
@@ -105,6 +107,8 @@ def test_fused_greedy_speculative_with_fused_draft_equals_fused_plain(fused_veri
     assert fused.pool.free_slots == free_before
     assert fused.backend.counts["fused"] > 0
     runner = fused.backend.built.runner
-    assert any(isinstance(k, tuple) and k[1] == draft_layers for k in runner._graphs), "draft did not run fused"
+    drafts = [k for k in runner._graphs if isinstance(k, DraftKey) and k.num_layers == draft_layers]
+    assert drafts, f"no draft_position graph of {draft_layers} layers: {list(runner._graphs)}"
+    assert all((k.k_cap, k.need_noise) == (0, False) for k in drafts), drafts       # greedy: the greedy-only launch
     accepted = [a for r in res for a in r.accept_lengths]
     print(f"draft layers {draft_layers}: mean acceptance {sum(accepted) / len(accepted):.2f} tokens per verify")
