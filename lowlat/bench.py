@@ -2,7 +2,7 @@
 
     lowlat bench --out bench/results/fused_step_h200.json            (or python -m lowlat.bench ...)
         [--models SmolLM2-135M,Llama-3.2-1B] [--rows 1,6,8,16,48] [--ctx 512]
-        [--sections tune,copy,kernels,step,compiled,moe] [--budget-s 600] [--tune-budget-s 120]
+        [--sections tune,copy,kernels,step,compiled,moe,profile] [--budget-s 600] [--tune-budget-s 120]
         [--plans-out plans.json]
 
 What is timed (CUDA events around CUDA-graph replays, median of many, after warm-up):
@@ -24,6 +24,14 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
             cached tokens (decode).
   compiled  the same plain-PyTorch kernels / step under torch.compile (inductor, dynamic shapes,
             compiled once per model) inside a CUDA graph.
+  profile   where the fused step's time goes, launch by launch: the step's CUDA graph replayed under
+            torch.profiler (CUPTI device timestamps, `benchmarking.kernel_trace`); each launch's cost IN
+            THE STEP is its end minus the previous launch's end (under PDL a launch's weight prefetch and
+            start overlap its predecessor, so this, not its duration, is what it adds); per role
+            (attn_prologue, decode_attention, out_proj, gate_up, down, lm_head, moe_*) the median over
+            layers and replays, its weight bytes and pct_of_copy = bytes / (cost x copy bandwidth). With
+            `step` it profiles those graphs; with `moe` the Qwen3 layer's step too (its 622 MB LM head
+            evicts the L2 between replays). Compare with `kernels`' self-chained per-launch times.
   moe       one Qwen3-30B-A3B layer (attention + MoE, lowlat.kernels.moe) through FusedModel, against the
             same layer in plain PyTorch under a CUDA graph (and, with `compiled` among the sections,
             under torch.compile + a CUDA graph); MoE there in the gathered-weights form (each row's
@@ -52,7 +60,7 @@ from lowlat.benchmarking import Budget, copy_bandwidth, graph_time_us, replay_ti
 
 DEFAULT_MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
 DEFAULT_ROWS = (1, 6, 8, 16, 48)
-SECTIONS = ("tune", "copy", "kernels", "step", "compiled", "moe")
+SECTIONS = ("tune", "copy", "kernels", "step", "compiled", "moe", "profile")
 ROTATE_BYTES = 192 << 20          # weight bytes one timing graph cycles through (> 3x the H200's L2)
 MIN_LAUNCHES = 8
 
@@ -596,11 +604,83 @@ def _bench_torch_steps(cfg, weights, rows_list, ctx: int, device, KV, rec: _Reco
                 rec.error(where, e)
 
 
+#: kernel name (CUPTI) -> role in the fused step; `_residual_gemv_kernel` is out_proj or down (`launch_roles`)
+_ROLES = {"_attn_prologue_kernel": "attn_prologue", "_decode_attention_kernel": "decode_attention",
+          "_gate_up_kernel": "gate_up", "_lm_head_kernel": "lm_head", "_router_logits_kernel": "moe_router",
+          "_route_plan_kernel": "moe_route_plan", "_expert_gate_up_kernel": "moe_gate_up",
+          "_expert_down_kernel": "moe_down", "_combine_kernel": "moe_combine"}
+
+
+def launch_roles(names) -> list[str]:
+    """The role of each launch of a fused step, from its kernel names in launch order: `_ROLES`, and a
+    layer's first `_residual_gemv_kernel` (after its attention prologue) is out_proj, its second down;
+    anything else is "other:<name>"."""
+    roles, gemvs = [], 0
+    for n in names:
+        if n.startswith("_residual_gemv_kernel"):
+            roles.append("out_proj" if gemvs == 0 else "down")
+            gemvs += 1
+            continue
+        role = next((r for k, r in _ROLES.items() if n.startswith(k)), None)
+        if role == "attn_prologue":
+            gemvs = 0
+        roles.append(role or f"other:{n[:48]}")
+    return roles
+
+
+def role_bytes(cfg, role: str) -> int | None:
+    """Weight bytes (bf16) one launch of `role` reads at any row count; None where it depends on the rows
+    (the routed experts) or is not a GEMV."""
+    h = cfg.hidden_size
+    table = {"attn_prologue": (cfg.q_size + 2 * cfg.kv_size) * h * 2, "out_proj": h * cfg.q_size * 2,
+             "gate_up": 2 * cfg.intermediate_size * h * 2, "down": h * cfg.intermediate_size * 2,
+             "lm_head": cfg.vocab_size * h * 2, "moe_router": cfg.num_experts * h * 2}
+    return table.get(role)
+
+
+def launch_costs(trace, replays: int) -> dict[str, list[float]]:
+    """Split a `kernel_trace` of `replays` replays of one graph into replays (equal kernel counts, same names
+    in the same order, else ValueError) and give each launch's cost in the step: end_i - end_(i-1) (the
+    first launch of a replay: its duration), collected per `launch_roles` role (µs; layers x replays)."""
+    n, rem = divmod(len(trace), replays)
+    if n == 0 or rem:
+        raise ValueError(f"{len(trace)} kernels in {replays} replays")
+    names = [k[0] for k in trace[:n]]
+    roles = launch_roles(names)
+    out: dict[str, list[float]] = {}
+    for r in range(replays):
+        chunk = trace[r * n:(r + 1) * n]
+        if [k[0] for k in chunk] != names:
+            raise ValueError(f"replay {r} launched other kernels than replay 0")
+        for i, (role, (_, start, end)) in enumerate(zip(roles, chunk)):
+            out.setdefault(role, []).append(end - (chunk[i - 1][2] if i else start))
+    return out
+
+
+def profile_graph(run, replays: int, cfg, bw: float, rec: _Recorder, base: dict) -> None:
+    """Record the per-role in-step launch costs (`launch_costs`) of `replays` calls of run() (a graph
+    replay): section "profile", us = median cost, per_step_us = the role's total per replay, bytes /
+    pct_of_copy where `role_bytes` knows."""
+    import statistics
+
+    from lowlat.benchmarking import kernel_trace
+
+    trace = kernel_trace(run, iters=replays)
+    for role, costs in launch_costs(trace, replays).items():
+        us = statistics.median(costs)
+        nbytes = role_bytes(cfg, role)
+        rec.add(section="profile", **base, op=role, variant="fused_in_step", us=round(us, 2), launches=len(costs),
+                per_step_us=round(sum(costs) / replays, 2), bytes=nbytes,
+                pct_of_copy=None if nbytes is None else round(100 * nbytes / (us * 1e-6) / (bw * 1e9), 1))
+
+
 def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *,
-               compiled: bool, fused: bool = True, eager_reference: bool = True, breakdown: bool = True) -> None:
+               compiled: bool, fused: bool = True, eager_reference: bool = True, breakdown: bool = True,
+               profile: bool = False) -> None:
     """The whole decode step per width: fused (plus, with `breakdown`, graphs of the layers alone, of
-    only their attention launches and of only their FFN launches: op decode_step_part, per_layer_us),
-    the reference under CUDA graphs and, with `compiled`, under torch.compile + CUDA graphs."""
+    only their attention launches and of only their FFN launches: op decode_step_part, per_layer_us;
+    with `profile`, each launch's cost in the step, `profile_graph`), the reference under CUDA graphs
+    and, with `compiled`, under torch.compile + CUDA graphs."""
     import torch
 
     from lowlat.runtime.fused_model import FusedModel
@@ -624,6 +704,11 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
             except Exception as e:                                          # noqa: BLE001
                 rec.error(where, e)
                 continue
+            if profile:
+                try:
+                    profile_graph(fm._graphs[rows].replay, 10, cfg, bw, rec, dict(model=model, rows=rows, ctx=ctx))
+                except Exception as e:                                      # noqa: BLE001
+                    rec.error(f"{where}/profile", e)
             if breakdown:      # where the step's time goes: graphs of some launches of every layer
                 bufs = fm._bufs[rows]
                 for variant, parts, lm in (("fused_layers_only", ("attention", "ffn"), False),
@@ -649,9 +734,11 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                        where_prefix=f"{model}/step")
 
 
-def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *, compiled: bool = True) -> None:
-    """One Qwen3-30B-A3B layer (attention + MoE), LM head excluded: through FusedModel, and the plain-PyTorch
-    layer (`_torch_step_fns`) under a CUDA graph and, with `compiled`, under torch.compile + a CUDA graph."""
+def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *, compiled: bool = True,
+                    profile: bool = False) -> None:
+    """One Qwen3-30B-A3B layer (attention + MoE), LM head excluded: through FusedModel (with `profile`, each
+    launch's cost in the layer, `profile_graph`, after a read flush), and the plain-PyTorch layer
+    (`_torch_step_fns`) under a CUDA graph and, with `compiled`, under torch.compile + a CUDA graph."""
     import torch
 
     from lowlat.config import preset
@@ -682,6 +769,9 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Bud
             rec.add(section="moe", model=model, op="layer", rows=rows, ctx=ctx, variant="fused", us=us, bytes=nbytes,
                     floor_us=nbytes / (bw * 1e9) * 1e6, active_experts=active)
             floors[rows] = (nbytes, active)
+            if profile:         # the step graph: the layer, then the 622 MB LM head (which evicts the L2)
+                profile_graph(fm._graphs[rows].replay, 10, cfg, bw, rec,
+                              dict(model=model, rows=rows, ctx=ctx, active_experts=active))
         except Exception as e:                                              # noqa: BLE001
             rec.error(where, e)
     del fm
@@ -750,6 +840,8 @@ def run(args: argparse.Namespace) -> int:
     order: list[tuple[str, str | None]] = []
     for j, model in enumerate(models):
         order += [(t, model) for t in ("step", "kernels") if t in sections]
+        if "profile" in sections and "step" not in sections:
+            order.append(("profile", model))
         if j == 0 and "compiled" in sections and "step" in sections:
             order.insert(1, ("compiled_step", model))
     if "moe" in sections:
@@ -766,7 +858,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             if task == "step":
                 w = random_weights_on_device(preset(model), dev)
-                bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=False)
+                bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=False,
+                           profile="profile" in sections)
+            elif task == "profile":
+                w = random_weights_on_device(preset(model), dev)
+                bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=False,
+                           eager_reference=False, breakdown=False, profile=True)
             elif task == "compiled_step":
                 w = random_weights_on_device(preset(model), dev)
                 bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=True,
@@ -777,7 +874,8 @@ def run(args: argparse.Namespace) -> int:
                 bench_kernels(preset(model), model, rows_list, dev, bw, rec, budget,
                               variants=("reference_compile_graph",))
             elif task == "moe":
-                bench_moe_layer(rows_list, args.ctx, dev, bw, rec, budget, compiled="compiled" in sections)
+                bench_moe_layer(rows_list, args.ctx, dev, bw, rec, budget, compiled="compiled" in sections,
+                                profile="profile" in sections)
         except Exception as e:                                              # noqa: BLE001 - recorded
             rec.error(where, e)
         w = None

@@ -680,13 +680,19 @@ def weight_rows(rn, HALF_ROWS: tl.constexpr = 0):
 def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.constexpr,
                 HALF_ROWS: tl.constexpr = 0):
     """Prefetch rows n0..n0+BN (`weight_rows`), columns k_begin..min(k_begin+PF_K, K) of a bf16 weight
-    into L2: one `prefetch.global.L2` per 128-byte line. GPU only (inline asm): call under USE_PDL."""
+    into L2: one `prefetch.global.L2` per 128-byte line, PREDICATED off for the lines outside the weight
+    (rows >= N, columns >= K). GPU only (inline asm): call under USE_PDL.
+
+    Session 10 (bench/results/session10/call7, `bench/explore/explore21.py`): the masked lanes used to
+    prefetch `w_ptr` itself, so with PF_K above K (SmolLM2's out_proj: PF_K 1024, K 576, 7 of 16 lines
+    masked) every program hammered one L2 line; in the step at 6 rows that launch cost 7.9 us instead of
+    2.7 (the whole step 854 -> 716 us without its prefetch)."""
     rn = n0 + tl.arange(0, BN)
     rk = k_begin + tl.arange(0, PF_K // 64) * 64
     ok = (rn < N)[:, None] & (rk < K)[None, :]
     ptrs = tl.where(ok, w_ptr + weight_rows(rn, HALF_ROWS)[:, None] * stride_wn + rk[None, :], w_ptr)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; } // $0",
+                              "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

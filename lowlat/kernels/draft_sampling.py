@@ -28,8 +28,9 @@ warps, 4 stages, as `_gemv.TUNED_PLANS[('lm_head', 49152, 576)]`). What follows 
   2.01-2.12x the torch ops against 1.92-2.08x. Two programs per SM (64-row tiles, 264 programs)
   measured the same; 8 warps, 256-row tiles or 5 / 7 / 8 stages slower; 264 programs of 128-row tiles
   (unbalanced: up to 4 tiles on an SM) 20.7-21.0 us. Session 10 (`bench/explore/explore20.py`, session10/call1-2),
-  no better under PDL: an L2 prefetch of the program's first tile before `gdc_wait` (whole tile: 26-30 us
-  back to back; its first 512 columns: +1.5 us), the next launch triggered after the stream instead of at
+  no better under PDL: an L2 prefetch of the program's first tile before `gdc_wait` (its first 512 columns:
+  +1.5 us back to back; the whole-tile variants, 26-30 us, hit the masked-lane hot spot `_gemv.prefetch_l2`
+  had then and are not a measurement of the prefetch), the next launch triggered after the stream instead of at
   the start (+1.5 us back to back; equal after a norm), 128 programs or each program's tiles contiguous
   (within the spread). History of the per-tile launch (sessions 3-8, files
   under bench/results/): 16.8 us with no cross-program reduction, 18.6-20.3 with an arrival behind the

@@ -171,3 +171,35 @@ def test_gpu_kernel_trace_lists_the_graph_replays_kernels_in_order(device):
     assert len(mul) == 3 * 4, [n for n, _, _ in trace]
     spans = bm.spans_after(trace, mul[0])
     assert len(spans) == 3 * 4 and all(s > 0 for s in spans)
+
+
+def test_launch_roles_and_costs_of_a_fused_step_trace():
+    """lowlat.bench's profile section: roles by kernel name (a layer's first residual GEMV is out_proj, its
+    second down, reset at every attention prologue), each launch's cost = its end minus the previous end (the
+    first of a replay: its duration), replays split by count and checked to launch the same kernels."""
+    from lowlat import bench
+    from lowlat.config import preset
+
+    layer = ["_attn_prologue_kernel", "_decode_attention_kernel", "_residual_gemv_kernel", "_gate_up_kernel",
+             "_residual_gemv_kernel"]
+    names = ["void at::native::indexSelect"] + layer * 2 + ["_lm_head_kernel"]
+    assert bench.launch_roles(names) == (["other:void at::native::indexSelect"]
+                                         + ["attn_prologue", "decode_attention", "out_proj", "gate_up", "down"] * 2
+                                         + ["lm_head"])
+    moe = ["_attn_prologue_kernel", "_decode_attention_kernel", "_residual_gemv_kernel", "_router_logits_kernel",
+           "_route_plan_kernel", "_expert_gate_up_kernel", "_expert_down_kernel", "_combine_kernel"]
+    assert bench.launch_roles(moe)[2:] == ["out_proj", "moe_router", "moe_route_plan", "moe_gate_up", "moe_down",
+                                           "moe_combine"]
+    # two replays of three launches; under PDL a launch starts before its predecessor ends
+    trace = [("a", 0.0, 2.0), ("_residual_gemv_kernel", 1.0, 7.0), ("_gate_up_kernel", 6.5, 8.0),
+             ("a", 20.0, 21.0), ("_residual_gemv_kernel", 20.5, 25.0), ("_gate_up_kernel", 24.0, 26.5)]
+    costs = bench.launch_costs(trace, 2)
+    assert costs == {"other:a": [2.0, 1.0], "out_proj": [5.0, 4.0], "gate_up": [1.0, 1.5]}
+    with pytest.raises(ValueError, match="7 kernels in 2 replays"):
+        bench.launch_costs(trace + [("a", 30.0, 31.0)], 2)
+    with pytest.raises(ValueError, match="replay 1 launched other kernels"):
+        bench.launch_costs(trace[:3] + [("b", 20.0, 21.0)] + trace[4:], 2)
+    cfg = preset("Llama-3.2-1B")
+    assert bench.role_bytes(cfg, "attn_prologue") == (2048 + 2 * 512) * 2048 * 2       # 32 + 2 x 8 heads of 64
+    assert bench.role_bytes(cfg, "out_proj") == 2048 * 2048 * 2
+    assert bench.role_bytes(cfg, "down") == 2048 * 8192 * 2 and bench.role_bytes(cfg, "moe_gate_up") is None
