@@ -677,8 +677,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
         if tuple(t.shape) != (r,) or t.dtype != dt or t.device != h.device:
             raise StepContractError(f"{name} must be [R] = [{r}] {dt} on {h.device}, got "
                                     f"{tuple(t.shape)} {t.dtype} on {t.device}")
-    if k_cap not in (0, 2, 4, 8, 16, 32, 64):
-        raise UnsupportedConfigError("k_cap", k_cap, "must be 0 or a power of two in [2, 64]")
+    if type(k_cap) is not int or k_cap not in (0, 2, 4, 8, 16, 32, 64):
+        raise UnsupportedConfigError("k_cap", k_cap, "must be an int: 0 or a power of two in [2, 64]")
     if greedy_programs is not None and (type(greedy_programs) is not int or greedy_programs < 1):
         raise UnsupportedConfigError("greedy_programs", greedy_programs, "must be None or an int >= 1")
     if block_h < 16 or block_h & (block_h - 1):

@@ -87,12 +87,12 @@ def rms_norm_into(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.
         weight   [H] bf16 contiguous, on x's device; H in 1..MAX_HIDDEN (16384)
         eps      float > 0 (the model's rms_eps)
         out      [M, H] bf16, stride 1 along H (any row stride >= H), on x's device; its bytes (first to
-                 last element) must not intersect x's
+                 last element) must not intersect x's or weight's
         use_pdl  chain with the previous / next kernel by programmatic dependent launch (Hopper; ignored
                  under the CPU interpreter)
     Returns: out. Mutates: out (every element of its M rows); M = 0 launches nothing.
     Raises StepContractError naming the tensor whose shape, dtype, device or layout is wrong, a bad eps,
-    or out overlapping x; nothing is written then.
+    or out overlapping x or weight; nothing is written then.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise StepContractError(f"x must be a 2-D [M, H] tensor, got {getattr(x, 'shape', type(x).__name__)}")
@@ -113,10 +113,11 @@ def rms_norm_into(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.
                                     "indexes with int32)")
     if m > 1 and out.stride(0) < h:
         raise StepContractError(f"out's rows overlap (row stride {out.stride(0)} < H={h})")
-    xa, xb = _byte_span(x)
     oa, ob = _byte_span(out)
-    if xa < ob and oa < xb:
-        raise StepContractError("out overlaps x: rms_norm_into writes a separate buffer")
+    for name, t in (("x", x), ("weight", weight.view(1, h))):
+        ta, tb = _byte_span(t)
+        if ta < ob and oa < tb:
+            raise StepContractError(f"out overlaps {name}: rms_norm_into writes a separate buffer")
     shape = launch_shape(h)
     interp = interpreting()
     pdl = bool(use_pdl) and not interp

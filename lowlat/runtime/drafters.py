@@ -172,8 +172,8 @@ class DraftParams:
 
     temperature [R] float32 (0 = greedy); top_k [R] int32 (0 = off, also for top_k <= 0 or >= V);
     top_p [R] float32; seeds [R] int64 (the requests' Philox keys); offsets [R] int64 (rng_offset *
-    DRAFT_OFFSET_STRIDE + position). fits: the single-launch draft sampler takes every row (every top_k
-    <= 64 or off; top_p < 1 only with top_k >= 1).
+    DRAFT_OFFSET_STRIDE + position). fits: the single-launch draft sampler takes every row (every sampled
+    row's top_k <= 64 or off, and its top_p < 1 only with top_k >= 1; greedy rows always fit).
     """
 
     temperature: torch.Tensor
@@ -189,7 +189,8 @@ def draft_params(states: Sequence[SpecState], position: int, vocab_size: int) ->
     temp = [s.params.temperature for s in states]
     top_k = [s.params.top_k if 0 < s.params.top_k < vocab_size else 0 for s in states]
     top_p = [s.params.top_p for s in states]
-    fits = all(k <= 64 for k in top_k) and all(p >= 1 or 1 <= k for p, k in zip(top_p, top_k))
+    # greedy rows take the argmax whatever their top-k / top-p (the kernel ignores both for them)
+    fits = all(k <= 64 and (p >= 1 or 1 <= k) for t, k, p in zip(temp, top_k, top_p) if t > 0)
     return DraftParams(
         temperature=torch.tensor(temp, dtype=torch.float32), top_k=torch.tensor(top_k, dtype=torch.int32),
         top_p=torch.tensor(top_p, dtype=torch.float32),
@@ -252,13 +253,14 @@ class LayerSkipDrafter:
     last accepted token. Positions < L (the committed context) are never written by the draft.
 
     Routes, per draft position:
-      1. fused runner with `draft_position` (FusedModel) and rows that fit the single-launch sampler
-         (`draft_params(...).fits`): the whole position -- embed, layers 0..n-1, final RMSNorm, draft
+      1. fused runner with `draft_position` (FusedModel), rows that fit the single-launch sampler
+         (`draft_params(...).fits`) and no `lm_head=` override (the graph samples with the runner's own LM
+         head): the whole position -- embed, layers 0..n-1, final RMSNorm, draft
          sampling -- is one CUDA graph per (width, n, sampler launch flags), every launch chained by PDL
          (`FusedModel.draft_position`); tokens come back in one `.tolist()`, q through
          `DraftSample.probs()` for the rows with temperature > 0;
-      2. fused runner, rows that do not fit: its `early_exit_hidden` (layers + norm, a graph per
-         (width, n)), then `sample_drafts`;
+      2. fused runner, rows that do not fit (or an `lm_head=` override): its `early_exit_hidden` (layers +
+         norm, a graph per (width, n)), then `sample_drafts`;
       3. no fused runner, `fused=False`, or `forward=`: the reference model's (or `forward`'s) hidden
          states, then `sample_drafts`.
     Every route uses the same Philox counters (`draft_params`), so the same hidden states give the same
@@ -336,7 +338,8 @@ class LayerSkipDrafter:
         out = runner.draft_position(step, engine.pool, self.num_layers, p.temperature, p.top_k, p.top_p,
                                     p.seeds, p.offsets, k_cap=k_cap, need_noise=need_noise)
         tokens = out.tokens.tolist()
-        if any(t < 0 for t in tokens):     # the launch flags come from these very rows: a bug, not an input
+        v = engine.cfg.vocab_size
+        if any(not 0 <= t < v for t in tokens):   # the launch flags come from these very rows: a bug, not an input
             raise RuntimeError(f"draft_position marked rows as outside its launch (tokens {tokens}, k_cap {k_cap}, "
                                f"need_noise {need_noise})")
         return tokens, (out.probs() if bool((p.temperature > 0).any()) else None)
@@ -354,7 +357,7 @@ class LayerSkipDrafter:
             step = rows_step(engine, [(states[b].pool_idx, start[b] + j, [inputs[b]]) for b in live])
             rows = [states[b] for b in live]
             params = draft_params(rows, j, engine.cfg.vocab_size)
-            if params.fits and hasattr(runner, "draft_position"):
+            if params.fits and hasattr(runner, "draft_position") and self.lm_head is None:
                 toks, q = self._draft_position(engine, runner, step, params)
             else:
                 h = self._draft_hidden(engine, step)[: step.num_valid_rows]

@@ -54,8 +54,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if not 0 <= self.temperature < float("inf"):          # NaN fails too
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if self.max_new_tokens < 1:

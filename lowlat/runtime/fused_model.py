@@ -289,16 +289,19 @@ class FusedModel:
                          need_noise compile for gets token -1 (see `draft_sample_into`).
             k_cap, need_noise  the sampler's launch flags for these rows (`draft_sampling.launch_flags`)
         Returns: a `DraftSample` of the M valid rows (tokens [M] int64, logits [M, V] fp32 unless one_hot,
-            lse / cut_value [M] fp32, cut_id [M] int32; q via `.probs()`): views of static buffers, valid
-            until the next draft_position at the same width. `one_hot` is the flag the launch set (on a
+            lse / cut_value [M] fp32, cut_id [M] int32; q via `.probs()`): views of static buffers shared
+            by every width, valid until the next draft_position call (at any width). `one_hot` is the flag the launch set (on a
             replay, the one recorded when the graph was captured).
-        Raises ValueError for n outside 1..N; UnsupportedConfigError for k_cap not in K_CAPS or a model
+        Raises ValueError for n not an int in 1..N; UnsupportedConfigError for k_cap not an int in K_CAPS,
+        need_noise not a bool, or a model
         the draft kernels do not take; StepContractError for sampling tensors of the wrong shape or dtype,
         and as `forward`. Nothing is written then.
         """
         self._check_num_layers(num_layers)
-        if k_cap not in K_CAPS:
-            raise UnsupportedConfigError("k_cap", k_cap, f"must be one of {K_CAPS}")
+        if type(k_cap) is not int or k_cap not in K_CAPS:
+            raise UnsupportedConfigError("k_cap", k_cap, f"must be an int, one of {K_CAPS}")
+        if type(need_noise) is not bool:
+            raise UnsupportedConfigError("need_noise", need_noise, "must be a bool")
         if self.cfg.vocab_size * self.cfg.hidden_size >= 2 ** 31 or self.cfg.hidden_size > RMS_MAX_HIDDEN:
             raise UnsupportedConfigError("vocab_size", self.cfg.vocab_size, "the draft kernels index the LM head "
                                          f"with int32 and take H <= {RMS_MAX_HIDDEN}")
@@ -322,8 +325,8 @@ class FusedModel:
                            one_hot=self._draft_one_hot[key])
 
     def _check_num_layers(self, num_layers: int) -> None:
-        if not 1 <= num_layers <= self.cfg.num_layers:
-            raise ValueError(f"num_layers={num_layers} must be in 1..{self.cfg.num_layers}")
+        if type(num_layers) is not int or not 1 <= num_layers <= self.cfg.num_layers:
+            raise ValueError(f"num_layers={num_layers!r} must be an int in 1..{self.cfg.num_layers}")
 
     def _draft_sample_out(self, width: int) -> DraftSample:
         """The draft sampler's static outputs at `width` (views of max-width buffers made on first use)."""

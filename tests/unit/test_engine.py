@@ -96,8 +96,9 @@ def test_pad_width_and_refusals():
     eng = _engine()
     with pytest.raises(StepContractError, match="token id 256"):
         eng.add_request([1, 256])
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature=-1)
+    for t in (-1, float("nan"), float("inf")):      # NaN would pass a plain `< 0` check
+        with pytest.raises(ValueError, match="temperature"):
+            SamplingParams(temperature=t)
 
 
 def test_reference_backend_is_the_engine_default():

@@ -433,6 +433,14 @@ def test_draft_position_bad_arguments_raise_before_any_kv_write():
         fm.draft_position(case.step, pool, 0, *rows, k_cap=8, need_noise=True)
     with pytest.raises(UnsupportedConfigError, match="k_cap"):
         fm.draft_position(case.step, pool, 2, *rows, k_cap=5, need_noise=True)
+    for k_cap in (8.0, torch.tensor(8)):            # equal to a valid k_cap, but not an int: refused before any launch
+        with pytest.raises(UnsupportedConfigError, match="k_cap"):
+            fm.draft_position(case.step, pool, 2, *rows, k_cap=k_cap, need_noise=True)
+    with pytest.raises(UnsupportedConfigError, match="need_noise"):
+        fm.draft_position(case.step, pool, 2, *rows, k_cap=8, need_noise=torch.tensor(True))
+    for n in (2.0, True, torch.tensor(2)):          # the graph key needs a plain int
+        with pytest.raises(ValueError, match="num_layers=.* must be an int"):
+            fm.draft_position(case.step, pool, n, *rows, k_cap=8, need_noise=True)
     with pytest.raises(StepContractError, match=r"temperature must be \[num_valid_rows\] = \[3\]"):
         fm.draft_position(case.step, pool, 2, torch.zeros(4), *rows[1:], k_cap=8, need_noise=True)
     with pytest.raises(StepContractError, match="top_k must be"):
@@ -517,6 +525,15 @@ def test_layer_skip_drafter_uses_the_fused_runner_when_built():
     runner.calls.clear()            # a row the draft sampler cannot take: layers through the runner, then sampling
     prop = LayerSkipDrafter(2).propose(engine, states(greedy, SamplingParams(temperature=1.0, top_k=100, seed=1)))
     assert [c[0] for c in runner.calls] == ["early_exit_hidden"] * 2 and all(len(t) == 2 for t in prop.tokens)
+    runner.calls.clear()            # a GREEDY row's top-k / top-p do not matter: the graph takes it
+    prop = LayerSkipDrafter(2).propose(engine, states(SamplingParams(top_k=100, top_p=0.5, seed=2), sampled))
+    assert [c[0] for c in runner.calls] == ["draft_position"] * 2, [c[0] for c in runner.calls]
+
+    runner.calls.clear()            # an lm_head override: the graph samples with the runner's own, so route 2
+    mine = torch.ones(engine.cfg.vocab_size, engine.cfg.hidden_size, dtype=torch.bfloat16)
+    prop = LayerSkipDrafter(2, lm_head=mine).propose(engine, states(greedy, greedy))
+    assert [c[0] for c in runner.calls] == ["early_exit_hidden"] * 2, [c[0] for c in runner.calls]
+    assert prop.tokens == [[0, 0], [0, 0]]          # the runner's zero hidden states: all logits tie, lowest id
 
     step = SimpleNamespace(num_rows=2)
     with pytest.raises(TypeError, match="LayerSkipDrafter needs"):

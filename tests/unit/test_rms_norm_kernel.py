@@ -150,6 +150,11 @@ def test_rms_norm_out_overlapping_x_is_refused():
     with pytest.raises(StepContractError, match="overlaps x"):       # rows 1..3 of x as the output of rows 0..2
         kernel.rms_norm_into(x[:3], w, EPS, x[1:])
     check_bitwise("rms_norm", x, base, output="x_untouched")
+    buf = torch.randn(2, 64).bfloat16()                # out's first row is the weight: programs would race on it
+    wbase = buf.clone()
+    with pytest.raises(StepContractError, match="overlaps weight"):
+        kernel.rms_norm_into(x[:2], buf[0], EPS, buf)
+    check_bitwise("rms_norm", buf, wbase, output="weight_untouched")
 
 
 def test_rms_norm_compiles_for_sm90_with_pdl_and_no_spills():
