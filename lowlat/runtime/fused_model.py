@@ -367,6 +367,12 @@ class FusedModel:
         c = step.page_table.shape[1]
         key = (c, tuple((k.data_ptr(), v.data_ptr()) for k, v in zip(kc, vc)))
         if self._kv_key != key:           # another cache or page-table width: new buffers, new graphs
+            for i, (k, v) in enumerate(zip(kc, vc)):     # every layer as layer 0 (checked above), once per cache
+                for name, t in (("K", k), ("V", v)):
+                    if t.device != self.device or t.dtype != torch.bfloat16 or t.shape != kc[0].shape:
+                        raise StepContractError(f"layer {i}'s {name} cache is {t.dtype} {tuple(t.shape)} on "
+                                                f"{t.device}; the fused step needs bfloat16 {tuple(kc[0].shape)} "
+                                                f"on {self.device} in every layer")
             self._graphs.clear()
             self._page_table = torch.zeros(self.widths[-1], c, dtype=torch.int32, device=self.device)
             self._kv_key = key

@@ -172,6 +172,23 @@ def test_bad_step_raises_before_any_kv_write():
         fm.forward(big.step, SimpleNamespace(k_caches=[big.k_cache], v_caches=[big.v_cache]))
 
 
+def test_a_pool_with_a_bad_later_layer_is_refused_before_any_kv_write():
+    """Every layer's K and V cache must be bf16, on the model's device, of layer 0's shape: a float32 (or
+    resized) layer 1 is refused before layer 0's K/V is written (only layer 0 was checked before)."""
+    cfg = tiny(num_layers=2)
+    w = random_model_weights(cfg, seed=9)
+    case, ks, vs = _early_exit_case(cfg, 9)
+    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    for bad, what in ((lambda t: t.float(), "float32"), (lambda t: t[:-1].clone(), "bfloat16")):
+        pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[vs[0].clone(), bad(vs[1])])
+        with pytest.raises(StepContractError, match=f"layer 1's V cache is torch.{what}"):
+            fm.forward(case.step, pool)
+        check_bitwise("fused_model", pool.k_caches[0].nan_to_num(7.0), ks[0].nan_to_num(7.0), output="k_cache")
+        check_bitwise("fused_model", pool.v_caches[0].nan_to_num(7.0), vs[0].nan_to_num(7.0), output="v_cache")
+    pool = fresh_pool(ks, vs)                          # a good pool after the refusals still runs
+    fm.forward(case.step, pool)
+
+
 def test_unsupported_configs_are_refused():
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
