@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ import torch
 # lowlat from PYTHONPATH when it names another checkout (a baseline), else from this one; imported before
 # bench_moe, which puts this checkout first on sys.path
 sys.path.append(str(Path(__file__).resolve().parents[2]))
-from lowlat.benchmarking import copy_bandwidth, read_flush, versions, write_json  # noqa: E402
+from lowlat.benchmarking import copy_bandwidth, kernel_trace, read_flush, versions, write_json  # noqa: E402
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels import moe as kmoe  # noqa: E402
 
@@ -40,31 +38,24 @@ KERNELS = ("_router_logits_kernel", "_route_plan_kernel", "_expert_gate_up_kerne
 
 
 def kernel_spans(graph, flush, replays: int) -> list[list[tuple[str, float, float]]]:
-    """Per replay, the MoE kernels as (name, start µs, end µs), from a torch.profiler CUDA trace."""
-    from torch.profiler import ProfilerActivity, profile
+    """Per replay, the MoE kernels as (name, start µs, end µs), from CUPTI (`benchmarking.kernel_trace`);
+    flush (a callable, a tensor to zero, or None) runs before every replay and is left out."""
+    def run():
+        if callable(flush):
+            flush()
+        elif flush is not None:
+            flush.zero_()
+        graph.replay()
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            if callable(flush):
-                flush()
-            elif flush is not None:
-                flush.zero_()
-            graph.replay()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
-    ev = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     out, cur = [], []
-    for e in ev:
-        name = next((k for k in KERNELS if e["name"].startswith(k)), None)
+    for full, start, end in kernel_trace(run, iters=replays, warmup=0):
+        name = next((k for k in KERNELS if full.startswith(k)), None)
         if name is None or (cur and name == KERNELS[0]):
             if cur:
                 out.append(cur)
             cur = []
         if name is not None:
-            cur.append((name, float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+            cur.append((name, start, end))
     if cur:
         out.append(cur)
     return out

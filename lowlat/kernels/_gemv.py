@@ -690,7 +690,7 @@ def prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN: tl.constexpr, PF_K: tl.
     rn = n0 + tl.arange(0, BN)
     rk = k_begin + tl.arange(0, PF_K // 64) * 64
     ok = (rn < N)[:, None] & (rk < K)[None, :]
-    ptrs = tl.where(ok, w_ptr + weight_rows(rn, HALF_ROWS)[:, None] * stride_wn + rk[None, :], w_ptr)
+    ptrs = w_ptr + weight_rows(rn, HALF_ROWS)[:, None] * stride_wn + rk[None, :]      # masked lanes: never read
     tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; } // $0",
                               "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 

@@ -632,6 +632,31 @@ def default_maxnreg(num_warps: int) -> int | None:
     return 168 if num_warps == 4 else None
 
 
+#: the candidate-list lengths a launch compiles for (`k_cap_for`; 0 = no row uses top-k)
+K_CAPS = (0, 2, 4, 8, 16, 32, 64)
+
+
+def check_sampling_args(r: int, temperature, top_k, top_p, seeds, offsets, *, k_cap, need_noise,
+                        device=None) -> None:
+    """The launch arguments `draft_sample_into` takes besides h / lm_head / out: temperature [R] float32,
+    top_k [R] int32, top_p [R] float32, seeds / offsets [R] int64 (on `device` unless None), k_cap an int
+    in K_CAPS, need_noise a bool. Raises StepContractError (tensors) or UnsupportedConfigError (flags)
+    naming the value. Callers that launch other kernels first (`FusedModel.draft_position`) call it
+    before those, so that nothing is written when the sampler would refuse."""
+    where = "" if device is None else f" on {device}"
+    for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                        ("top_p", top_p, torch.float32), ("seeds", seeds, torch.int64),
+                        ("offsets", offsets, torch.int64)):
+        if (not isinstance(t, torch.Tensor) or tuple(t.shape) != (r,) or t.dtype != dt
+                or (device is not None and t.device != device)):
+            raise StepContractError(f"{name} must be [R] = [{r}] {dt}{where}, got {tuple(getattr(t, 'shape', ()))} "
+                                    f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', None)}")
+    if type(k_cap) is not int or k_cap not in K_CAPS:
+        raise UnsupportedConfigError("k_cap", k_cap, f"must be an int, one of {K_CAPS}")
+    if type(need_noise) is not bool:
+        raise UnsupportedConfigError("need_noise", need_noise, "must be a bool")
+
+
 def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                       top_p: torch.Tensor, seeds: torch.Tensor, offsets: torch.Tensor, out: DraftSample, *,
                       k_cap: int, need_noise: bool = True, block_v: int = 128, block_h: int = 64,
@@ -671,14 +696,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     if v * max(lm_head.stride(0), hd) >= 2 ** 31:
         raise UnsupportedConfigError("vocab_size", v, f"V x H = {v} x {hd} needs 64-bit offsets (the kernel "
                                      "indexes the LM head with int32)")
-    for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
-                        ("top_p", top_p, torch.float32), ("seeds", seeds, torch.int64),
-                        ("offsets", offsets, torch.int64)):
-        if tuple(t.shape) != (r,) or t.dtype != dt or t.device != h.device:
-            raise StepContractError(f"{name} must be [R] = [{r}] {dt} on {h.device}, got "
-                                    f"{tuple(t.shape)} {t.dtype} on {t.device}")
-    if type(k_cap) is not int or k_cap not in (0, 2, 4, 8, 16, 32, 64):
-        raise UnsupportedConfigError("k_cap", k_cap, "must be an int: 0 or a power of two in [2, 64]")
+    check_sampling_args(r, temperature, top_k, top_p, seeds, offsets, k_cap=k_cap, need_noise=need_noise,
+                        device=h.device)
     if greedy_programs is not None and (type(greedy_programs) is not int or greedy_programs < 1):
         raise UnsupportedConfigError("greedy_programs", greedy_programs, "must be None or an int >= 1")
     if block_h < 16 or block_h & (block_h - 1):

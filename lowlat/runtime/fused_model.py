@@ -40,7 +40,7 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import GemvWorkspace, pdl_available, plan_gemv
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
 from lowlat.kernels.decode_attention import make_decode_workspace
-from lowlat.kernels.draft_sampling import DraftSample, draft_sample_into, empty_draft_sample
+from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
 from lowlat.kernels.out_proj import out_proj, residual_gemv
@@ -53,8 +53,6 @@ from lowlat.weights import LayerWeights, ModelWeights
 DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
-#: The draft sampler's candidate-list lengths (`draft_sampling.k_cap_for`; 0 = no row uses top-k).
-K_CAPS = (0, 2, 4, 8, 16, 32, 64)
 
 
 class DraftKey(NamedTuple):
@@ -292,26 +290,17 @@ class FusedModel:
             lse / cut_value [M] fp32, cut_id [M] int32; q via `.probs()`): views of static buffers shared
             by every width, valid until the next draft_position call (at any width). `one_hot` is the flag the launch set (on a
             replay, the one recorded when the graph was captured).
-        Raises ValueError for n not an int in 1..N; UnsupportedConfigError for k_cap not an int in K_CAPS,
-        need_noise not a bool, or a model
-        the draft kernels do not take; StepContractError for sampling tensors of the wrong shape or dtype,
-        and as `forward`. Nothing is written then.
+        Raises ValueError for n not an int in 1..N; UnsupportedConfigError / StepContractError as
+        `draft_sampling.check_sampling_args` (k_cap, need_noise, the sampling tensors' shapes and dtypes),
+        UnsupportedConfigError for a model the draft kernels do not take; StepContractError as `forward`.
+        Nothing is written then.
         """
         self._check_num_layers(num_layers)
-        if type(k_cap) is not int or k_cap not in K_CAPS:
-            raise UnsupportedConfigError("k_cap", k_cap, f"must be an int, one of {K_CAPS}")
-        if type(need_noise) is not bool:
-            raise UnsupportedConfigError("need_noise", need_noise, "must be a bool")
+        nv = step.num_valid_rows
+        check_sampling_args(nv, temperature, top_k, top_p, seeds, offsets, k_cap=k_cap, need_noise=need_noise)
         if self.cfg.vocab_size * self.cfg.hidden_size >= 2 ** 31 or self.cfg.hidden_size > RMS_MAX_HIDDEN:
             raise UnsupportedConfigError("vocab_size", self.cfg.vocab_size, "the draft kernels index the LM head "
                                          f"with int32 and take H <= {RMS_MAX_HIDDEN}")
-        nv = step.num_valid_rows
-        for name, t, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
-                            ("top_p", top_p, torch.float32), ("seeds", seeds, torch.int64),
-                            ("offsets", offsets, torch.int64)):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (nv,) or t.dtype != dt:
-                raise StepContractError(f"{name} must be [num_valid_rows] = [{nv}] {dt}, got "
-                                        f"{tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}")
         bufs, m, kc, vc = self._prepare(step, pool)
         self._load_sampling(bufs, nv, temperature, top_k, top_p, seeds, offsets)
         out = self._draft_sample_out(bufs.width)

@@ -458,7 +458,7 @@ def test_draft_position_bad_arguments_raise_before_any_kv_write():
     for n in (2.0, True, torch.tensor(2)):          # the graph key needs a plain int
         with pytest.raises(ValueError, match="num_layers=.* must be an int"):
             fm.draft_position(case.step, pool, n, *rows, k_cap=8, need_noise=True)
-    with pytest.raises(StepContractError, match=r"temperature must be \[num_valid_rows\] = \[3\]"):
+    with pytest.raises(StepContractError, match=r"temperature must be \[R\] = \[3\] torch.float32, got \(4,\)"):
         fm.draft_position(case.step, pool, 2, torch.zeros(4), *rows[1:], k_cap=8, need_noise=True)
     with pytest.raises(StepContractError, match="top_k must be"):
         fm.draft_position(case.step, pool, 2, rows[0], rows[1].long(), *rows[2:], k_cap=8, need_noise=True)
