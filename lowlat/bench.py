@@ -675,12 +675,13 @@ def profile_graph(run, replays: int, cfg, bw: float, rec: _Recorder, base: dict)
 
 
 def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *,
-               compiled: bool, fused: bool = True, eager_reference: bool = True, breakdown: bool = True,
-               profile: bool = False) -> None:
-    """The whole decode step per width: fused (plus, with `breakdown`, graphs of the layers alone, of
-    only their attention launches and of only their FFN launches: op decode_step_part, per_layer_us;
-    with `profile`, each launch's cost in the step, `profile_graph`), the reference under CUDA graphs
-    and, with `compiled`, under torch.compile + CUDA graphs."""
+               compiled: bool, fused: bool = True, eager_reference: bool = True, profile: bool = False) -> None:
+    """The whole decode step per width: fused (with `profile`, each launch's cost in the step,
+    `profile_graph`: where the step's time goes), the reference under CUDA graphs and, with `compiled`,
+    under torch.compile + CUDA graphs. (Until session 11 the fused step also had a breakdown into graphs of
+    some launches of every layer, captured outside FusedModel: at 6 rows their GPU time exceeded the whole
+    step's by ~120 us, bench/results/session11/call3, so they measured their own capture, not the step;
+    the profile replaced them.)"""
     import torch
 
     from lowlat.runtime.fused_model import FusedModel
@@ -709,18 +710,6 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
                     profile_graph(fm._graphs[rows].replay, 10, cfg, bw, rec, dict(model=model, rows=rows, ctx=ctx))
                 except Exception as e:                                      # noqa: BLE001
                     rec.error(f"{where}/profile", e)
-            if breakdown:      # where the step's time goes: graphs of some launches of every layer
-                bufs = fm._bufs[rows]
-                for variant, parts, lm in (("fused_layers_only", ("attention", "ffn"), False),
-                                           ("fused_attention_only", ("attention",), False),
-                                           ("fused_ffn_only", ("ffn",), False)):
-                    try:
-                        t = graph_time_us(lambda _, p=frozenset(parts), lm=lm: fm._run(
-                            bufs, KV.k_caches, KV.v_caches, include_lm_head=lm, parts=p), 1, iters=20)
-                        rec.add(section="step", model=model, op="decode_step_part", rows=rows, ctx=ctx,
-                                variant=variant, us=t, per_layer_us=round(t / cfg.num_layers, 2))
-                    except Exception as e:                                  # noqa: BLE001
-                        rec.error(f"{where}/{variant}", e)
         del fm
         torch.cuda.empty_cache()
 
@@ -812,7 +801,8 @@ def run(args: argparse.Namespace) -> int:
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(getattr(sys, "orig_argv", sys.argv)),
         rows=rows_list, ctx=args.ctx, models=models, sections=sections,
-        method=("CUDA-graph replays timed with CUDA events, median; per-kernel graphs rotate over >= 192 MB of "
+        method=("CUDA-graph replays queued back to back, each timed with CUDA events, median; per-kernel graphs "
+                "rotate over >= 192 MB of "
                 "weight copies (cold L2); floor = bytes / measured copy bandwidth (read + write)"))
     rec = _Recorder(args.out, meta)
     budget = Budget(args.budget_s)
@@ -863,7 +853,7 @@ def run(args: argparse.Namespace) -> int:
             elif task == "profile":
                 w = random_weights_on_device(preset(model), dev)
                 bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=False,
-                           eager_reference=False, breakdown=False, profile=True)
+                           eager_reference=False, profile=True)
             elif task == "compiled_step":
                 w = random_weights_on_device(preset(model), dev)
                 bench_step(preset(model), model, w, rows_list, args.ctx, dev, bw, rec, budget, compiled=True,

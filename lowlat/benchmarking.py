@@ -1,8 +1,11 @@
 """Timing utilities shared by every benchmark (`bench/bench_*.py`, `lowlat.bench`).
 
 Method (design.md, "Benchmarks"): a benchmark captures N launches back to back in one CUDA graph,
-replays it after warm-up and times every replay with a pair of CUDA events; the reported time is per
-launch (replay time / N), median over replays (p10 / p90 alongside). Weights or inputs that must come
+replays it after warm-up and times every replay with a pair of CUDA events, the replays queued back to
+back (the host waits once at the end, so its graph launch is not in the timed span: session 11 measured it
+at 1-5% of a per-kernel graph's time and up to 130 us of the ~215-launch SmolLM2 step graph when the host
+waited before every replay, bench/results/session11/call2 and call3); the reported time is per launch
+(replay time / N), median over replays (p10 / p90 alongside). Weights or inputs that must come
 from HBM rather than L2 are rotated over enough copies (`rotation_copies`) that one replay touches
 more bytes than the L2 holds, so every launch starts cold. The HBM floor of a launch is the bytes it
 must move over `copy_bandwidth()`, the device-to-device copy bandwidth measured in the same run
@@ -105,14 +108,15 @@ def summarize_us(times_us: Sequence[float]) -> dict:
 
 
 def event_times_us(run: Callable[[], Any], *, iters: int, warmup: int = 0, per: int = 1, flush=None,
-                   sync_each: bool = True) -> list[float]:
+                   sync_each: bool = False) -> list[float]:
     """Time `iters` calls of run() with CUDA events; returns µs per call / `per`.
 
     warmup: untimed calls first. flush: a tensor zeroed (outside the timed span) before every call, to
     evict the L2 (it leaves the L2 full of dirty lines, which the timed call then writes back to HBM),
     or a callable called there instead (e.g. `read_flush`: evicts with clean lines). sync_each: wait for
-    every call before launching the next (False: all calls are queued back to back and the host waits
-    once at the end, so host launch gaps stay out of the timed spans).
+    every call before launching the next, so each span also holds the host's launch of the call (the GPU
+    is idle when the first event runs); by default (False) all calls are queued back to back and the host
+    waits once at the end, so host launch gaps stay out of the timed spans.
     """
     import torch
 

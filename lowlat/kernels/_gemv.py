@@ -971,9 +971,21 @@ def sum_partials(ws_ptr, first_slot, N, MP: tl.constexpr, n0, m0, BN: tl.constex
 
 
 @triton.jit
-def rstd_of(ss, K, eps):
-    """1 / sqrt(mean(x^2) + eps) from a row's sum of squares over its K columns."""
-    return tl.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
+def rstd_of(ss, K, eps, EXACT: tl.constexpr = False):
+    """1 / sqrt(mean(x^2) + eps) from a row's sum of squares over its K columns (K an int or int constexpr).
+
+    EXACT: every step correctly rounded (div.rn mean, sqrt.rn, div.rn reciprocal), as torch's mean / rsqrt on
+    the CPU: `kernels/rms_norm.py`, whose output is compared bit for bit with the bf16 reference, uses it.
+    Otherwise the mean is Triton's `ss / K`, an approximate divide on sm_90 (div.full.f32, <= 2 ulp): the
+    norm-folding GEMVs (prologue, gate/up, LM head, out_proj's h) use it, because their outputs are judged by
+    the numerics policy (one bf16 rounding dominates) and the correctly rounded mean cost each of those launches
+    0.6-0.9 us in the SmolLM2 step (session 11, bench/results/session11/call2: 605 -> 648 us a step at 1 row).
+    """
+    if EXACT:
+        mean = tl.div_rn(ss, tl.zeros_like(ss) + K)
+    else:
+        mean = ss / K
+    return tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
 
 
 @triton.jit

@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import check_tensor, interpreting, to_bf16
+from lowlat.kernels._gemv import check_tensor, interpreting, rstd_of, to_bf16
 
 #: The widest row one program holds (16 warps x 32 threads x 32 fp32 values).
 MAX_HIDDEN = 16384
@@ -54,10 +54,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, M, stride_x, stride_o, eps,
         gdc_launch_dependents()
     msk = (rows < M)[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-    # every step correctly rounded, as torch's mean / rsqrt on the CPU (`_gemv.rstd_of`'s `ss / K` is the
-    # approximate div.full.f32 on the GPU)
-    mean = tl.div_rn(tl.sum(x * x, axis=1), tl.full([ROWS], H, tl.float32))
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
+    rstd = rstd_of(tl.sum(x * x, axis=1), H, eps, EXACT=True)      # each step correctly rounded, as torch's
     y = to_bf16(x * rstd[:, None], INTERP).to(tl.float32)                   # the reference's first rounding
     o = to_bf16(w[None, :] * y, INTERP)                                    # ... and its second
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], o, mask=msk)

@@ -415,15 +415,12 @@ class FusedModel:
                      rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
 
-    def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True,
-             parts: frozenset = frozenset(("attention", "ffn")), num_layers: int | None = None,
+    def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True, num_layers: int | None = None,
              final_norm: bool = False, sample: tuple[DraftSample, int, bool] | None = None) -> None:
         """The launches of one step on the static buffers of one width: layers 0..num_layers-1 (all by
-        default), then the LM head. Benchmarks time pieces of it: the layers alone (not
-        `include_lm_head`), or only some launches of every layer (`parts`: "attention" =
-        attn_prologue + decode_attention, "ffn" = out_proj + MLP / MoE); a step without all parts
-        computes nothing meaningful. A draft position: `final_norm` writes bufs.hn = rms_norm(x); `sample`
-        = (out, k_cap, need_noise) does too, then draws from it into out with the static sampling buffers."""
+        default), then the LM head (benchmarks time the layers alone: not `include_lm_head`). A draft
+        position: `final_norm` writes bufs.hn = rms_norm(x); `sample` = (out, k_cap, need_noise) does too,
+        then draws from it into out with the static sampling buffers."""
         from lowlat.kernels.attn_prologue import attn_prologue
         from lowlat.kernels.decode_attention import decode_attention
 
@@ -432,17 +429,12 @@ class FusedModel:
         torch.index_select(self.embed, 0, bufs.input_ids, out=x)
         page_table = self._page_table[:w]
         for i, L in enumerate(self.layers[:num_layers]):
-            if "attention" not in parts:
-                if "ffn" in parts:
-                    self._ffn(L, bufs, bufs.attn)
-                continue
             q = attn_prologue(x, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                               bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
                                     out=bufs.attn, workspace=self.dec_ws, use_pdl=pdl)
-            if "ffn" in parts:
-                self._ffn(L, bufs, attn)
+            self._ffn(L, bufs, attn)
         if final_norm or sample is not None:
             rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)
         if sample is not None:

@@ -1,4 +1,4 @@
-"""Compile a Triton kernel for sm_90 (H200) on a machine without a GPU: Triton's own front end, its NVIDIA
+"""Compile a Triton (or Gluon) kernel for sm_90 (H200) on a machine without a GPU: Triton's own front end, its NVIDIA
 lowering and the bundled ptxas (`-v`: registers and spills). Catches what the CPU interpreter cannot see
 (type unification across branches, layouts, wgmma lowering, register spills) before the kernel ever meets
 the GPU.
@@ -11,7 +11,8 @@ functions); the tests call it through `subprocess`:
 compiles each variant of the list and prints one JSON line, a list of
 {"ok": true, "registers": N, "spill_bytes": N, "shared": N, "cp_async": N (cp.async.cg in the PTX),
 "source": the kernel module's file (which checkout was compiled)}, or raises.
-A spec's keys: "constexprs", "pointers" (name -> "*bf16" ...), "scalars" (name -> type; default i32),
+A spec's keys: "constexprs", "pointers" (name -> "*bf16" ..., or a TMA descriptor's type as
+`triton.runtime.jit.mangle_type` gives it: "tensordesc<bf16[4, 16, 64],NVMMASharedLayout(...)>"), "scalars" (name -> type; default i32),
 "num_warps" (4), "num_stages" (3), and optionally
   "divisible"   scalar names a launch specialises as divisible by 16; with it every pointer is taken as
                 16-byte aligned too, as a real launch does. Without the alignment Triton cannot prove that
@@ -43,7 +44,10 @@ def compile_for_sm90(fn, spec: dict) -> dict:
     constexprs, pointers = spec.get("constexprs", {}), spec.get("pointers", {})
     scalars = spec.get("scalars") or {}
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
-    aligned = set(spec["divisible"]) | set(pointers) if "divisible" in spec else set()
+    aligned = set(spec["divisible"]) | {n for n, t in pointers.items() if t.startswith("*")} if "divisible" in spec \
+        else set()
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
     src = ASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned},
                     constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
     options = {"num_warps": spec.get("num_warps", 4), "num_stages": spec.get("num_stages", 3)}

@@ -175,3 +175,74 @@ def test_smem_gemv_matches_reference(device, kernel, bn, mode, res_epi):
             # of the values themselves; NaN (the poison) fails the comparison
             err = (out.double() - want).abs().max().item()
             assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r}, copy {i})"
+
+
+def _mma_smem_want(x, w, g, res, res_epi):
+    xd = x.double()
+    if res_epi:
+        return res.double() + xd @ w.double().T
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.double().T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1024, 2048])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("res_epi", [False, True])
+def test_gpu_mma_smem_gemv_matches_reference_and_is_row_invariant(device, k, mode, res_epi):
+    """bench/explore/mma_smem_gemv.py (session 11; Gluon, GPU only): both epilogues at 1 / 3 / 9 / 48 rows (one
+    to six row blocks; x with a padded row stride), two weight copies (one TMA descriptor each), K 1024 (one
+    staging chunk per quarter) and 2048 (two); every row of 17 computed alone is bitwise the row computed among
+    17. Tolerance: one bf16 rounding of the output (<= 2^-9 relative) with margin, 2^-7 of the largest value; a
+    skipped box, quarter or row block is off by the size of the values; NaN (the poison) fails."""
+    from explore.mma_smem_gemv import MmaSmemGemv
+
+    n = 64
+    ws = [_bf16(n, k, scale=k ** -0.5, seed=40 + i, device=device) for i in range(2)]
+    g = (1 + 0.1 * _bf16(k, seed=42)).to(device)
+    mg = MmaSmemGemv(ws)
+    for r in (1, 3, 9, 48):
+        xp, res = _bf16(r, k + 64, seed=43 + r, device=device), _bf16(r, n, seed=45 + r, device=device)
+        x = xp[:, :k]
+        for i in range(2):
+            out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
+            mg(i, x, g, res, out, mode=mode, res_epi=res_epi)
+            want = _mma_smem_want(x, ws[i], g, res, res_epi)
+            err = (out.double() - want).abs().max().item()
+            assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r}, copy {i})"
+    x, res = _bf16(17, k, seed=50, device=device), _bf16(17, n, seed=51, device=device)
+    full = poison(torch.empty(17, n, dtype=torch.bfloat16, device=device))
+    mg(0, x, g, res, full, mode=mode, res_epi=res_epi)
+    for j in range(17):
+        one = poison(torch.empty(1, n, dtype=torch.bfloat16, device=device))
+        mg(0, x[j:j + 1], g, res[j:j + 1], one, mode=mode, res_epi=res_epi)
+        assert torch.equal(one.view(torch.int16), full[j:j + 1].view(torch.int16)), f"row {j} alone differs"
+
+
+def test_mma_smem_gemv_compiles_for_sm90_with_weights_before_the_wait(monkeypatch):
+    """The Gluon kernel as explore22 launches it (K 2048 / 4096, 1 and 6 row blocks, both epilogues), compiled for
+    sm_90 on the CPU: no register spills, every weight TMA load issued before the PDL wait (MODE 2), the
+    products on mma.sync."""
+    from sampling_stats import compile_sm90
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from explore import mma_smem_gemv as mod
+
+    monkeypatch.setenv("PYTHONPATH", str(BENCH))
+    box = [mod.Q, mod.BN, mod.BK]
+    desc = TensorDescriptor(torch.zeros(2048, 2048, dtype=torch.bfloat16), [mod.Q, 2048, 512], [512, 2048, 1], box,
+                            gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16))
+    cases = [(2048, 1, True), (2048, 6, False), (4096, 1, False), (4096, 6, True)]
+    specs = [{"constexprs": {"K": k, "NMB": nmb, "MODE": 2, "RES": res, "KC": 256},
+              "pointers": {"w_desc": mangle_type(desc), "x_ptr": "*bf16", "g_ptr": "*bf16", "res_ptr": "*bf16",
+                           "out_ptr": "*bf16"},
+              "scalars": {"eps": "fp32"}, "divisible": ["N", "stride_x"], "num_warps": mod.Q, "launch_pdl": True,
+              "ptx": True} for k, nmb, res in cases]
+    for (k, nmb, res), info in zip(cases, compile_sm90("explore.mma_smem_gemv:_mma_smem_gemv_kernel", specs)):
+        ptx = info.pop("ptx")
+        assert info["spill_bytes"] == 0, (k, nmb, res, info)
+        boxes = k // (mod.Q * mod.BK)
+        wait = ptx.find("griddepcontrol.wait")
+        assert ptx[:wait].count("cp.async.bulk.tensor") == boxes and ptx.count("cp.async.bulk.tensor") == boxes, k
+        assert ptx.count("mma.sync") == nmb * boxes * mod.BK // 16, (k, nmb, ptx.count("mma.sync"))

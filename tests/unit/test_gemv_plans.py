@@ -177,3 +177,30 @@ def test_l2_prefetch_is_predicated_off_outside_the_weight():
     n_prefetch = ptx.count("prefetch.global.L2")
     predicated = len(re.findall(r"@%?\w+\s+prefetch\.global\.L2", ptx))
     assert n_prefetch > 0 and predicated == n_prefetch, (n_prefetch, predicated)
+
+
+@triton.jit
+def _rstd_probe_kernel(ss_ptr, out_ptr, K_RT, eps, K: tl.constexpr, RUNTIME_K: tl.constexpr):
+    """`_gemv.rstd_of(..., EXACT=True)` alone (K as the runtime int or the constexpr its callers pass), for its
+    sm_90 PTX."""
+    ss = tl.load(ss_ptr + tl.arange(0, 16))
+    if RUNTIME_K:
+        r = _gemv.rstd_of(ss, K_RT, eps, EXACT=True)
+    else:
+        r = _gemv.rstd_of(ss, K, eps, EXACT=True)
+    tl.store(out_ptr + tl.arange(0, 16), r)
+
+
+@pytest.mark.parametrize("runtime_k", [False, True])
+def test_rstd_of_is_correctly_rounded_on_sm90(runtime_k):
+    """rstd_of(EXACT=True)'s mean, sqrt and reciprocal are each correctly rounded in the sm_90 PTX (div.rn /
+    sqrt.rn, no approximate div.full.f32, which Triton's `/` on fp32 emits and the CPU interpreter cannot show),
+    so the RMSNorm kernel's statistic is torch's mean / rsqrt of the same sum of squares."""
+    from sampling_stats import compile_sm90
+
+    [info] = compile_sm90("test_gemv_plans:_rstd_probe_kernel", [{
+        "constexprs": {"K": 576, "RUNTIME_K": runtime_k}, "pointers": {"ss_ptr": "*fp32", "out_ptr": "*fp32"},
+        "scalars": {"eps": "fp32"}, "num_warps": 1, "ptx": True}])
+    ptx = info["ptx"]
+    assert "div.full" not in ptx and "div.approx" not in ptx, "an approximate divide in rstd_of"
+    assert ptx.count("div.rn.f32") >= 2 and "sqrt.rn.f32" in ptx, ptx[-2000:]

@@ -1,0 +1,141 @@
+"""Experiment (session 11, issue 3): session 7's shared-memory-resident GEMV (`smem_gemv.py`) on TENSOR CORES, one
+arithmetic path for every row count (so a row's output is bitwise the same whatever M), the first step session 7
+named for taking it to production.
+
+Per program: BN = 16 whole output rows, no split-K, no cross-program step. The K range is cut into Q = 4
+quarters, one per warp, computed as a BATCHED mma.sync (mma_v2, instruction [1, 16, 8]: batch = quarter):
+
+    acc[q, n, m] = sum_k W[n0 + n, q K/4 + k] x[m0 + m, q K/4 + k]          A [Q, BN, BK], B [Q, BK, RB]
+
+and y[m, n] = sum_q acc[q, n, m] in a fixed order. The weight slice [BN, K] is read by TMA as the permuted
+3-d view [Q, N, K/Q] (strides [K/Q, K, 1]) in NS = K / (Q BK) boxes [Q, BN, BK], one mbarrier each, all
+issued before `gdc_wait` (MODE 2), and stays in shared memory for the whole launch. Rows go in blocks of
+RB = 8 (the mma's n): for each block, x [RB, K] (times the norm weight in the "norm" epilogue, with each row's
+sum of squares) is staged once to shared memory, then per box one A load (ldmatrix) + one B load + the mma.
+Epilogues as smem_gemv's: "res" y = res + x W^T, "norm" y = rstd(x) ((x g) W^T).
+
+Shared memory per program: BN K 2 bytes of weights + RB K 2 of activations: 64 + 32 KB at K 2048, 128 + 64
+KB at K 4096. Gluon only (no CPU interpreter): the GPU tests in test_explore_kernels check it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+Q = 4          # K quarters = warps
+BN = 16        # output rows per program (the mma's m)
+RB = 8         # rows per block (the mma's n)
+BK = 64        # columns per box (128 bytes: one 128-byte swizzle row)
+
+
+@gluon.jit
+def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x, eps,
+                          K: gl.constexpr, NMB: gl.constexpr, MODE: gl.constexpr, RES: gl.constexpr,
+                          KC: gl.constexpr):
+    """See the module docstring. NMB row blocks of RB (a launch constexpr: ceil(M / RB)); KC columns of a
+    quarter staged per step of the x staging loop."""
+    Qc: gl.constexpr = 4
+    BNc: gl.constexpr = 16
+    RBc: gl.constexpr = 8
+    BKc: gl.constexpr = 64
+    KQ: gl.constexpr = K // Qc
+    NS: gl.constexpr = KQ // BKc
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Qc, 1, 1], instr_shape=[1, 16, 8])
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
+    # x staging tile [RB, Q, KC]: 8 contiguous columns per thread
+    LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [1, Qc, 1], [2, 1, 0])
+    SX: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    pid = gl.program_id(0)
+    n0 = pid * BNc
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, Qc, BNc, BKc], w_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [RBc, Qc, KQ], SX)
+    bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(bars.index(s), count=1)
+    if MODE == 1:
+        gdc_wait()
+        gdc_launch_dependents()
+    if MODE == 2:
+        gdc_launch_dependents()
+    for s in gl.static_range(NS):
+        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [0, n0, s * BKc], bars.index(s), w_smem.index(s))
+    rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+    rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
+    if MODE == 2:
+        gdc_wait()
+    ym = gl.arange(0, RBc, layout=gl.SliceLayout(0, LY))
+    yn = n0 + gl.arange(0, BNc, layout=gl.SliceLayout(1, LY))
+    for b in gl.static_range(NMB):
+        rows = b * RBc + rm
+        rmask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
+        xoff = gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col
+        ss = gl.zeros([RBc], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+        for c in gl.static_range(KQ // KC):
+            xc = gl.load(x_ptr + xoff + c * KC, mask=rmask, other=0.0)
+            if not RES:
+                xf = xc.to(gl.float32)
+                ss += gl.sum(gl.sum(xf * xf, axis=2), axis=1)
+                gc = gl.load(g_ptr + col + c * KC).to(gl.float32)
+                xc = (xf * gc).to(gl.bfloat16)
+            x_smem.slice(c * KC, KC, dim=2).store(xc)
+        gl.thread_barrier()
+        acc = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
+        for s in gl.static_range(NS):
+            if b == 0:
+                mbarrier.wait(bars.index(s), 0)
+            a = w_smem.index(s).load(LA)
+            xb = x_smem.slice(s * BKc, BKc, dim=2).permute((1, 2, 0)).load(LB)
+            acc = mma_v2(a, xb, acc)
+        y = gl.sum(acc, axis=0)                                                     # [BN, RB], quarters in order
+        yrow = b * RBc + ym
+        ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
+        omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
+        if RES:
+            y = y + gl.load(res_ptr + ooff, mask=omask, other=0.0).to(gl.float32)
+        else:
+            rstd = 1.0 / gl.sqrt_rn(ss / K + eps)
+            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, LY))
+            y = y * gl.expand_dims(rstd, 0)
+        gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
+        gl.thread_barrier()                                                         # x_smem reused by the next block
+    for s in gl.static_range(NS):
+        mbarrier.invalidate(bars.index(s))
+
+
+class MmaSmemGemv:
+    """Launcher of `_mma_smem_gemv_kernel` for one weight list (rotating copies; one TMA descriptor per copy)."""
+
+    def __init__(self, ws: list[torch.Tensor]):
+        n, k = ws[0].shape
+        if n % BN or k % (Q * BK):
+            raise ValueError(f"N {n} must be a multiple of {BN} and K {k} of {Q * BK}")
+        self.n, self.k, self.ws, self.descs = n, k, ws, {}
+
+    def desc(self, i: int):
+        """Copy i as the permuted 3-d view [Q, N, K / Q] (strides [K / Q, K, 1]), box [Q, BN, BK]."""
+        if i not in self.descs:
+            kq = self.k // Q
+            shape = [Q, BN, BK]
+            layout = gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+            self.descs[i] = TensorDescriptor(self.ws[i], [Q, self.n, kq], [kq, self.k, 1], shape, layout)
+        return self.descs[i]
+
+    def __call__(self, i: int, x, g, res, out, *, mode: int = 2, res_epi: bool = True, eps: float = 1e-5):
+        """out = res + x W_i^T (res_epi) or rstd(x) ((x g) W_i^T); x [M, K] (row stride any), res / out [M, N] bf16
+        contiguous, M <= 48. mode: 2 weights loaded before `gdc_wait`, 1 after, 0 no PDL."""
+        m = x.shape[0]
+        kc = min(256, self.k // Q)
+        _mma_smem_gemv_kernel[(self.n // BN,)](
+            self.desc(i), x, g, res, out, m, self.n, x.stride(0), eps, K=self.k, NMB=triton.cdiv(m, RB), MODE=mode,
+            RES=res_epi, KC=kc, num_warps=Q, launch_pdl=mode > 0)
