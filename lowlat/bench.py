@@ -279,7 +279,9 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
 # ------------------------------------------------------------------------------------------ tune
 class _GemvCase:
     """One GEMV shape of the fused step (kind, N, K) with rotating weight copies (cold L2), inputs per
-    row count, a launcher for any plan and a correctness check against the reference."""
+    row count, a launcher for any plan and a correctness check against the reference. Kinds: residual
+    (x + a W^T), out_proj (the same plus the RMSNorm epilogue writing h and rstd, as MoE layers run it),
+    gate_up, lm_head."""
 
     def __init__(self, kind: str, n: int, k: int, eps: float, device, *, copies: int | None = None) -> None:
         import torch
@@ -294,6 +296,8 @@ class _GemvCase:
         self.w = [(scale * torch.randn(rows_w, k, generator=g, device=device)).to(torch.bfloat16)
                   for _ in range(self.nc)]
         self.nw = (1 + 0.1 * torch.randn(k, generator=g, device=device)).to(torch.bfloat16)
+        # out_proj's RMSNorm weight is over its N outputs (the next layer's norm)
+        self.nw_out = (1 + 0.1 * torch.randn(n, generator=g, device=device)).to(torch.bfloat16)
         from lowlat.kernels._gemv import GemvWorkspace
         self.ws = GemvWorkspace.create(max(n, 64), device)
         self._inputs: dict[int, dict] = {}
@@ -305,9 +309,12 @@ class _GemvCase:
             bf, dev, g = torch.bfloat16, self.device, self.g
             d = dict(x=(2 * torch.randn(rows, self.k, generator=g, device=dev)).to(bf),
                      nvalid=torch.tensor([rows], dtype=torch.int32, device=dev))
-            if self.kind == "residual":
+            if self.kind in ("residual", "out_proj"):
                 d.update(res=torch.randn(rows, self.n, generator=g, device=dev).to(bf),
                          out=torch.empty(rows, self.n, dtype=bf, device=dev))
+                if self.kind == "out_proj":
+                    d.update(h=torch.empty(rows, self.n, dtype=bf, device=dev),
+                             rstd=torch.empty(rows, dtype=torch.float32, device=dev))
             elif self.kind == "gate_up":
                 d.update(out=torch.empty(rows, self.n, dtype=bf, device=dev))
             else:
@@ -319,11 +326,14 @@ class _GemvCase:
     def launch(self, plan, rows: int, idx: int):
         from lowlat.kernels.lm_head import lm_head
         from lowlat.kernels.mlp import gate_up_act
-        from lowlat.kernels.out_proj import residual_gemv
+        from lowlat.kernels.out_proj import out_proj, residual_gemv
 
         d, w = self.inputs(rows), self.w[idx % self.nc]
         if self.kind == "residual":
             return residual_gemv(d["x"], w, d["res"], out=d["out"], workspace=self.ws, plan=plan, use_pdl=True)
+        if self.kind == "out_proj":         # h is the output the MoE reads (x and rstd are checked too)
+            return out_proj(d["x"], w, d["res"], self.nw_out, self.eps, out=d["out"], h_out=d["h"],
+                            rstd_out=d["rstd"], workspace=self.ws, plan=plan, use_pdl=True).h
         if self.kind == "gate_up":
             return gate_up_act(d["x"], w, norm_weight=self.nw, eps=self.eps, out=d["out"], workspace=self.ws,
                                plan=plan, use_pdl=True)
@@ -338,14 +348,21 @@ class _GemvCase:
 
         from lowlat.numerics import check_accuracy, check_bitwise, poison
         from lowlat.reference import lm_head as ref_lm
+        from lowlat.reference import out_proj as ref_op
         from lowlat.reference.rms_norm import rms_norm
 
         d = self.inputs(rows)
-        poison(d["out"])
+        for name in ("out", "h", "rstd"):
+            if name in d:
+                poison(d[name])
         got = self.launch(plan, rows, 0).clone()
         w, x = self.w[0], d["x"]
         if "oracle" not in d:               # float64 oracle and bf16 baseline, once per case
-            if self.kind == "residual":
+            if self.kind == "out_proj":     # (x, h) of the reference out_proj
+                d["oracle_x"], d["oracle"] = ref_op.out_proj(x.double(), w.double(), d["res"].double(),
+                                                             self.nw_out.double(), self.eps)
+                d["baseline_x"], d["baseline"] = ref_op.out_proj(x, w, d["res"], self.nw_out, self.eps)
+            elif self.kind == "residual":
                 d["oracle"] = d["res"].double() + x.double() @ w.double().T
                 d["baseline"] = d["res"] + F.linear(x, w)
             elif self.kind == "gate_up":
@@ -356,12 +373,14 @@ class _GemvCase:
             else:
                 d["oracle"] = ref_lm.lm_head(x.double(), self.nw.double(), w.double(), self.eps, rows)[0]
                 d["baseline"] = ref_lm.lm_head(x, self.nw, w, self.eps, rows)[0]
-        op, output = {"residual": ("residual_gemv", "out"), "gate_up": ("mlp", "act"),
+        op, output = {"residual": ("residual_gemv", "out"), "out_proj": ("out_proj", "h"), "gate_up": ("mlp", "act"),
                       "lm_head": ("lm_head", "logits")}[self.kind]
         check_accuracy(op, got, d["oracle"], d["baseline"], output=output)
+        if self.kind == "out_proj":
+            check_accuracy(op, d["out"], d["oracle_x"], d["baseline_x"], output="x")
         ds = self.inputs(small)
         ds["x"].copy_(x[:small])
-        if self.kind == "residual":
+        if self.kind in ("residual", "out_proj"):
             ds["res"].copy_(d["res"][:small])
         part = self.launch(plan, small, 0)
         check_bitwise(self.kind, part, got[:small], output=f"rows_{small}_vs_{rows}")
@@ -387,7 +406,8 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str
     shapes = []
     for j, model in enumerate(models):
         cfg = preset(model)
-        todo = [("residual", cfg.hidden_size, cfg.q_size), ("lm_head", cfg.vocab_size, cfg.hidden_size)]
+        todo = [("out_proj" if cfg.is_moe else "residual", cfg.hidden_size, cfg.q_size),
+                ("lm_head", cfg.vocab_size, cfg.hidden_size)]
         if not cfg.is_moe:
             todo[1:1] = [("gate_up", cfg.intermediate_size, cfg.hidden_size),
                          ("residual", cfg.hidden_size, cfg.intermediate_size)]
@@ -679,9 +699,9 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
     """The whole decode step per width: fused (with `profile`, each launch's cost in the step,
     `profile_graph`: where the step's time goes), the reference under CUDA graphs and, with `compiled`,
     under torch.compile + CUDA graphs. (Until session 11 the fused step also had a breakdown into graphs of
-    some launches of every layer, captured outside FusedModel: at 6 rows their GPU time exceeded the whole
-    step's by ~120 us, bench/results/session11/call3, so they measured their own capture, not the step;
-    the profile replaced them.)"""
+    some launches of every layer: at 6 rows their GPU time exceeded the whole step's by ~120 us, and their
+    capture at 1 row changed the 6-row step graph's out_proj from 7.9 to 2.2 us a layer (NOTES.md, session
+    11); the profile replaced them.)"""
     import torch
 
     from lowlat.runtime.fused_model import FusedModel

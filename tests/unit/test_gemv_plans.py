@@ -104,10 +104,11 @@ def test_candidates_start_with_default_include_legacy_and_are_distinct(model):
         assert all(p.split == 1 for p in plans) if kind == "lm_head" else True
 
 
-@pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("gate_up", 80, 64), ("lm_head", 200, 64)])
+@pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
+                                        ("lm_head", 200, 64)])
 def test_every_candidate_passes_the_tuners_check_on_cpu(kind, n, k):
     """The tuner's correctness gate (policy at 48 rows, rows bitwise independent of row blocks) on
-    every candidate plan of a tiny shape, under the interpreter."""
+    every candidate plan of a tiny shape, under the interpreter (out_proj: the norm epilogue's h and x)."""
     case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
     cands = candidate_plans(kind, n, k)
     assert len(cands) >= 3
@@ -204,3 +205,21 @@ def test_rstd_of_is_correctly_rounded_on_sm90(runtime_k):
     ptx = info["ptx"]
     assert "div.full" not in ptx and "div.approx" not in ptx, "an approximate divide in rstd_of"
     assert ptx.count("div.rn.f32") >= 2 and "sqrt.rn.f32" in ptx, ptx[-2000:]
+
+
+def test_tuner_case_of_out_proj_checks_h_and_x():
+    """`_GemvCase("out_proj")` (the tuner's case of the MoE layers' out_proj with its RMSNorm epilogue) fails a
+    plan whose h is wrong, and one whose x is wrong: its check reads both outputs."""
+    case = _GemvCase("out_proj", 96, 80, 1e-5, "cpu", copies=1)
+    plan = plan_gemv(96, 80, kind="out_proj", table={})
+    case.check(plan, rows=20, small=3)
+    launch = case.launch
+    for broken in ("h", "out"):
+        def bad(p, rows, idx, broken=broken, launch=launch):
+            h = launch(p, rows, idx)
+            case.inputs(rows)[broken][-1, 5] += 1.0            # one element of one output wrong
+            return h
+        case.launch = bad
+        with pytest.raises(AssertionError, match=f"out_proj.{'h' if broken == 'h' else 'x'}"):
+            case.check(plan, rows=20, small=3)
+        case.launch = launch
