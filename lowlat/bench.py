@@ -331,7 +331,7 @@ class _GemvCase:
         d, w = self.inputs(rows), self.w[idx % self.nc]
         if self.kind == "residual":
             return residual_gemv(d["x"], w, d["res"], out=d["out"], workspace=self.ws, plan=plan, use_pdl=True)
-        if self.kind == "out_proj":         # h is the output the MoE reads (x and rstd are checked too)
+        if self.kind == "out_proj":         # h is the output the MoE reads (check() reads x too)
             return out_proj(d["x"], w, d["res"], self.nw_out, self.eps, out=d["out"], h_out=d["h"],
                             rstd_out=d["rstd"], workspace=self.ws, plan=plan, use_pdl=True).h
         if self.kind == "gate_up":
@@ -442,7 +442,7 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str
                 continue
             timed.append((sum(us.values()), label, plan, us))
             for r, t in us.items():
-                nbytes = case.wbytes + _nbytes(case.inputs(r)["x"], case.inputs(r)["out"])
+                nbytes = case.wbytes + _nbytes(*(case.inputs(r).get(t) for t in ("x", "out", "h")))
                 rec.add(section="tune", model=model, op=kind, n=n, k=k, rows=r, variant=label, us=t, bytes=nbytes,
                         floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe())
         if timed:

@@ -2,9 +2,9 @@
 
 Method (design.md, "Benchmarks"): a benchmark captures N launches back to back in one CUDA graph,
 replays it after warm-up and times every replay with a pair of CUDA events, the replays queued back to
-back (the host waits once at the end, so its graph launch is not in the timed span: session 11 measured it
-at 1-5% of a per-kernel graph's time and up to 130 us of the ~215-launch SmolLM2 step graph when the host
-waited before every replay, bench/results/session11/call2 and call3); the reported time is per launch
+back (the host waits once at the end, so its graph launch is not in the timed span: when the host waited
+before every replay it added 0.8-5% to a per-kernel graph's time and 2-10 us to the 152-launch SmolLM2 step
+graph, 42-91 us when the host was busier, bench/results/session11/call2 and call3); the reported time is per launch
 (replay time / N), median over replays (p10 / p90 alongside). Weights or inputs that must come
 from HBM rather than L2 are rotated over enough copies (`rotation_copies`) that one replay touches
 more bytes than the L2 holds, so every launch starts cold. The HBM floor of a launch is the bytes it

@@ -2,7 +2,7 @@
 arithmetic path for every row count) at 1 / 6 / 16 / 48 rows, beside session 7's FMA kernel (`smem_gemv.py`, 1 row)
 and the production residual GEMV (out_proj shapes), with explore18's shapes, epilogues and timing (one CUDA graph
 of PDL-chained launches over rotating cold weight copies). Also checks each shape's bitwise row invariance (every
-row of 48 alone, and the first 6) on the GPU.
+row of 48 alone, and the first 6 and 17) on the GPU.
 
     python bench/explore/explore22.py --out $OUT/explore22.json [--budget-s 200] [--reps 2] [--rows 1 6 16 48]
 """

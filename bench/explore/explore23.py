@@ -2,11 +2,12 @@
 
 `lowlat.benchmarking.event_times_us` waits for every timed call before launching the next (sync_each), so the
 span between its two events includes the time from the host's `cudaGraphLaunch` to the graph's first kernel
-(the GPU is idle when the first event runs). Session 11's bisect (bench/results/session11/call2) saw the
-SmolLM2 step graph (~215 launches) take 676 us per step replayed back to back, and 676-812 us event-timed with a
-sync before each replay. This driver runs an existing bench unchanged except that every `event_times_us` call
-queues its calls back to back (sync_each=False: one wait at the end; the events still bracket each call), so
-the two timings of the same kernels can be compared:
+(the GPU is idle when the first event runs); that was the benches' timing until session 11, whose bisect
+(bench/results/session11/call2) saw the SmolLM2 step graph (152 launches) take 42-91 us more per replay that
+way under a profiling driver. This driver runs an existing bench unchanged except that every
+`event_times_us` call either queues its calls back to back ("b2b": sync_each=False, one wait at the end; the
+events still bracket each call; now the default) or waits for each ("synced": sync_each=True, the old
+default), so the two timings of the same kernels can be compared:
 
     python bench/explore/explore23.py b2b|synced lowlat.bench --sections kernels --models Llama-3.2-1B ...
     python bench/explore/explore23.py b2b|synced bench_attn_prologue --models Llama-3.2-1B ...
@@ -28,18 +29,18 @@ def main() -> None:
     mode, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode not in ("b2b", "synced"):
         raise SystemExit(f"mode must be b2b or synced, not {mode!r}")
-    if mode == "b2b":
-        orig = benchmarking.event_times_us
+    orig = benchmarking.event_times_us
+    sync = mode == "synced"
 
-        def back_to_back(run, *, iters, warmup=0, per=1, flush=None, sync_each=True):
-            # with a flush too: the stream runs flush, event, call, event in order; the host has queued the
-            # graph while the flush ran
-            return orig(run, iters=iters, warmup=warmup, per=per, flush=flush, sync_each=False)
-        benchmarking.event_times_us = back_to_back
-        for name in list(sys.modules):          # modules that imported the function by name
-            mod = sys.modules[name]
-            if name.startswith(("lowlat", "bench")) and getattr(mod, "event_times_us", None) is orig:
-                mod.event_times_us = back_to_back
+    def timed(run, *, iters, warmup=0, per=1, flush=None, sync_each=False):
+        # b2b with a flush too: the stream runs flush, event, call, event in order; the host has queued the
+        # graph while the flush ran
+        return orig(run, iters=iters, warmup=warmup, per=per, flush=flush, sync_each=sync)
+    benchmarking.event_times_us = timed
+    for name in list(sys.modules):              # modules that imported the function by name
+        mod = sys.modules[name]
+        if name.startswith(("lowlat", "bench")) and getattr(mod, "event_times_us", None) is orig:
+            mod.event_times_us = timed
     sys.argv = [target, *args]
     if target == "lowlat.bench":
         importlib.import_module("lowlat.bench").main()

@@ -5,11 +5,15 @@ widths (1, 6), ctx 512), after allocating --pad-mb of unused memory first (shift
 each layer's out_proj cost in the step (end minus the previous launch's end, median of 10 replays) with the
 addresses of its weight, the attention output and x, so a slow layer can be matched to an address pattern.
 
-    python bench/explore/explore24.py --pad-mb 0 [--rows 6] [--warm none|breakdown|eager6] [--out FILE]
+    python bench/explore/explore24.py --pad-mb 0 [--rows 6] [--warm WARM] [--out-proj default|nopdl|pf0]
+        [--out FILE]
 
 --warm breakdown first does what the old step-section breakdown did at 1 row (graphs of the layers alone, of
 their attention launches only and of their FFN launches only, captured by `benchmarking.capture_graph` and
-replayed); eager6 runs the 6-row step eagerly twice before its capture. Printed too: the specializations
+replayed); layers1 / attn1 / ffn1 only one of those graphs; capture1 a graph of one torch op at width 1 (does
+any other graph flip it?); eager6 runs the 6-row step eagerly twice before its capture. --out-proj nopdl
+launches every out_proj without PDL (a plain stream dependency), pf0 with the same plan minus its L2
+prefetch (pf_k 0); both apply to the step graphs and eager6's eager steps, not to the warm-up graphs. Printed too: the specializations
 Triton compiled for `_residual_gemv_kernel` and, from the CUPTI trace, the out_proj launches' grid / block /
 registers / shared memory.
 """
@@ -31,10 +35,31 @@ from lowlat.config import preset  # noqa: E402
 from lowlat.runtime.fused_model import FusedModel  # noqa: E402
 
 
-def old_breakdown(fm, kv) -> None:
+def variant_out_proj(fm, how: str) -> None:
+    """Launch FusedModel's out_proj as asked from now on: "default", "nopdl" (use_pdl False for the out_proj
+    GEMV only: FusedModel calls the module-level `residual_gemv` for out_proj and down; out_proj's weight is
+    the one with K = q_size) or "pf0" (its plan without the L2 prefetch)."""
+    import dataclasses
+
+    from lowlat.kernels import out_proj as op_mod
+    from lowlat.runtime import fused_model as fm_mod
+
+    if not hasattr(fm, "_plan_o_default"):
+        fm._plan_o_default = fm.plan_o
+    fm.plan_o = dataclasses.replace(fm._plan_o_default, pf_k=0) if how == "pf0" else fm._plan_o_default
+    q = fm.cfg.q_size
+
+    def residual_gemv(a, w, residual, *, use_pdl=False, **kw):
+        if how == "nopdl" and w.shape[1] == q:
+            use_pdl = False
+        return op_mod.residual_gemv(a, w, residual, use_pdl=use_pdl, **kw)
+    fm_mod.residual_gemv = residual_gemv
+
+
+def old_breakdown(fm, kv, graphs=("layers", "attn", "ffn")) -> None:
     """The step section's breakdown before session 11, at width 1: graphs (`capture_graph`) of every layer's
-    launches, of only their attention launches, of only their FFN launches (the FFN fed `bufs.attn`), 22
-    replays each."""
+    launches ("layers"), of only their attention launches ("attn"), of only their FFN launches ("ffn": the
+    FFN fed `bufs.attn`), or of one torch op ("torch_op"), 22 replays each."""
     from lowlat.kernels.attn_prologue import attn_prologue
     from lowlat.kernels.decode_attention import decode_attention
 
@@ -57,8 +82,12 @@ def old_breakdown(fm, kv) -> None:
             if "ffn" in parts:
                 fm._ffn(L, bufs, attn)
 
-    for parts in (("attention", "ffn"), ("attention",), ("ffn",)):
-        g = capture_graph(lambda _, p=parts: run(p), 1)
+    table = {"layers": ("attention", "ffn"), "attn": ("attention",), "ffn": ("ffn",)}
+    for name in graphs:
+        if name == "torch_op":
+            g = capture_graph(lambda _: bufs.x.add_(0), 1)
+        else:
+            g = capture_graph(lambda _, p=table[name]: run(p), 1)
         for _ in range(22):
             g.replay()
     torch.cuda.synchronize()
@@ -111,7 +140,9 @@ def main() -> None:
     p.add_argument("--pad-mb", type=float, default=0.0)
     p.add_argument("--rows", type=int, default=6)
     p.add_argument("--out", default=None)
-    p.add_argument("--warm", default="none", choices=["none", "breakdown", "eager6"])
+    p.add_argument("--warm", default="none", choices=["none", "breakdown", "layers1", "attn1", "ffn1", "capture1",
+                                                      "eager6"])
+    p.add_argument("--out-proj", default="default", choices=["default", "nopdl", "pf0"])
     a = p.parse_args()
     dev = torch.device("cuda")
     pad = torch.empty(int(a.pad_mb * 2 ** 20), dtype=torch.uint8, device=dev) if a.pad_mb else None
@@ -119,7 +150,8 @@ def main() -> None:
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, 6, 512, dev)
     fm = FusedModel(cfg, w, device=dev, widths=(1, 6), validate=False)
-    out = {"pad_mb": a.pad_mb, "rows": a.rows, "warm": a.warm}
+    out = {"pad_mb": a.pad_mb, "rows": a.rows, "warm": a.warm, "out_proj": a.out_proj}
+    variant_out_proj(fm, a.out_proj)
     for rows in (1, a.rows):
         case = _DecodeCase(cfg, rows, 512, dev, kv)
         if rows == a.rows and a.warm == "eager6":
@@ -130,8 +162,11 @@ def main() -> None:
         fm.forward(case.step, kv)
         g = fm._graphs[rows]
         out[f"step_us_r{rows}"] = round(replay_time_us(g, iters=20, warmup=3), 1)
-        if rows == 1 and a.warm == "breakdown":
-            old_breakdown(fm, kv)
+        if rows == 1 and a.warm != "none" and a.warm != "eager6":
+            variant_out_proj(fm, "default")
+            old_breakdown(fm, kv, {"breakdown": ("layers", "attn", "ffn"), "layers1": ("layers",), "attn1": ("attn",),
+                                   "ffn1": ("ffn",), "capture1": ("torch_op",)}[a.warm])
+            variant_out_proj(fm, a.out_proj)
     trace = kernel_trace(g.replay, iters=10)
     n = len(trace) // 10
     roles = launch_roles([k[0] for k in trace[:n]])

@@ -11,7 +11,8 @@ and y[m, n] = sum_q acc[q, n, m] in a fixed order. The weight slice [BN, K] is r
 3-d view [Q, N, K/Q] (strides [K/Q, K, 1]) in NS = K / (Q BK) boxes [Q, BN, BK], one mbarrier each, all
 issued before `gdc_wait` (MODE 2), and stays in shared memory for the whole launch. Rows go in blocks of
 RB = 8 (the mma's n): for each block, x [RB, K] (times the norm weight in the "norm" epilogue, with each row's
-sum of squares) is staged once to shared memory, then per box one A load (ldmatrix) + one B load + the mma.
+sum of squares) is staged once to shared memory, then per box one A load + one B load + the mma (the A load
+compiles to ld.shared, not ldmatrix, from the 3-d swizzled tile: a reason it is slow).
 Epilogues as smem_gemv's: "res" y = res + x W^T, "norm" y = rstd(x) ((x g) W^T).
 
 Shared memory per program: BN K 2 bytes of weights + RB K 2 of activations: 64 + 32 KB at K 2048, 128 + 64

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 11, call 5 (issue 3): how often the SmolLM2 step's out_proj at 6 rows is slow (7.9 vs 2.2 us a layer)
 # and whether the addresses decide it: explore24.py in fresh processes with 0-64 MB of padding allocated first,
-# then the bench as call 4 ran it (step,profile after other sections). Results: bench/results/session11/call5/.
+# then `lowlat bench --sections step,profile,kernels` (the step first, as in call 4). Results:
+# bench/results/session11/call5/ (stdout_tail.txt: all ten processes).
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 for pad in 0 1 3 7 16 33 64 0 5 12; do

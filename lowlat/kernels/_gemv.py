@@ -977,9 +977,10 @@ def rstd_of(ss, K, eps, EXACT: tl.constexpr = False):
     EXACT: every step correctly rounded (div.rn mean, sqrt.rn, div.rn reciprocal), as torch's mean / rsqrt on
     the CPU: `kernels/rms_norm.py`, whose output is compared bit for bit with the bf16 reference, uses it.
     Otherwise the mean is Triton's `ss / K`, an approximate divide on sm_90 (div.full.f32, <= 2 ulp): the
-    norm-folding GEMVs (prologue, gate/up, LM head, out_proj's h) use it, because their outputs are judged by
-    the numerics policy (one bf16 rounding dominates) and the correctly rounded mean cost each of those launches
-    0.6-0.9 us in the SmolLM2 step (session 11, bench/results/session11/call2: 605 -> 648 us a step at 1 row).
+    norm-folding GEMVs (the prologue and its QK-norm, gate/up, LM head, out_proj's h, the TP layer) use it,
+    because their outputs are judged by the numerics policy (one bf16 rounding dominates) and the correctly
+    rounded mean cost those launches 0.2-1.0 us each in the SmolLM2 step (session 11,
+    bench/results/session11/call2: 605 -> 648 us a step at 1 row).
     """
     if EXACT:
         mean = tl.div_rn(ss, tl.zeros_like(ss) + K)

@@ -54,7 +54,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, M, stride_x, stride_o, eps,
         gdc_launch_dependents()
     msk = (rows < M)[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=msk, other=0.0).to(tl.float32)
-    rstd = rstd_of(tl.sum(x * x, axis=1), H, eps, EXACT=True)      # each step correctly rounded, as torch's
+    rstd = rstd_of(tl.sum(x * x, axis=1), H, eps, EXACT=True)      # correctly rounded, as torch's on the CPU
     y = to_bf16(x * rstd[:, None], INTERP).to(tl.float32)                   # the reference's first rounding
     o = to_bf16(w[None, :] * y, INTERP)                                    # ... and its second
     tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], o, mask=msk)
