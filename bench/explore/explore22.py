@@ -1,5 +1,6 @@
 """Session-11 exploration (issue 3): the shared-memory-resident GEMV on tensor cores (`mma_smem_gemv.py`, one
-arithmetic path for every row count) at 1 / 6 / 16 / 48 rows, beside session 7's FMA kernel (`smem_gemv.py`, 1 row)
+arithmetic path for every row count; "mma" version 1, measured in session 11's call1, and "mma2" version 2,
+written afterwards and not yet run) at 1 / 6 / 16 / 48 rows, beside session 7's FMA kernel (`smem_gemv.py`, 1 row)
 and the production residual GEMV (out_proj shapes), with explore18's shapes, epilogues and timing (one CUDA graph
 of PDL-chained launches over rotating cold weight copies). Also checks each shape's bitwise row invariance (every
 row of 48 alone, and the first 6 and 17) on the GPU.
@@ -36,29 +37,30 @@ def make_cases(dev):
     return cases
 
 
-def row_invariance(rec, c) -> None:
-    """48 rows at once, then each row alone and the first 6 rows: bitwise the same outputs (recorded)."""
+def row_invariance(rec, c, version: int = 1) -> None:
+    """48 rows at once, then each row alone and the first 6 and 17 rows: bitwise the same outputs (recorded)."""
     dev = c["ws"][0].device
     x = torch.randn(48, c["k"], generator=c["gen"], device=dev).to(torch.bfloat16)
     res = torch.randn(48, c["n"], generator=c["gen"], device=dev).to(torch.bfloat16)
     full = torch.full((48, c["n"]), float("nan"), device=dev, dtype=torch.bfloat16)
-    c["mma"](0, x, c["g"], res, full, res_epi=c["epi"] == "res")
+    c["mma"](0, x, c["g"], res, full, res_epi=c["epi"] == "res", version=version)
     bad = []
     for lo, hi in [(i, i + 1) for i in range(48)] + [(0, 6), (0, 17)]:
         part = torch.full((hi - lo, c["n"]), float("nan"), device=dev, dtype=torch.bfloat16)
-        c["mma"](0, x[lo:hi], c["g"], res[lo:hi], part, res_epi=c["epi"] == "res")
+        c["mma"](0, x[lo:hi], c["g"], res[lo:hi], part, res_epi=c["epi"] == "res", version=version)
         if not torch.equal(part.view(torch.int16), full[lo:hi].view(torch.int16)):
             bad.append(f"{lo}:{hi}")
     torch.cuda.synchronize()
     want = gemv_reference(c["epi"], x, c["g"], res, c["ws"][0])
     err = (full.double() - want).abs().max().item()
-    rec(dict(op="row_invariance", shape=c["label"], n=c["n"], k=c["k"], differing=bad, ok=not bad,
+    rec(dict(op="row_invariance", shape=c["label"], version=version, n=c["n"], k=c["k"], differing=bad, ok=not bad,
              max_err_48=round(err, 5), nan=bool(full.isnan().any().item())))
 
 
 def mma(rec, deadline, cases, rows, reps) -> None:
     for c in cases:
-        rec.guard(f"rowinv/{c['label']}", lambda c=c: row_invariance(rec, c), op="row_invariance")
+        for v in (1, 2):
+            rec.guard(f"rowinv/{c['label']}/v{v}", lambda c=c, v=v: row_invariance(rec, c, v), op="row_invariance")
     for r in rows:
         for c in cases:
             dev = c["ws"][0].device
@@ -66,7 +68,7 @@ def mma(rec, deadline, cases, rows, reps) -> None:
             res = torch.randn(r, c["n"], generator=c["gen"], device=dev).to(torch.bfloat16)
             out = torch.empty(r, c["n"], device=dev, dtype=torch.bfloat16)
             want = gemv_reference(c["epi"], x, c["g"], res, c["ws"][0])
-            variants = [("mma", 2, None), ("mma", 1, None)] if r == 1 else [("mma", 2, None)]
+            variants = [("mma", 2, None), ("mma2", 2, None)] + ([("mma", 1, None)] if r == 1 else [])
             if r == 1:
                 variants += [("fma", 2, bn) for bn in (8, 16)]
             for rep in range(reps):
@@ -75,8 +77,9 @@ def mma(rec, deadline, cases, rows, reps) -> None:
                         return
 
                     def launch(i, kern=kern, mode=mode, bn=bn, c=c, x=x, res=res, out=out):
-                        if kern == "mma":
-                            c["mma"](i, x, c["g"], res, out, mode=mode, res_epi=c["epi"] == "res")
+                        if kern.startswith("mma"):
+                            c["mma"](i, x, c["g"], res, out, mode=mode, res_epi=c["epi"] == "res",
+                                     version=2 if kern == "mma2" else 1)
                         else:
                             c["fma"][bn](i, x, c["g"], res, out, mode=mode, res_epi=c["epi"] == "res", group=16)
 

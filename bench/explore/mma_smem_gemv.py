@@ -24,7 +24,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -114,6 +114,134 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
         mbarrier.invalidate(bars.index(s))
 
 
+@gluon.jit
+def _copy_x_rows(buf, x_ptr, rows, M, stride_x, col, KC: gl.constexpr, NC: gl.constexpr):
+    """cp.async of rows `rows` ([RB]) of x into the shared tile buf [RB, Q, KQ] (KQ = NC KC), one commit group;
+    rows >= M are not read."""
+    xmask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
+    xoff = gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col
+    for c in gl.static_range(NC):
+        async_copy.async_copy_global_to_shared(buf.slice(c * KC, KC, dim=2), x_ptr + xoff + c * KC, mask=xmask)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _mma_smem_gemv_v2_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x, eps,
+                             K: gl.constexpr, NMB: gl.constexpr, MODE: gl.constexpr, RES: gl.constexpr,
+                             KC: gl.constexpr, NBUF: gl.constexpr):
+    """Version 2 (session 11, written after the device time ran out: compiled for sm_90 on the CPU, not yet run).
+    What version 1 did serially after the wait, overlapped: the norm weight is staged to shared memory BEFORE
+    the wait (no kernel writes it); after the wait every row block's residual is loaded at once; x goes to a
+    double-buffered shared tile by cp.async, block b + 1's copy issued before block b's products; two
+    accumulators (even / odd boxes) halve the chain of dependent mma. NBUF 2: block b + 1's copy overlaps
+    block b's products; NBUF 1 (when two x tiles do not fit with the weights: K 4096) it overlaps only block
+    b's epilogue. Same arithmetic for every M (row blocks of RB, fixed box order, acc0 + acc1 then the
+    quarters summed in order): rows stay bitwise independent of M."""
+    Qc: gl.constexpr = 4
+    BNc: gl.constexpr = 16
+    RBc: gl.constexpr = 8
+    BKc: gl.constexpr = 64
+    KQ: gl.constexpr = K // Qc
+    NS: gl.constexpr = KQ // BKc
+    NC: gl.constexpr = KQ // KC
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Qc, 1, 1], instr_shape=[1, 16, 8])
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
+    LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [1, Qc, 1], [2, 1, 0])   # [RB, Q, KC]
+    LG: gl.constexpr = gl.SliceLayout(0, LX)                                        # [Q, KC]
+    SX: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])                 # of one buffer [RB, Q, KQ]
+    SG: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    pid = gl.program_id(0)
+    n0 = pid * BNc
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, Qc, BNc, BKc], w_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, RBc, Qc, KQ], SX)
+    g_smem = gl.allocate_shared_memory(gl.bfloat16, [Qc, KQ], SG)
+    bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(bars.index(s), count=1)
+    if MODE == 1:
+        gdc_wait()
+        gdc_launch_dependents()
+    if MODE == 2:
+        gdc_launch_dependents()
+    for s in gl.static_range(NS):
+        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [0, n0, s * BKc], bars.index(s), w_smem.index(s))
+    rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+    rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
+    if not RES:                       # the norm weight: no earlier kernel writes it, so before the wait
+        gq = gl.arange(0, Qc, layout=gl.SliceLayout(1, LG))
+        gk = gl.arange(0, KC, layout=gl.SliceLayout(0, LG))
+        gcol = gl.expand_dims(gq, 1) * KQ + gl.expand_dims(gk, 0)
+        for c in gl.static_range(NC):
+            g_smem.slice(c * KC, KC, dim=1).store(gl.load(g_ptr + gcol + c * KC))
+    if MODE == 2:
+        gdc_wait()
+    ym = gl.arange(0, RBc, layout=gl.SliceLayout(0, LY))
+    yn = n0 + gl.arange(0, BNc, layout=gl.SliceLayout(1, LY))
+    resv = ()
+    if RES:                           # every block's residual at once (one round trip for all of them)
+        for b in gl.static_range(NMB):
+            yrow = b * RBc + ym
+            roff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
+            rmask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
+            resv = resv + (gl.load(res_ptr + roff, mask=rmask, other=0.0).to(gl.float32),)
+    _copy_x_rows(x_smem.index(0), x_ptr, rm, M, stride_x, col, KC, NC)             # block 0's x
+    for b in gl.static_range(NMB):
+        if NBUF == 2 and b + 1 < NMB:  # block b + 1's x into the other buffer, while block b computes
+            _copy_x_rows(x_smem.index((b + 1) % 2), x_ptr, (b + 1) * RBc + rm, M, stride_x, col, KC, NC)
+            async_copy.wait_group(1)
+        else:
+            async_copy.wait_group(0)
+        gl.thread_barrier()
+        xs = x_smem.index(b % NBUF)
+        if not RES:                   # each row's sum of squares, then x * g in place
+            ss = gl.zeros([RBc], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+            for c in gl.static_range(NC):
+                xc = xs.slice(c * KC, KC, dim=2).load(LX).to(gl.float32)
+                ss += gl.sum(gl.sum(xc * xc, axis=2), axis=1)
+                gc = g_smem.slice(c * KC, KC, dim=1).load(LG).to(gl.float32)
+                xs.slice(c * KC, KC, dim=2).store((xc * gl.expand_dims(gc, 0)).to(gl.bfloat16))
+            gl.thread_barrier()
+        acc0 = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
+        acc1 = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
+        for s in gl.static_range(NS):
+            if b == 0:
+                mbarrier.wait(bars.index(s), 0)
+            a = w_smem.index(s).load(LA)
+            xb = xs.slice(s * BKc, BKc, dim=2).permute((1, 2, 0)).load(LB)
+            if s % 2 == 0:
+                acc0 = mma_v2(a, xb, acc0)
+            else:
+                acc1 = mma_v2(a, xb, acc1)
+        if NBUF == 1 and b + 1 < NMB:  # the one buffer is free once every thread has read it: refill it now
+            gl.thread_barrier()
+            _copy_x_rows(x_smem.index(0), x_ptr, (b + 1) * RBc + rm, M, stride_x, col, KC, NC)
+        y = gl.sum(acc0 + acc1, axis=0)                                             # quarters in order
+        yrow = b * RBc + ym
+        ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
+        omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
+        if RES:
+            y = y + resv[b]
+        else:
+            rstd = 1.0 / gl.sqrt_rn(ss / K + eps)
+            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, LY))
+            y = y * gl.expand_dims(rstd, 0)
+        gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
+        gl.thread_barrier()                                                         # buffer reuse
+    for s in gl.static_range(NS):
+        mbarrier.invalidate(bars.index(s))
+
+
+def x_buffers(k: int) -> int:
+    """Version 2's x tiles: two when the weight slice, two x tiles and the norm weight fit 220 KB of shared memory
+    (K 2048: 132 KB), else one (K 4096: 200 KB)."""
+    return 2 if BN * k * 2 + 2 * RB * k * 2 + k * 2 <= 220 << 10 else 1
+
+
 class MmaSmemGemv:
     """Launcher of `_mma_smem_gemv_kernel` for one weight list (rotating copies; one TMA descriptor per copy)."""
 
@@ -132,11 +260,15 @@ class MmaSmemGemv:
             self.descs[i] = TensorDescriptor(self.ws[i], [Q, self.n, kq], [kq, self.k, 1], shape, layout)
         return self.descs[i]
 
-    def __call__(self, i: int, x, g, res, out, *, mode: int = 2, res_epi: bool = True, eps: float = 1e-5):
-        """out = res + x W_i^T (res_epi) or rstd(x) ((x g) W_i^T); x [M, K] (row stride any), res / out [M, N] bf16
-        contiguous, M <= 48. mode: 2 weights loaded before `gdc_wait`, 1 after, 0 no PDL."""
+    def __call__(self, i: int, x, g, res, out, *, mode: int = 2, res_epi: bool = True, eps: float = 1e-5,
+                 version: int = 1):
+        """out = res + x W_i^T (res_epi) or rstd(x) ((x g) W_i^T); x [M, K] (row stride any, 16-byte aligned rows
+        for version 2's cp.async), res / out [M, N] bf16 contiguous, M <= 48. mode: 2 weights loaded before
+        `gdc_wait`, 1 after, 0 no PDL. version: 1 `_mma_smem_gemv_kernel`, 2 `_mma_smem_gemv_v2_kernel`."""
         m = x.shape[0]
         kc = min(256, self.k // Q)
-        _mma_smem_gemv_kernel[(self.n // BN,)](
+        extra = {} if version == 1 else dict(NBUF=x_buffers(self.k))
+        kernel = {1: _mma_smem_gemv_kernel, 2: _mma_smem_gemv_v2_kernel}[version]
+        kernel[(self.n // BN,)](
             self.desc(i), x, g, res, out, m, self.n, x.stride(0), eps, K=self.k, NMB=triton.cdiv(m, RB), MODE=mode,
-            RES=res_epi, KC=kc, num_warps=Q, launch_pdl=mode > 0)
+            RES=res_epi, KC=kc, num_warps=Q, launch_pdl=mode > 0, **extra)
