@@ -746,7 +746,8 @@ def bench_step(cfg, model: str, weights, rows_list, ctx: int, device, bw, rec: _
 def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Budget, *, compiled: bool = True,
                     profile: bool = False) -> None:
     """One Qwen3-30B-A3B layer (attention + MoE), LM head excluded: through FusedModel (with `profile`, each
-    launch's cost in the layer, `profile_graph`, after a read flush), and the plain-PyTorch layer
+    launch's cost in the layer, `profile_graph`, on the step graph, whose LM head evicts the L2 between
+    replays), and the plain-PyTorch layer
     (`_torch_step_fns`) under a CUDA graph and, with `compiled`, under torch.compile + a CUDA graph."""
     import torch
 

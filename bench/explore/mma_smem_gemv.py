@@ -36,6 +36,23 @@ BK = 64        # columns per box (128 bytes: one 128-byte swizzle row)
 
 
 @gluon.jit
+def _load_weight_slice(w_desc, w_smem, bars, n0, NS: gl.constexpr, BK: gl.constexpr, MODE: gl.constexpr):
+    """Both kernels' start: one mbarrier per box, the PDL hand-off (MODE 1: wait, then let the next launch
+    start, so the boxes load after the wait; MODE 2: let it start, the caller waits later, so the boxes load
+    before the wait), then the NS TMA boxes [Q, BN, BK] of this program's slice, all in flight at once."""
+    for s in gl.static_range(NS):
+        mbarrier.init(bars.index(s), count=1)
+    if MODE == 1:
+        gdc_wait()
+        gdc_launch_dependents()
+    if MODE == 2:
+        gdc_launch_dependents()
+    for s in gl.static_range(NS):
+        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(w_desc, [0, n0, s * BK], bars.index(s), w_smem.index(s))
+
+
+@gluon.jit
 def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x, eps,
                           K: gl.constexpr, NMB: gl.constexpr, MODE: gl.constexpr, RES: gl.constexpr,
                           KC: gl.constexpr):
@@ -59,16 +76,7 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
     w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, Qc, BNc, BKc], w_desc.layout)
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [RBc, Qc, KQ], SX)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(bars.index(s), count=1)
-    if MODE == 1:
-        gdc_wait()
-        gdc_launch_dependents()
-    if MODE == 2:
-        gdc_launch_dependents()
-    for s in gl.static_range(NS):
-        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [0, n0, s * BKc], bars.index(s), w_smem.index(s))
+    _load_weight_slice(w_desc, w_smem, bars, n0, NS, BKc, MODE)
     rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
     rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
     rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
@@ -158,16 +166,7 @@ def _mma_smem_gemv_v2_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, strid
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, RBc, Qc, KQ], SX)
     g_smem = gl.allocate_shared_memory(gl.bfloat16, [Qc, KQ], SG)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(bars.index(s), count=1)
-    if MODE == 1:
-        gdc_wait()
-        gdc_launch_dependents()
-    if MODE == 2:
-        gdc_launch_dependents()
-    for s in gl.static_range(NS):
-        mbarrier.expect(bars.index(s), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [0, n0, s * BKc], bars.index(s), w_smem.index(s))
+    _load_weight_slice(w_desc, w_smem, bars, n0, NS, BKc, MODE)
     rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
     rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
     rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))

@@ -54,7 +54,8 @@ cat > /tmp/bisect_prof.py <<'PY'
 """python3 bisect_prof.py PROF_JSON BENCH_ARGS...: `python -m lowlat.bench BENCH_ARGS` of the lowlat on
 PYTHONPATH, with bench_step's replay_time_us (the fused step's timing) replaced by the same median of
 event_times_us that also keeps the samples, then traces 10 replays under torch.profiler (as HEAD's
-`kernel_trace` / `launch_costs`: each launch's cost = its end minus the previous launch's end; span = first
+`kernel_trace` / `launch_costs`, copied here because the older commits it runs lack them: each launch's cost
+= its end minus the previous launch's end; span = first
 start to last end of a replay), times the host side of single replays (`host_replay_us`) and replays queued
 back to back (b2b_us; the bench's replay_time_us synchronizes before each replay)."""
 import json

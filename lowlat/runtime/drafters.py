@@ -304,7 +304,7 @@ class LayerSkipDrafter:
         return runner if hasattr(runner, "early_exit_hidden") else None
 
     def _draft_hidden(self, engine: Engine, step: StepBatch) -> torch.Tensor:
-        self._check_layers(engine)
+        """Final-normed hidden states of one draft position (routes 2-3; `propose` checked n first)."""
         if self._forward is not None:
             return self._forward(step, engine.pool, self.num_layers)
         runner = self._runner(engine)

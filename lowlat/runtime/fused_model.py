@@ -288,8 +288,8 @@ class FusedModel:
             k_cap, need_noise  the sampler's launch flags for these rows (`draft_sampling.launch_flags`)
         Returns: a `DraftSample` of the M valid rows (tokens [M] int64, logits [M, V] fp32 unless one_hot,
             lse / cut_value [M] fp32, cut_id [M] int32; q via `.probs()`): views of static buffers shared
-            by every width, valid until the next draft_position call (at any width). `one_hot` is the flag the launch set (on a
-            replay, the one recorded when the graph was captured).
+            by every width, valid until the next draft_position call (at any width). `one_hot` is the flag
+            the launch set (on a replay, the one recorded when the graph was captured).
         Raises ValueError for n not an int in 1..N; UnsupportedConfigError / StepContractError as
         `draft_sampling.check_sampling_args` (k_cap, need_noise, the sampling tensors' shapes and dtypes),
         UnsupportedConfigError for a model the draft kernels do not take; StepContractError as `forward`.
@@ -298,9 +298,12 @@ class FusedModel:
         self._check_num_layers(num_layers)
         nv = step.num_valid_rows
         check_sampling_args(nv, temperature, top_k, top_p, seeds, offsets, k_cap=k_cap, need_noise=need_noise)
-        if self.cfg.vocab_size * self.cfg.hidden_size >= 2 ** 31 or self.cfg.hidden_size > RMS_MAX_HIDDEN:
-            raise UnsupportedConfigError("vocab_size", self.cfg.vocab_size, "the draft kernels index the LM head "
-                                         f"with int32 and take H <= {RMS_MAX_HIDDEN}")
+        if self.cfg.vocab_size * self.cfg.hidden_size >= 2 ** 31:
+            raise UnsupportedConfigError("vocab_size", self.cfg.vocab_size, f"V x H = {self.cfg.vocab_size} x "
+                                         f"{self.cfg.hidden_size}: the draft sampler indexes the LM head with int32")
+        if self.cfg.hidden_size > RMS_MAX_HIDDEN:
+            raise UnsupportedConfigError("hidden_size", self.cfg.hidden_size,
+                                         f"the draft position's RMSNorm kernel takes H <= {RMS_MAX_HIDDEN}")
         bufs, m, kc, vc = self._prepare(step, pool)
         self._load_sampling(bufs, nv, temperature, top_k, top_p, seeds, offsets)
         out = self._draft_sample_out(bufs.width)

@@ -722,3 +722,19 @@ def test_gpu_qwen3_moe_layer_graph_equals_eager_and_within_policy(device):
                 case.step, [k.double() for k in ks], [v.double() for v in vs])
             baseline = ReferenceModel(cfg, w).forward(case.step, [k.clone() for k in ks], [v.clone() for v in vs])
             check_accuracy("fused_model", a, oracle, baseline, output="logits")
+
+
+def test_draft_position_refuses_a_hidden_size_its_norm_kernel_cannot_take(monkeypatch):
+    """H above the RMSNorm kernel's MAX_HIDDEN: UnsupportedConfigError naming hidden_size (not vocab_size), before
+    any launch (the K/V cache untouched). The limit is lowered here so that a tiny model crosses it."""
+    import lowlat.runtime.fused_model as fmod
+
+    cfg = tiny(num_layers=3)
+    fm = FusedModel(cfg, random_model_weights(cfg, seed=8), device="cpu", widths=(4,))
+    case, ks, vs = _early_exit_case(cfg, 9)
+    pool = fresh_pool(ks, vs)
+    monkeypatch.setattr(fmod, "RMS_MAX_HIDDEN", cfg.hidden_size - 1)
+    with pytest.raises(UnsupportedConfigError, match=f"hidden_size={cfg.hidden_size}"):
+        fm.draft_position(case.step, pool, 2, *draft_rows("mixed", 3, seed=1), k_cap=8, need_noise=True)
+    for i in range(cfg.num_layers):
+        check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ks[i].nan_to_num(7.0), output="k_cache")
