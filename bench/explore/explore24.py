@@ -150,6 +150,9 @@ def main() -> None:
     a = p.parse_args()
     if a.dot:
         class _DebugGraph(torch.cuda.CUDAGraph):            # keeps its cudaGraph_t for debug_dump
+            def __new__(cls, keep_graph: bool = False):     # (debug mode alone no longer keeps it: torch 2.11)
+                return super().__new__(cls, True)
+
             def __init__(self, *args, **kwargs):
                 super().__init__()
                 self.enable_debug_mode()
@@ -187,7 +190,16 @@ def main() -> None:
     for j, i in enumerate(idx):
         wo = fm.layers[j].wo
         layers.append(dict(layer=j, us=round(statistics.median(costs[i - 1]), 2), wo=hex(wo.data_ptr()),
-                           wo_mod_2m=wo.data_ptr() % 2 ** 21, prev_us=round(statistics.median(costs[i - 2]), 2)))
+                           wo_mod_2m=wo.data_ptr() % 2 ** 21, prev_us=round(statistics.median(costs[i - 2]), 2),
+                           start_minus_prev_end=round(statistics.median(
+                               trace[r * n + i][1] - trace[r * n + i - 1][2] for r in range(10)), 2),
+                           dur=round(statistics.median(trace[r * n + i][2] - trace[r * n + i][1]
+                                                       for r in range(10)), 2)))
+    by_role: dict[str, list[float]] = {}
+    for i in range(1, n):
+        by_role.setdefault(roles[i], []).append(statistics.median(costs[i - 1]))
+    out["role_cost_sum_us"] = {k: round(sum(v), 1) for k, v in by_role.items()}
+    out["role_cost_median_us"] = {k: round(statistics.median(v), 2) for k, v in by_role.items()}
     out.update(attn=hex(bufs.attn.data_ptr()), x=hex(bufs.x.data_ptr()), layers=layers,
                out_proj_median=statistics.median(l["us"] for l in layers))
     from lowlat.kernels.out_proj import _residual_gemv_kernel

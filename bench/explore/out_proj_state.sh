@@ -26,4 +26,7 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/explore24_*.json"), key=lambda p: int(
     d = json.load(open(f))
     print(f"{d['warm']:10} {d['out_proj']:8} out_proj {d['out_proj_median']:5.2f} us  step r1 {d['step_us_r1']:7.1f} "
           f"r6 {d['step_us_r6']:7.1f}  tokens {d['logits_check'][3]}  dot {d.get('dot')}")
+    L = d["layers"]
+    med = lambda k: sorted(l[k] for l in L)[len(L) // 2]
+    print(f"   out_proj start-prev_end {med('start_minus_prev_end')} dur {med('dur')}  roles {d['role_cost_sum_us']}")
 PY

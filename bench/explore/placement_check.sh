@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Prepared in session 12 for the next device session (NOT run yet; ~4-6 min): where every launch's programs run
+# (bench/explore/sm_placement.py), and what undoes the CTA packing found in session 12 (out_proj's 36 programs on
+# 6 SMs in the SmolLM2 6-row step):
+#   SmolLM2 step, widths 1,6: as is; attention without its early PDL trigger / with it after the KV loop; out_proj
+#   at 16 / 8 warps (at most 3 / 6 programs on one SM by registers, against 8 by shared memory at 4 warps);
+#   SmolLM2 step, a server's widths 1..48 in order: as is and out_proj at 16 warps;
+#   Llama-3.2-1B step, widths 1,6;
+#   the per-kernel benches still under issue 3's 70% at 1 row (Llama out_proj / down / gate_up, Qwen3 out_proj):
+#   are their programs spread one per SM, or packed?
+cd "$(dirname "$0")/../.."
+source bench/device/common.sh
+i=0
+step() {  # order model extra...
+  i=$((i + 1)); local f="$OUT/pl_${i}"
+  timeout 150 python3 bench/explore/sm_placement.py step --order "$1" --model "$2" "${@:3}" --out "$f.json" > "$f.log" 2>&1 \
+    || { echo "step $* failed"; tail -4 "$f.log"; return; }
+  python3 - "$f.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["model"], "order", d["order"], "attn_trigger", d["attn_trigger"], d["plan_o"].replace("GemvPlan", "")[:120],
+      "logits", d["logits_check"][:2])
+for w, v in d["widths"].items():
+    print(f"  r{w:<3} step {v['step_us']:7.1f} us |", "  ".join(
+        f"{r}: {int(x['programs'])}p/{int(x['sms'])}sm/max{int(x['max_per_sm'])}" for r, x in v["roles"].items()))
+PY
+}
+gemv() {  # kind n k
+  i=$((i + 1)); local f="$OUT/pl_${i}"
+  timeout 90 python3 bench/explore/sm_placement.py gemv --kind "$1" --n "$2" --k "$3" "${@:4}" --out "$f.json" > "$f.log" 2>&1 \
+    || { echo "gemv $* failed"; tail -4 "$f.log"; return; }
+  python3 - "$f.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["kind"], d["n"], d["k"], "rows", d["rows"], f"{d['us_per_launch']:.2f} us/launch", d["wbytes"], "B", d["placement"],
+      d["plan"].replace("GemvPlan", "")[:110])
+PY
+}
+S=SmolLM2-135M
+step 1,6 $S
+step 1,6 $S --attn-trigger none
+step 1,6 $S --attn-trigger late
+step 1,6 $S --plan-o '{"warps": 16}'
+step 1,6 $S --plan-o '{"warps": 8}'
+step 1,2,4,6,8,12,16,24,32,48 $S
+step 1,2,4,6,8,12,16,24,32,48 $S --plan-o '{"warps": 16}'
+step 1,6 Llama-3.2-1B
+gemv residual 2048 2048
+gemv residual 2048 8192
+gemv gate_up 8192 2048
+gemv out_proj 2048 4096

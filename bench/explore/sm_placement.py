@@ -1,0 +1,317 @@
+"""Session-12 tool (issue 3): on which SMs the launches of a CUDA graph of lowlat's fused kernels run.
+
+Session 12 found (explore25.py with %smid, bench/results/session12/call10) that the SmolLM2 6-row step's slow out_proj
+(7.9-8.3 us a layer instead of 2.2-2.5) is CTA packing. PDL launches out_proj while the 6-row attention's programs
+still occupy the GPU; its 36 programs then land on 6 SMs, up to 7 each (the register limit: 72 registers x 128
+threads), and they stay there after the wait. The GEMV phase then takes 5.4 us instead of 1.8. Where the launch is
+not early (a torch kernel in between), the same 36 programs run on 36 SMs, one each.
+
+This tool records, for every program of every instrumented launch in a graph replay, its SM (%smid), its start
+time (%globaltimer) and which kernel it belongs to. It works on instrumented COPIES of the kernels: a source
+rewrite, as explore25 does; the production kernels are untouched. With it the same question can be asked of
+every launch of a step, and of the per-kernel benches, whose 1-row bandwidth (issue 3's 70% target) is what
+is still missed.
+
+    python bench/explore/sm_placement.py step --model SmolLM2-135M --order 1,6 [--attn-trigger early|none|late]
+        [--plan-o JSON] [--out F]
+    python bench/explore/sm_placement.py gemv --kind residual --n 2048 --k 2048 --rows 1 [--plan JSON]
+        [--chain 20] [--out F]
+
+step: a FusedModel with random weights, the widths captured in --order. For each width it reports the
+replay time and, per launch role, the median over layers of: programs, distinct SMs, most programs on one SM,
+and the spread of program start times (ns).
+gemv: one `lowlat.bench._GemvCase` launched --chain times back to back in a graph (PDL, rotating weight
+copies, as the kernels section times it). Reported: the time per launch and the same placement numbers.
+
+Variants to try against packing, to be measured:
+- --attn-trigger none: the attention copy keeps its gdc_wait but never calls gdc_launch_dependents. out_proj then
+  launches only as attention's programs exit.
+- --attn-trigger late: the trigger comes after a working program's KV loop. Programs without work trigger by
+  exiting early.
+- --plan-o '{"warps": 16}': out_proj at 16 warps.
+  - Compiled for sm_90 on the CPU (session 12), SmolLM2's out_proj takes 40 registers x 512 threads, so at most
+    3 programs fit on one SM. At 4 warps it is 44 x 128 with 28 KB of shared memory: 8 on one SM.
+  - At 8 and 16 warps that compile had no cp.async: the loop may lose its pipelining.
+  - The plan's warps do not change the arithmetic (`_gemv.GemvPlan`), so the logits checksums should match.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import importlib
+import importlib.util
+import inspect
+import json
+import statistics
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+#: the fused step's kernels: module -> kernel functions instrumented (every launch of them is recorded)
+KERNELS = {
+    "lowlat.kernels.attn_prologue": ["_attn_prologue_kernel"],
+    "lowlat.kernels.decode_attention": ["_decode_attention_kernel"],
+    "lowlat.kernels.out_proj": ["_residual_gemv_kernel"],
+    "lowlat.kernels.mlp": ["_gate_up_kernel"],
+    "lowlat.kernels.lm_head": ["_lm_head_kernel"],
+    "lowlat.kernels.moe": ["_router_logits_kernel", "_route_plan_kernel", "_expert_gate_up_kernel",
+                           "_expert_down_kernel", "_combine_kernel"],
+}
+SLOTS, MAX_PROGRAMS, FIELDS = 256, 16384, 3      # record per program: start ns, SM, kernel id + 1
+
+HEADER = '''
+import triton
+import triton.language as tl
+import {module} as _src
+globals().update({{k: v for k, v in vars(_src).items() if not k.startswith("__")}})
+
+
+@triton.jit
+def _pl_now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _pl_smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False,
+                                     pack=1).to(tl.int64)
+
+'''
+
+RECORD = """\
+_pl_pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+_pl_b = _pl_tr + _pl_pid.to(tl.int64) * {fields}
+tl.store(_pl_b, _pl_now())
+tl.store(_pl_b + 1, _pl_smid())
+tl.store(_pl_b + 2, _pl_smid() * 0 + {kid})
+"""
+
+
+def instrumented_source(fn_src: str, name: str, kid: int, edits: list[tuple[str, str]] = ()) -> str:
+    """The kernel's source (a @triton.jit function, decorator included) renamed `name`, with a last parameter
+    `_pl_tr` (the launch's trace row) and, before its first statement after the docstring, a record of the
+    program's start time, SM and `kid` (kernel id + 1). `edits`: exact (old, new) replacements applied first,
+    each of which must occur once."""
+    src = textwrap.dedent(fn_src)
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise ValueError(f"edit target found {src.count(old)} times: {old!r}")
+        src = src.replace(old, new)
+    tree = ast.parse(src)
+    fn = tree.body[0]
+    if not isinstance(fn, ast.FunctionDef):
+        raise ValueError("expected one function definition")
+    lines = src.splitlines(keepends=True)
+    body = fn.body
+    first = body[1] if (isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+                        and isinstance(body[0].value.value, str) and len(body) > 1) else body[0]
+    indent = " " * first.col_offset
+    record = "".join(indent + ln + "\n" for ln in RECORD.format(fields=FIELDS, kid=kid).splitlines())
+    lines.insert(first.lineno - 1, record)
+    # the new parameter, after the last one (end position of the last argument, annotation included)
+    last = (fn.args.args + fn.args.kwonlyargs)[-1]
+    row, col = last.end_lineno - 1, last.end_col_offset
+    if fn.args.defaults and last in fn.args.args[-len(fn.args.defaults):]:
+        default = fn.args.defaults[-1]
+        row, col = default.end_lineno - 1, default.end_col_offset
+    lines[row] = lines[row][:col] + ", _pl_tr=None" + lines[row][col:]
+    out = "".join(lines)
+    out = out.replace(f"def {fn.name}(", f"def {name}(", 1)
+    return out
+
+
+#: source edits of the attention copy per --attn-trigger: "none" never calls gdc_launch_dependents (out_proj then
+#: launches as attention's programs exit); "late" calls it after a working program's KV loop, before its store /
+#: split-K combine (programs without work trigger by exiting)
+_NO_START_TRIGGER = ("        gdc_wait()\n        gdc_launch_dependents()\n", "        gdc_wait()\n")
+ATTN_TRIGGER_EDITS = {
+    "early": [],
+    "none": [_NO_START_TRIGGER],
+    "late": [_NO_START_TRIGGER,
+             ("\n            if nsplits == 1:\n",
+              "\n            if USE_PDL:\n                gdc_launch_dependents()\n            if nsplits == 1:\n")],
+}
+
+
+class Placement:
+    """Installs instrumented copies of the step's kernels (module attributes replaced by launch proxies) and
+    reads back where their programs ran. attn_trigger: "early" (as lowlat), "none" or "late" (ATTN_TRIGGER_EDITS)."""
+
+    def __init__(self, device, *, attn_trigger: str = "early") -> None:
+        import torch
+
+        self.trace = torch.zeros(SLOTS, MAX_PROGRAMS, FIELDS, dtype=torch.int64, device=device)
+        self.names: list[str] = []
+        self.calls = 0
+        self._restore: list[tuple] = []
+        for mod_name, kernels in KERNELS.items():
+            mod = importlib.import_module(mod_name)
+            for kname in kernels:
+                edits = ATTN_TRIGGER_EDITS[attn_trigger] if kname == "_decode_attention_kernel" else []
+                self._install(mod, kname, edits)
+
+    def _install(self, mod, kname: str, edits) -> None:
+        real = getattr(mod, kname)
+        kid = len(self.names)
+        self.names.append(kname)
+        new_name = f"{kname}_placed"
+        path = Path(tempfile.mkdtemp()) / f"placed_{kname}.py"
+        path.write_text(HEADER.format(module=mod.__name__) + instrumented_source(
+            inspect.getsource(real.fn), new_name, kid + 1, edits))
+        spec = importlib.util.spec_from_file_location(f"placed_{kname}", path)
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        kernel, owner = getattr(gen, new_name), self
+
+        class Launch:
+            def __getitem__(self, grid):
+                g = tuple(grid) + (1,) * (3 - len(grid))
+                n = g[0] * g[1] * g[2]
+                if n > MAX_PROGRAMS:
+                    raise ValueError(f"{kname}: grid {grid} has {n} programs > {MAX_PROGRAMS}")
+
+                def call(*args, **kw):
+                    slot = owner.calls % SLOTS
+                    owner.calls += 1
+                    return kernel[grid](*args, _pl_tr=owner.trace[slot], **kw)
+                return call
+
+            def __getattr__(self, attr):
+                return getattr(real, attr)
+
+        setattr(mod, kname, Launch())
+        self._restore.append((mod, kname, real))
+
+    def restore(self) -> None:
+        for mod, kname, real in self._restore:
+            setattr(mod, kname, real)
+
+    def record(self, replay) -> list[dict]:
+        """Zero the trace, call replay() once, and return its launches in start order: kernel, programs,
+        distinct SMs, most programs on one SM, spread of start times (ns) and first start (ns)."""
+        import torch
+
+        self.trace.zero_()
+        torch.cuda.synchronize()
+        replay()
+        torch.cuda.synchronize()
+        return launches_of(self.trace.cpu(), self.names)
+
+
+def launches_of(trace, names: list[str]) -> list[dict]:
+    """The launches recorded in a trace [SLOTS, MAX_PROGRAMS, FIELDS] (kernel id 0 = no program there)."""
+    out = []
+    for s in range(trace.shape[0]):
+        rows = trace[s][trace[s, :, 2] > 0]
+        if rows.shape[0] == 0:
+            continue
+        start, sm = rows[:, 0], rows[:, 1].tolist()
+        per_sm = collections.Counter(sm)
+        out.append(dict(kernel=names[int(rows[0, 2]) - 1], programs=int(rows.shape[0]), sms=len(per_sm),
+                        max_per_sm=max(per_sm.values()), spread_ns=int(start.max() - start.min()),
+                        start_ns=int(start.min())))
+    out.sort(key=lambda e: e["start_ns"])
+    return out
+
+
+def by_role(launches: list[dict]) -> dict[str, dict]:
+    """Medians per launch role (`lowlat.bench.launch_roles` of the kernel names, in start order)."""
+    from lowlat.bench import launch_roles
+
+    roles = launch_roles([e["kernel"] for e in launches])
+    acc: dict[str, list[dict]] = {}
+    for r, e in zip(roles, launches):
+        acc.setdefault(r, []).append(e)
+    return {r: dict(n=len(v), **{k: statistics.median(e[k] for e in v)
+                                 for k in ("programs", "sms", "max_per_sm", "spread_ns")})
+            for r, v in acc.items()}
+
+
+def run_step(a) -> dict:
+    import dataclasses
+
+    import torch
+
+    from lowlat.bench import _DecodeCase, random_kv, random_weights_on_device
+    from lowlat.benchmarking import replay_time_us
+    from lowlat.config import preset
+    from lowlat.runtime.fused_model import FusedModel
+
+    dev = torch.device("cuda")
+    order = [int(x) for x in a.order.split(",")]
+    pl = Placement(dev, attn_trigger=a.attn_trigger)
+    cfg = preset(a.model)
+    w = random_weights_on_device(cfg, dev)
+    kv = random_kv(cfg, cfg.num_layers, max(order), 512, dev)
+    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
+    if a.plan_o:
+        fm.plan_o = dataclasses.replace(fm.plan_o, **json.loads(a.plan_o))
+    out = dict(mode="step", model=a.model, order=order, attn_trigger=a.attn_trigger, plan_o=str(fm.plan_o),
+               widths={})
+    for rows in order:
+        fm.forward(_DecodeCase(cfg, rows, 512, dev, kv).step, kv)
+        g = fm._graphs[rows]
+        t = replay_time_us(g, iters=20, warmup=3)
+        out["widths"][rows] = dict(step_us=round(t, 1), roles=by_role(pl.record(g.replay)))
+    logits = fm.forward(_DecodeCase(cfg, order[-1], 512, dev, kv).step, kv).double()
+    out["logits_check"] = [logits.sum().item(), logits.abs().sum().item(), logits.argmax(-1).tolist()[:8]]
+    return out
+
+
+def run_gemv(a) -> dict:
+    import dataclasses
+
+    import torch
+
+    from lowlat.bench import _GemvCase
+    from lowlat.benchmarking import capture_graph, replay_time_us
+    from lowlat.kernels._gemv import plan_gemv
+
+    dev = torch.device("cuda")
+    pl = Placement(dev)
+    case = _GemvCase(a.kind, a.n, a.k, 1e-5, dev)
+    plan = plan_gemv(a.n, a.k, kind=a.kind)
+    if a.plan:
+        plan = dataclasses.replace(plan, **json.loads(a.plan))
+    chain = max(a.chain, case.nc)                 # at least every weight copy once (cold L2)
+    g = capture_graph(lambda i: case.launch(plan, a.rows, i), chain)
+    t = replay_time_us(g, iters=20, warmup=3) / chain
+    launches = pl.record(g.replay)
+    mid = launches[1:-1] or launches             # the first / last launch have no neighbour on one side
+    return dict(mode="gemv", kind=a.kind, n=a.n, k=a.k, rows=a.rows, plan=str(plan), chain=chain,
+                us_per_launch=round(t, 3), wbytes=case.wbytes,
+                placement={k: statistics.median(e[k] for e in mid)
+                           for k in ("programs", "sms", "max_per_sm", "spread_ns")},
+                launches=launches[:4])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="mode", required=True)
+    s = sub.add_parser("step")
+    s.add_argument("--model", default="SmolLM2-135M")
+    s.add_argument("--order", default="1,6")
+    s.add_argument("--attn-trigger", default="early", choices=sorted(ATTN_TRIGGER_EDITS))
+    s.add_argument("--plan-o", default=None)
+    s.add_argument("--out", default=None)
+    g = sub.add_parser("gemv")
+    g.add_argument("--kind", default="residual", choices=["residual", "out_proj", "gate_up", "lm_head"])
+    g.add_argument("--n", type=int, required=True)
+    g.add_argument("--k", type=int, required=True)
+    g.add_argument("--rows", type=int, default=1)
+    g.add_argument("--plan", default=None)
+    g.add_argument("--chain", type=int, default=20)
+    g.add_argument("--out", default=None)
+    a = p.parse_args()
+    out = run_step(a) if a.mode == "step" else run_gemv(a)
+    print(json.dumps(out))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

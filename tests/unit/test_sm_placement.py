@@ -1,0 +1,119 @@
+"""bench/explore/sm_placement.py, the session-12 tool that records on which SM every program of a graph's launches
+runs: its source rewrite (instrumented copies of lowlat's kernels), its reading of the trace, and that the copies
+compile for sm_90 with the record in them (and, for the attention variant, without the early PDL trigger)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "explore"))
+
+import sm_placement as sp  # noqa: E402
+
+NO_TRIGGER = sp.ATTN_TRIGGER_EDITS["none"]
+
+
+def _src(module: str, kernel: str) -> str:
+    import importlib
+
+    return inspect.getsource(getattr(importlib.import_module(module), kernel).fn)
+
+
+def test_instrumented_source_records_after_the_docstring_and_adds_the_trace_parameter():
+    out = sp.instrumented_source(_src("lowlat.kernels.out_proj", "_residual_gemv_kernel"), "k_placed", 4)
+    fn = ast.parse(out).body[0]
+    assert fn.name == "k_placed"
+    assert fn.args.args[-1].arg == "_pl_tr"
+    assert "do_not_specialize" in out                                 # the decorator is kept
+    body = fn.body
+    assert isinstance(body[0].value, ast.Constant)                    # the docstring stays first
+    first = ast.unparse(body[1])
+    assert first.startswith("_pl_pid = tl.program_id(0)"), first
+    stores = [ast.unparse(s) for s in body[3:6]]
+    assert stores[0] == "tl.store(_pl_b, _pl_now())" and stores[2].endswith("_pl_smid() * 0 + 4)"), stores
+    assert ast.unparse(body[6]) == "pid_n = tl.program_id(0)"          # then the kernel's own statements
+
+
+def test_instrumented_source_applies_the_attention_edit_once_and_refuses_a_missing_one():
+    src = _src("lowlat.kernels.decode_attention", "_decode_attention_kernel")
+    out = sp.instrumented_source(src, "a_placed", 1, NO_TRIGGER)
+    assert "gdc_launch_dependents" not in out and "gdc_wait()" in out
+    assert ast.unparse(ast.parse(out).body[0].body[0]).startswith("_pl_pid")   # no docstring: record first
+    with pytest.raises(ValueError, match="found 0 times"):
+        sp.instrumented_source(out, "b", 1, NO_TRIGGER)
+    late = sp.instrumented_source(src, "a_placed", 1, sp.ATTN_TRIGGER_EDITS["late"])
+    assert late.count("gdc_launch_dependents()") == 1
+    loop = late.index("for t0 in range(start, end, BLOCK_N):")
+    trigger = late.index("gdc_launch_dependents()")
+    assert loop < trigger < late.index("if nsplits == 1:") < late.index("tl.atomic_add")
+
+
+def test_launches_of_counts_programs_per_sm_and_orders_by_start():
+    names = ["_attn_prologue_kernel", "_residual_gemv_kernel"]
+    t = torch.zeros(4, 16, sp.FIELDS, dtype=torch.int64)
+    # slot 3: kernel 2, five programs on SMs 7, 7, 7, 9, 11 starting at 100..140 ns
+    for i, (sm, start) in enumerate(zip([7, 7, 7, 9, 11], [120, 100, 140, 110, 130])):
+        t[3, i] = torch.tensor([start, sm, 2])
+    # slot 1: kernel 1, two programs on SMs 0 and 0 at 500, 500 (starts later than slot 3)
+    t[1, 0] = torch.tensor([500, 0, 1])
+    t[1, 5] = torch.tensor([500, 0, 1])
+    got = sp.launches_of(t, names)
+    assert got == [dict(kernel="_residual_gemv_kernel", programs=5, sms=3, max_per_sm=3, spread_ns=40, start_ns=100),
+                   dict(kernel="_attn_prologue_kernel", programs=2, sms=1, max_per_sm=2, spread_ns=0, start_ns=500)]
+
+
+def test_instrumented_copies_compile_for_sm90_with_the_record(tmp_path, monkeypatch):
+    from sampling_stats import compile_sm90
+
+    files = [("placed_res", "lowlat.kernels.out_proj", "_residual_gemv_kernel", []),
+             ("placed_att_none", "lowlat.kernels.decode_attention", "_decode_attention_kernel", NO_TRIGGER),
+             ("placed_att_late", "lowlat.kernels.decode_attention", "_decode_attention_kernel",
+              sp.ATTN_TRIGGER_EDITS["late"])]
+    for file, mod, kernel, edits in files:
+        (tmp_path / f"{file}.py").write_text(
+            sp.HEADER.format(module=mod) + sp.instrumented_source(_src(mod, kernel), f"{kernel}_placed", 2, edits))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ptr = {n: "*bf16" for n in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
+    ptr.update(rstd_ptr="*fp32", ws_ptr="*fp32", ss_ptr="*fp32", cnt_ptr="*i32", _pl_tr="*i64")
+    [res] = compile_sm90("placed_res:_residual_gemv_kernel_placed", [{
+        "constexprs": dict(SPLIT=1, CPS=9, BN=16, BK=64, NUM_MB=1, NORM=False, WRITE_H=False, NT_P2=16, BH=512,
+                           N_COLS=1, EVEN_N=True, EVEN_K=True, PF_K=1024, PRELOAD=False, USE_PDL=True,
+                           UPCAST=False),
+        "pointers": ptr, "scalars": {"eps": "fp32"}, "launch_pdl": True, "ptx": True}])
+    assert "%smid" in res["ptx"] and "%globaltimer" in res["ptx"]
+    assert "griddepcontrol.launch_dependents" in res["ptx"]
+    att_spec = {
+        "constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, NVR_FROM_PTR=True, USE_PDL=True,
+                           INTERP=False),
+        "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
+                         pos_ptr="*i64", nvr_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32", wsml_ptr="*fp32",
+                         cnt_ptr="*i32", _pl_tr="*i64"),
+        "scalars": {"qk_scale": "fp32"}, "launch_pdl": True, "ptx": True}
+    [none] = compile_sm90("placed_att_none:_decode_attention_kernel_placed", [att_spec])
+    assert "%smid" in none["ptx"] and "griddepcontrol.wait" in none["ptx"]
+    assert "griddepcontrol.launch_dependents" not in none["ptx"]
+    [late] = compile_sm90("placed_att_late:_decode_attention_kernel_placed", [att_spec])
+    assert late["ptx"].count("griddepcontrol.launch_dependents") == 1
+
+
+def test_placement_installs_proxies_that_refuse_oversized_grids_and_restores_the_kernels():
+    from lowlat.kernels import decode_attention, out_proj
+
+    real = out_proj._residual_gemv_kernel, decode_attention._decode_attention_kernel
+    pl = sp.Placement("cpu", attn_trigger="none")
+    try:
+        assert out_proj._residual_gemv_kernel is not real[0]
+        assert pl.names[:3] == ["_attn_prologue_kernel", "_decode_attention_kernel", "_residual_gemv_kernel"]
+        with pytest.raises(ValueError, match="programs > 16384"):
+            out_proj._residual_gemv_kernel[(129, 128)]
+        out_proj._residual_gemv_kernel[(128, 128)]                  # within the trace: a launcher
+        assert out_proj._residual_gemv_kernel.arg_names == real[0].arg_names   # attributes pass through
+    finally:
+        pl.restore()
+    assert (out_proj._residual_gemv_kernel, decode_attention._decode_attention_kernel) == real
