@@ -16,7 +16,8 @@ launches every out_proj without PDL (a plain stream dependency), pf0 with the sa
 prefetch (pf_k 0); both apply to the step graphs and eager6's eager steps, not to the warm-up graphs.
 --dot PREFIX keeps every CUDA graph's cudaGraph_t (torch's debug mode) and writes the 6-row step graph as
 PREFIX_r6.dot (cudaGraphDebugDotPrint: nodes, kernel parameters, edges and their types), with counts of its
-edges and of the edges marked programmatic in the JSON: do both states have the same PDL edges? Printed too: the specializations
+edges and of the edges marked programmatic in the JSON: do both states have the same PDL edges? (Under torch
+2.11 no file is written, with debug mode alone or with keep_graph=True: session 12 calls 1-2; not pursued.) Printed too: the specializations
 Triton compiled for `_residual_gemv_kernel` and, from the CUPTI trace, the out_proj launches' grid / block /
 registers / shared memory.
 """
@@ -150,7 +151,7 @@ def main() -> None:
     a = p.parse_args()
     if a.dot:
         class _DebugGraph(torch.cuda.CUDAGraph):            # keeps its cudaGraph_t for debug_dump
-            def __new__(cls, keep_graph: bool = False):     # (debug mode alone no longer keeps it: torch 2.11)
+            def __new__(cls, keep_graph: bool = False):     # session 12: still no file written (torch 2.11)
                 return super().__new__(cls, True)
 
             def __init__(self, *args, **kwargs):

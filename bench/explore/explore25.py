@@ -6,9 +6,10 @@ out_proj's programs resident ~7 us before attention ends. In the slow runs the s
 over 36 SMs, one each, were the 1-row step's out_proj and the 6-row one with a torch kernel between attention and
 out_proj (call10). The fast early-launch runs (--warm capture1, widths 1..48 at 6 rows) were NOT recorded with
 %smid (no device time left); that they are spread is the expectation, not a measurement. The wait itself returns
-on time in both states. Which SMs are free when out_proj launches depends on the timing of the 6-row attention
-grid (32 x 3 x 6 = 576 programs, 162 of them with work). That would explain why the state changed with things
-that are not part of the kernel: FusedModel's widths (buffer sizes), num_valid_rows, an earlier graph capture.
+on time in both states. Hypothesis, not measured: which SMs have room when out_proj launches depends on the
+timing of the 6-row attention grid (32 x 3 x 6 = 576 programs, 162 of them with work by the code's split rule).
+That would explain why the state changed with things that are not part of the kernel: FusedModel's widths
+(buffer sizes), num_valid_rows, an earlier graph capture.
 What the stamps ruled out along the way:
 - gate/up's early launch: out_proj's trigger moved after its GEMV, still slow (call3);
 - the weights missing in L2: the prefetch off, or the weights preloaded into registers, still slow (call4);

@@ -3,7 +3,7 @@
 # (bench/explore/sm_placement.py), and what undoes the CTA packing found in session 12 (out_proj's 36 programs on
 # 6 SMs in the SmolLM2 6-row step):
 #   SmolLM2 step, widths 1,6: as is; attention without its early PDL trigger / with it after the KV loop; out_proj
-#   at 16 / 8 warps (at most 3 / 6 programs on one SM by registers, against 8 by shared memory at 4 warps);
+#   at 16 / 8 warps (at most 3 / 6 programs on one SM by registers, against 7 by shared memory at 4 warps);
 #   SmolLM2 step, a server's widths 1..48 in order: as is and out_proj at 16 warps;
 #   Llama-3.2-1B step, widths 1,6;
 #   the per-kernel benches still under issue 3's 70% at 1 row (Llama out_proj / down / gate_up, Qwen3 out_proj):

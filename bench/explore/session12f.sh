@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 12 call 6 (lost: the machine was taken back mid-call) and call 7 (the same script again): are the slow
 # out_proj's attn loads L2 misses? explore25 --variant probe times two dependent .cg loads of attn row M-1 (the
-# program's 16 columns) right after the wait (first / second: miss vs hit), in the slow configuration (widths 1,6: r6 slow) and in widths 1..16 (r6 fast, r12 / r16 slow).
+# program's 16 columns) right after the wait (first / second: miss vs hit), in the slow configuration (widths 1,6:
+# r6 slow) and in widths 1..16 (r6 fast, r12 / r16 slow).
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 i=0

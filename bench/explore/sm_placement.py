@@ -1,9 +1,9 @@
 """Session-12 tool (issue 3): on which SMs the launches of a CUDA graph of lowlat's fused kernels run.
 
 Session 12 found (explore25.py with %smid, bench/results/session12/call10) that the SmolLM2 6-row step's slow out_proj
-(7.9-8.3 us a layer instead of 2.2-2.5) is CTA packing. PDL launches out_proj while the 6-row attention's programs
-still occupy the GPU; its 36 programs then land on 6 SMs, up to 7 each (the register limit: 72 registers x 128
-threads), and they stay there after the wait. The GEMV phase then takes 5.4 us instead of 1.8. Where the launch is
+(7.9-8.35 us a layer instead of 2.2-2.5) is CTA packing. PDL launches out_proj while the 6-row attention's programs
+still occupy the GPU; its 36 programs then land on 6 SMs, up to 7 on one (the shared-memory limit: 28 KB a
+program + 1 KB reserved per block, of 228 KB), and they stay there after the wait. The GEMV phase then takes 5.4 us instead of 1.8. Where the launch is
 not early (a torch kernel in between), the same 36 programs run on 36 SMs, one each.
 
 This tool records, for every program of every instrumented launch in a graph replay, its SM (%smid), its start
@@ -30,7 +30,7 @@ Variants to try against packing, to be measured:
   exiting early.
 - --plan-o '{"warps": 16}': out_proj at 16 warps.
   - Compiled for sm_90 on the CPU (session 12), SmolLM2's out_proj takes 40 registers x 512 threads, so at most
-    3 programs fit on one SM. At 4 warps it is 44 x 128 with 28 KB of shared memory: 8 on one SM.
+    3 programs fit on one SM. At 4 warps it is 44 x 128 with 28 KB of shared memory: 7 on one SM.
   - At 8 and 16 warps that compile had no cp.async: the loop may lose its pipelining.
   - The plan's warps do not change the arithmetic (`_gemv.GemvPlan`), so the logits checksums should match.
 """
