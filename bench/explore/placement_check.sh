@@ -7,7 +7,8 @@
 #   SmolLM2 step, a server's widths 1..48 in order: as is and out_proj at 16 warps;
 #   Llama-3.2-1B step, widths 1,6;
 #   the per-kernel benches still under issue 3's 70% at 1 row (Llama out_proj / down / gate_up, Qwen3 out_proj):
-#   are their programs spread one per SM, or packed?
+#   are their programs spread one per SM, or packed? And Llama out_proj with two plans that can hold only 2 / 1
+#   programs on one SM (against 5).
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 i=0
@@ -46,6 +47,10 @@ step 1,2,4,6,8,12,16,24,32,48 $S
 step 1,2,4,6,8,12,16,24,32,48 $S --plan-o '{"warps": 16}'
 step 1,6 Llama-3.2-1B
 gemv residual 2048 2048
+# Llama out_proj with plans that hold fewer programs on one SM (sm90_check-style CPU compile, session 12: the
+# default preload bn64 split 8 holds 5; these 2 and 1, both with cp.async pipelining, no spills)
+gemv residual 2048 2048 --plan '{"preload": false, "split": 4, "chunks_per_split": 4, "stages": 4, "pf_k": 512}'
+gemv residual 2048 2048 --plan '{"preload": false, "bn": 128, "split": 4, "chunks_per_split": 4, "stages": 4, "pf_k": 512}'
 gemv residual 2048 8192
 gemv gate_up 8192 2048
 gemv out_proj 2048 4096

@@ -21,7 +21,9 @@ step: a FusedModel with random weights, the widths captured in --order. For each
 replay time and, per launch role, the median over layers of: programs, distinct SMs, most programs on one SM,
 and the spread of program start times (ns).
 gemv: one `lowlat.bench._GemvCase` launched --chain times back to back in a graph (PDL, rotating weight
-copies, as the kernels section times it). Reported: the time per launch and the same placement numbers.
+copies, as the kernels section times it), after `_GemvCase.check` of the plan: the numerics policy at 48 rows
+and row invariance, through the instrumented kernels. Reported: the time per launch and the same placement
+numbers.
 
 Variants to try against packing, to be measured:
 - --attn-trigger none: the attention copy keeps its gdc_wait but never calls gdc_launch_dependents. out_proj then
@@ -277,6 +279,7 @@ def run_gemv(a) -> dict:
     plan = plan_gemv(a.n, a.k, kind=a.kind)
     if a.plan:
         plan = dataclasses.replace(plan, **json.loads(a.plan))
+    case.check(plan)                              # the instrumented launches compute what the reference does
     chain = max(a.chain, case.nc)                 # at least every weight copy once (cold L2)
     g = capture_graph(lambda i: case.launch(plan, a.rows, i), chain)
     t = replay_time_us(g, iters=20, warmup=3) / chain
