@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 12 for the next device session (NOT run yet; ~4-6 min): where every launch's programs run
+# Prepared in session 12 for the next device session (NOT run yet; ~4-6 min, each run skipped once 440 / 520 s are
+# used so the call ends inside 600 s; the gemv runs come last: run them in a call of their own if skipped): where
+# every launch's programs run
 # (bench/explore/sm_placement.py), and what undoes the CTA packing found in session 12 (out_proj's 36 programs on
 # 6 SMs in the SmolLM2 6-row step):
 #   SmolLM2 step, widths 1,6: as is; attention without its early PDL trigger / with it after the KV loop; out_proj
@@ -13,28 +15,32 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 i=0
 step() {  # order model extra...
+  (( SECONDS > 440 )) && { echo "skip step $*: ${SECONDS}s used"; return; }
   i=$((i + 1)); local f="$OUT/pl_${i}"
-  timeout 150 python3 bench/explore/sm_placement.py step --order "$1" --model "$2" "${@:3}" --out "$f.json" > "$f.log" 2>&1 \
+  timeout 100 python3 bench/explore/sm_placement.py step --order "$1" --model "$2" "${@:3}" --out "$f.json" > "$f.log" 2>&1 \
     || { echo "step $* failed"; tail -4 "$f.log"; return; }
   python3 - "$f.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(d["model"], "order", d["order"], "attn_trigger", d["attn_trigger"], d["plan_o"].replace("GemvPlan", "")[:120],
       "logits", d["logits_check"][:2])
+print("  resources capped / failed:", {k: v for k, v in d.get("resources", {}).items()
+                                        if v.get("capped_to_maxnreg") or "error" in v} or "none")
 for w, v in d["widths"].items():
     print(f"  r{w:<3} step {v['step_us']:7.1f} us |", "  ".join(
         f"{r}: {int(x['programs'])}p/{int(x['sms'])}sm/max{int(x['max_per_sm'])}" for r, x in v["roles"].items()))
 PY
 }
 gemv() {  # kind n k
+  (( SECONDS > 520 )) && { echo "skip gemv $*: ${SECONDS}s used"; return; }
   i=$((i + 1)); local f="$OUT/pl_${i}"
-  timeout 90 python3 bench/explore/sm_placement.py gemv --kind "$1" --n "$2" --k "$3" "${@:4}" --out "$f.json" > "$f.log" 2>&1 \
+  timeout 60 python3 bench/explore/sm_placement.py gemv --kind "$1" --n "$2" --k "$3" "${@:4}" --out "$f.json" > "$f.log" 2>&1 \
     || { echo "gemv $* failed"; tail -4 "$f.log"; return; }
   python3 - "$f.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(d["kind"], d["n"], d["k"], "rows", d["rows"], f"{d['us_per_launch']:.2f} us/launch", d["wbytes"], "B", d["placement"],
-      d["plan"].replace("GemvPlan", "")[:110])
+      d["plan"].replace("GemvPlan", "")[:110], d.get("resources"))
 PY
 }
 S=SmolLM2-135M

@@ -25,6 +25,14 @@ copies, as the kernels section times it), after `_GemvCase.check` of the plan: t
 and row invariance, through the instrumented kernels. Reported: the time per launch and the same placement
 numbers.
 
+Read the numbers with care:
+- Its times include the record in every kernel (explore25's one stamped kernel cost ~20 us a step), so compare
+  them only within this tool, not with production numbers or the 70% target.
+- "most programs on one SM" counts over a launch's lifetime (see `Placement.record`).
+- Launches are ordered by their first start; a tie within the timer's 32 ns falls back to slot order.
+- The instrumented copies are capped to the production kernels' residency where the record would lower it
+  (`Placement.match_residency`; "resources" in the output says what each kernel compiled to).
+
 Variants to try against packing, to be measured:
 - --attn-trigger none: the attention copy keeps its gdc_wait but never calls gdc_launch_dependents. out_proj then
   launches only as attention's programs exit.
@@ -148,6 +156,7 @@ class Placement:
 
         self.trace = torch.zeros(SLOTS, MAX_PROGRAMS, FIELDS, dtype=torch.int64, device=device)
         self.names: list[str] = []
+        self.resources: dict[str, dict] = {}
         self.calls = 0
         self._restore: list[tuple] = []
         for mod_name, kernels in KERNELS.items():
@@ -179,7 +188,9 @@ class Placement:
                 def call(*args, **kw):
                     slot = owner.calls % SLOTS
                     owner.calls += 1
-                    return kernel[grid](*args, _pl_tr=owner.trace[slot], **kw)
+                    tr = owner.trace[slot]
+                    kw = dict(kw, **owner.match_residency(kname, real, kernel, grid, args, kw, tr))
+                    return kernel[grid](*args, _pl_tr=tr, **kw)
                 return call
 
             def __getattr__(self, attr):
@@ -188,18 +199,51 @@ class Placement:
         setattr(mod, kname, Launch())
         self._restore.append((mod, kname, real))
 
+    def match_residency(self, kname, real, kernel, grid, args, kw, tr) -> dict:
+        """Launch options that keep the instrumented copy's residency (programs one SM holds) equal to the
+        production kernel's. The record costs a few registers: session 12's review compiled the attention copy
+        at 83 registers against production's 80, which would let 5 programs share an SM instead of 6. When the
+        copy holds fewer, it is capped at the production kernel's register count (maxnreg), which may spill
+        a little. Both kernels are compiled without launching (Triton's `warmup`). The numbers are kept in
+        `self.resources[kname]` (per specialization, last one wins). Returns {} when anything here fails:
+        then nothing is capped, and the failure is recorded."""
+        from lowlat.kernels.sm90_check import programs_per_sm
+
+        if "maxnreg" in kw:
+            return {}
+        try:
+            rc = real.warmup(*args, grid=grid, **kw)
+            ic = kernel.warmup(*args, grid=grid, _pl_tr=tr, **kw)
+            for c in (rc, ic):
+                c._init_handles()
+            real_per = programs_per_sm(rc.n_regs, rc.metadata.shared, rc.metadata.num_warps)
+            inst_per = programs_per_sm(ic.n_regs, ic.metadata.shared, ic.metadata.num_warps)
+            capped = inst_per < real_per
+            self.resources[kname] = dict(real_regs=rc.n_regs, real_shared=rc.metadata.shared, real_per_sm=real_per,
+                                         copy_regs=ic.n_regs, copy_shared=ic.metadata.shared, copy_per_sm=inst_per,
+                                         capped_to_maxnreg=rc.n_regs if capped else None)
+            return {"maxnreg": rc.n_regs} if capped else {}
+        except Exception as e:                      # keep the run going: report, do not cap
+            self.resources[kname] = dict(error=f"{type(e).__name__}: {e}"[:300])
+            return {}
+
     def restore(self) -> None:
         for mod, kname, real in self._restore:
             setattr(mod, kname, real)
 
-    def record(self, replay) -> list[dict]:
-        """Zero the trace, call replay() once, and return its launches in start order: kernel, programs,
-        distinct SMs, most programs on one SM, spread of start times (ns) and first start (ns)."""
+    def record(self, replay, *, times: int = 3) -> list[dict]:
+        """Zero the trace, call replay() `times` times back to back (every replay rewrites the same slots, so the
+        last, warm one is read: the first starts on an idle GPU), and return its launches in start order:
+        kernel, programs, distinct SMs, most programs on one SM, spread of start times (ns) and first start
+        (ns). "Most programs on one SM" counts over the launch's lifetime: co-residency only for grids of one
+        wave (out_proj, the GEMVs); a grid of many short programs (decode attention, the LM head) can show
+        large counts without packing."""
         import torch
 
         self.trace.zero_()
         torch.cuda.synchronize()
-        replay()
+        for _ in range(times):
+            replay()
         torch.cuda.synchronize()
         return launches_of(self.trace.cpu(), self.names)
 
@@ -255,10 +299,15 @@ def run_step(a) -> dict:
     out = dict(mode="step", model=a.model, order=order, attn_trigger=a.attn_trigger, plan_o=str(fm.plan_o),
                widths={})
     for rows in order:
+        before = pl.calls
         fm.forward(_DecodeCase(cfg, rows, 512, dev, kv).step, kv)
+        if (pl.calls - before) // 2 > SLOTS:             # an eager run and the capture: one graph's launches
+            raise ValueError(f"{(pl.calls - before) // 2} launches in the {rows}-row graph > SLOTS={SLOTS}: "
+                             "slots would wrap inside it")
         g = fm._graphs[rows]
         t = replay_time_us(g, iters=20, warmup=3)
         out["widths"][rows] = dict(step_us=round(t, 1), roles=by_role(pl.record(g.replay)))
+    out["resources"] = pl.resources
     logits = fm.forward(_DecodeCase(cfg, order[-1], 512, dev, kv).step, kv).double()
     out["logits_check"] = [logits.sum().item(), logits.abs().sum().item(), logits.argmax(-1).tolist()[:8]]
     return out
@@ -286,7 +335,7 @@ def run_gemv(a) -> dict:
     launches = pl.record(g.replay)
     mid = launches[1:-1] or launches             # the first / last launch have no neighbour on one side
     return dict(mode="gemv", kind=a.kind, n=a.n, k=a.k, rows=a.rows, plan=str(plan), chain=chain,
-                us_per_launch=round(t, 3), wbytes=case.wbytes,
+                us_per_launch=round(t, 3), wbytes=case.wbytes, resources=pl.resources,
                 placement={k: statistics.median(e[k] for e in mid)
                            for k in ("programs", "sms", "max_per_sm", "spread_ns")},
                 launches=launches[:4])

@@ -117,3 +117,42 @@ def test_placement_installs_proxies_that_refuse_oversized_grids_and_restores_the
     finally:
         pl.restore()
     assert (out_proj._residual_gemv_kernel, decode_attention._decode_attention_kernel) == real
+
+
+class _Compiled:
+    def __init__(self, regs, shared, warps=4):
+        from types import SimpleNamespace
+        self.n_regs, self.metadata = regs, SimpleNamespace(shared=shared, num_warps=warps)
+
+    def _init_handles(self):
+        pass
+
+
+class _Kernel:
+    def __init__(self, compiled=None, error=None):
+        self.compiled, self.error, self.calls = compiled, error, []
+
+    def warmup(self, *args, grid, **kw):
+        self.calls.append((grid, kw))
+        if self.error:
+            raise self.error
+        return self.compiled
+
+
+def test_match_residency_caps_the_copy_at_the_production_registers_only_when_it_would_hold_fewer():
+    pl = sp.Placement("cpu")
+    try:
+        # 83 registers (rounded to 88) x 128 threads: 5 programs an SM; production's 80: 6 -> capped at 80
+        got = pl.match_residency("att", _Kernel(_Compiled(80, 12288)), _Kernel(_Compiled(83, 12288)), (32, 3, 6),
+                                 (), {"num_warps": 4}, None)
+        assert got == {"maxnreg": 80}
+        assert pl.resources["att"]["real_per_sm"] == 6 and pl.resources["att"]["copy_per_sm"] == 5
+        # 44 vs 48 registers, 28 KB shared: 7 either way (shared memory bounds it) -> not capped
+        assert pl.match_residency("op", _Kernel(_Compiled(44, 28672)), _Kernel(_Compiled(48, 28672)), (36,), (),
+                                  {}, None) == {}
+        assert pl.resources["op"]["capped_to_maxnreg"] is None
+        # a failure to compile without launching is recorded, never raised
+        assert pl.match_residency("bad", _Kernel(error=RuntimeError("no GPU")), _Kernel(), (1,), (), {}, None) == {}
+        assert pl.resources["bad"]["error"].startswith("RuntimeError: no GPU")
+    finally:
+        pl.restore()
