@@ -14,10 +14,9 @@ replayed); layers1 / attn1 / ffn1 only one of those graphs; capture1 a graph of 
 any other graph flip it?); eager6 runs the 6-row step eagerly twice before its capture. --out-proj nopdl
 launches every out_proj without PDL (a plain stream dependency), pf0 with the same plan minus its L2
 prefetch (pf_k 0); both apply to the step graphs and eager6's eager steps, not to the warm-up graphs.
---dot PREFIX keeps every CUDA graph's cudaGraph_t (torch's debug mode) and writes the 6-row step graph as
-PREFIX_r6.dot (cudaGraphDebugDotPrint: nodes, kernel parameters, edges and their types), with counts of its
-edges and of the edges marked programmatic in the JSON: do both states have the same PDL edges? (Under torch
-2.11 no file is written, with debug mode alone or with keep_graph=True: session 12 calls 1-2; not pursued.) Printed too: the specializations
+(Until session 12, --dot PREFIX was to write the 6-row step graph as DOT via torch's debug_dump; under torch
+2.11 no file was ever written, with debug mode alone or with keep_graph=True (session 12 calls 1-2), so it was
+removed; the question it asked was answered by the SM placement instead: explore25.) Printed too: the specializations
 Triton compiled for `_residual_gemv_kernel` and, from the CUPTI trace, the out_proj launches' grid / block /
 registers / shared memory.
 """
@@ -147,17 +146,7 @@ def main() -> None:
     p.add_argument("--warm", default="none", choices=["none", "breakdown", "layers1", "attn1", "ffn1", "capture1",
                                                       "eager6"])
     p.add_argument("--out-proj", default="default", choices=["default", "nopdl", "pf0"])
-    p.add_argument("--dot", default=None, help="write the 6-row step graph as PREFIX_r6.dot")
     a = p.parse_args()
-    if a.dot:
-        class _DebugGraph(torch.cuda.CUDAGraph):            # keeps its cudaGraph_t for debug_dump
-            def __new__(cls, keep_graph: bool = False):     # session 12: still no file written (torch 2.11)
-                return super().__new__(cls, True)
-
-            def __init__(self, *args, **kwargs):
-                super().__init__()
-                self.enable_debug_mode()
-        torch.cuda.CUDAGraph = _DebugGraph
     dev = torch.device("cuda")
     pad = torch.empty(int(a.pad_mb * 2 ** 20), dtype=torch.uint8, device=dev) if a.pad_mb else None
     cfg = preset("SmolLM2-135M")
@@ -208,12 +197,6 @@ def main() -> None:
                                             for k in c[0]]
     out["out_proj_launch_args"] = launch_args("_residual_gemv_kernel", g.replay)
     out["workspace_ptrs"] = workspace_ptrs(fm)
-    if a.dot:
-        path = f"{a.dot}_r{a.rows}.dot"
-        g.debug_dump(path)
-        text = Path(path).read_text()
-        out["dot"] = dict(path=path, edges=text.count("->"), programmatic=text.lower().count("programmatic"),
-                          bytes=len(text))
     logits = fm.forward(_DecodeCase(cfg, a.rows, 512, dev, kv).step, kv).double()
     out["logits_check"] = [logits.sum().item(), logits.abs().sum().item(), bool(logits.isfinite().all().item()),
                            logits.argmax(-1).tolist()]

@@ -64,23 +64,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-HEADER = '''
-import triton
-import triton.language as tl
-import lowlat.kernels.out_proj as _m
-globals().update({k: v for k, v in vars(_m).items() if not k.startswith("__")})
+from sm_placement import HEADER as _PLACEMENT_HEADER  # noqa: E402  (_pl_now, _pl_smid)
 
-
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False,
-                                     pack=1).to(tl.int64)
-
+HEADER = _PLACEMENT_HEADER.format(module="lowlat.kernels.out_proj") + '''
 
 @triton.jit
 def _now_after(v):
@@ -101,8 +87,8 @@ def traced_source(variant: str = "stamps") -> str:
                       "USE_PDL: tl.constexpr, UPCAST: tl.constexpr, tr_ptr=None):")
     src = src.replace("def _residual_gemv_kernel(", "def _residual_gemv_kernel_traced(")
     edits = [
-        ("    pid_k = tl.program_id(1)\n", "    pid_k = tl.program_id(1)\n    _t0 = _now()\n"),
-        ("    # the residual tile, in flight", "    _t1 = _now()\n    # the residual tile, in flight"),
+        ("    pid_k = tl.program_id(1)\n", "    pid_k = tl.program_id(1)\n    _t0 = _pl_now()\n"),
+        ("    # the residual tile, in flight", "    _t1 = _pl_now()\n    # the residual tile, in flight"),
         ("    MP: tl.constexpr = 16 * NUM_MB\n",
          "    _t2 = _now_after(tl.sum(a0, axis=0).to(tl.int32, bitcast=True).sum())\n    _t3 = _t2\n"
          "    MP: tl.constexpr = 16 * NUM_MB\n"),
@@ -141,7 +127,7 @@ def traced_source(variant: str = "stamps") -> str:
             "            if USE_PDL:\n"
             "                gdc_wait()\n"
             "                gdc_launch_dependents()\n"
-            "            _t1 = _now()\n"
+            "            _t1 = _pl_now()\n"
             "        r0 = _load_res(res_ptr, stride_rm, 0, n0, _m, N, BN)\n"
             "        a0, a1, a2, b0, b1, b2, s0, s1, s2 = gemv_loop(\n"
             "            w_ptr, 0, stride_wn, a_ptr, stride_am, _m, N, n0, k_begin, K, nw_ptr, z, z, z,\n"
@@ -149,12 +135,12 @@ def traced_source(variant: str = "stamps") -> str:
             "    r1 = r0\n    r2 = r0\n")
         src = src.replace(old_mid, new_mid)
     src = src.rstrip("\n") + (
-        "\n    _t4 = _now()\n"
+        "\n    _t4 = _pl_now()\n"
         "    _b = tr_ptr + (pid_n + pid_k * tl.num_programs(0)) * 8\n"
         "    tl.store(_b + 0, _t0)\n    tl.store(_b + 1, _t1)\n    tl.store(_b + 2, _t2)\n"
         "    tl.store(_b + 3, _t3)\n    tl.store(_b + 4, _t4)\n    tl.store(_b + 5, pid_n * 0 + 1)\n"
         + ("    tl.store(_b + 6, _t6 - _t1)\n    tl.store(_b + 7, _t7 - _t6)\n" if variant == "probe" else
-           "    tl.store(_b + 6, _smid())\n"))
+           "    tl.store(_b + 6, _pl_smid())\n"))
     return HEADER + src
 
 

@@ -34,6 +34,15 @@ BN = 16        # output rows per program (the mma's m)
 RB = 8         # rows per block (the mma's n)
 BK = 64        # columns per box (128 bytes: one 128-byte swizzle row)
 
+# the kernels' tile sizes and layouts (gl.constexpr, so both kernels read the same ones)
+_Q, _BN, _RB, _BK = gl.constexpr(Q), gl.constexpr(BN), gl.constexpr(RB), gl.constexpr(BK)
+_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8]))
+_LA = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=8))
+_LB = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=8))
+_LY = gl.constexpr(gl.SliceLayout(0, _MMA.value))                                  # [BN, RB]
+_LX = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 1, 32], [1, Q, 1], [2, 1, 0]))  # x staging [RB, Q, KC]: 8 columns a thread
+_SX = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))                    # x in shared memory [RB, Q, KQ]
+
 
 @gluon.jit
 def _load_weight_slice(w_desc, w_smem, bars, n0, NS: gl.constexpr, BK: gl.constexpr, MODE: gl.constexpr):
@@ -58,38 +67,27 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
                           KC: gl.constexpr):
     """See the module docstring. NMB row blocks of RB (a launch constexpr: ceil(M / RB)); KC columns of a
     quarter staged per step of the x staging loop."""
-    Qc: gl.constexpr = 4
-    BNc: gl.constexpr = 16
-    RBc: gl.constexpr = 8
-    BKc: gl.constexpr = 64
-    KQ: gl.constexpr = K // Qc
-    NS: gl.constexpr = KQ // BKc
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Qc, 1, 1], instr_shape=[1, 16, 8])
-    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
-    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
-    LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
-    # x staging tile [RB, Q, KC]: 8 contiguous columns per thread
-    LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [1, Qc, 1], [2, 1, 0])
-    SX: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    KQ: gl.constexpr = K // _Q
+    NS: gl.constexpr = KQ // _BK
     pid = gl.program_id(0)
-    n0 = pid * BNc
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, Qc, BNc, BKc], w_desc.layout)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [RBc, Qc, KQ], SX)
+    n0 = pid * _BN
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, _Q, _BN, _BK], w_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [_RB, _Q, KQ], _SX)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    _load_weight_slice(w_desc, w_smem, bars, n0, NS, BKc, MODE)
-    rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-    rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    _load_weight_slice(w_desc, w_smem, bars, n0, NS, _BK, MODE)
+    rm = gl.arange(0, _RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
+    rq = gl.arange(0, _Q, layout=gl.SliceLayout(0, gl.SliceLayout(2, _LX)))
+    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, _LX)))
     col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
     if MODE == 2:
         gdc_wait()
-    ym = gl.arange(0, RBc, layout=gl.SliceLayout(0, LY))
-    yn = n0 + gl.arange(0, BNc, layout=gl.SliceLayout(1, LY))
+    ym = gl.arange(0, _RB, layout=gl.SliceLayout(0, _LY))
+    yn = n0 + gl.arange(0, _BN, layout=gl.SliceLayout(1, _LY))
     for b in gl.static_range(NMB):
-        rows = b * RBc + rm
+        rows = b * _RB + rm
         rmask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
         xoff = gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col
-        ss = gl.zeros([RBc], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+        ss = gl.zeros([_RB], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
         for c in gl.static_range(KQ // KC):
             xc = gl.load(x_ptr + xoff + c * KC, mask=rmask, other=0.0)
             if not RES:
@@ -99,22 +97,22 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
                 xc = (xf * gc).to(gl.bfloat16)
             x_smem.slice(c * KC, KC, dim=2).store(xc)
         gl.thread_barrier()
-        acc = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
+        acc = gl.zeros([_Q, _BN, _RB], gl.float32, _MMA)
         for s in gl.static_range(NS):
             if b == 0:
                 mbarrier.wait(bars.index(s), 0)
-            a = w_smem.index(s).load(LA)
-            xb = x_smem.slice(s * BKc, BKc, dim=2).permute((1, 2, 0)).load(LB)
+            a = w_smem.index(s).load(_LA)
+            xb = x_smem.slice(s * _BK, _BK, dim=2).permute((1, 2, 0)).load(_LB)
             acc = mma_v2(a, xb, acc)
         y = gl.sum(acc, axis=0)                                                     # [BN, RB], quarters in order
-        yrow = b * RBc + ym
+        yrow = b * _RB + ym
         ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
         omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
         if RES:
             y = y + gl.load(res_ptr + ooff, mask=omask, other=0.0).to(gl.float32)
         else:
             rstd = 1.0 / gl.sqrt_rn(ss / K + eps)
-            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, LY))
+            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, _LY))
             y = y * gl.expand_dims(rstd, 0)
         gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
         gl.thread_barrier()                                                         # x_smem reused by the next block
@@ -145,89 +143,79 @@ def _mma_smem_gemv_v2_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, strid
     block b's products; NBUF 1 (when two x tiles do not fit with the weights: K 4096) it overlaps only block
     b's epilogue. Same arithmetic for every M (row blocks of RB, fixed box order, acc0 + acc1 then the
     quarters summed in order): rows stay bitwise independent of M."""
-    Qc: gl.constexpr = 4
-    BNc: gl.constexpr = 16
-    RBc: gl.constexpr = 8
-    BKc: gl.constexpr = 64
-    KQ: gl.constexpr = K // Qc
-    NS: gl.constexpr = KQ // BKc
+    KQ: gl.constexpr = K // _Q
+    NS: gl.constexpr = KQ // _BK
     NC: gl.constexpr = KQ // KC
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Qc, 1, 1], instr_shape=[1, 16, 8])
-    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
-    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
-    LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
-    LX: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [1, Qc, 1], [2, 1, 0])   # [RB, Q, KC]
-    LG: gl.constexpr = gl.SliceLayout(0, LX)                                        # [Q, KC]
-    SX: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])                 # of one buffer [RB, Q, KQ]
+    LG: gl.constexpr = gl.SliceLayout(0, _LX)                                        # [Q, KC]
     SG: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     pid = gl.program_id(0)
-    n0 = pid * BNc
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, Qc, BNc, BKc], w_desc.layout)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, RBc, Qc, KQ], SX)
-    g_smem = gl.allocate_shared_memory(gl.bfloat16, [Qc, KQ], SG)
+    n0 = pid * _BN
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, _Q, _BN, _BK], w_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, _RB, _Q, KQ], _SX)
+    g_smem = gl.allocate_shared_memory(gl.bfloat16, [_Q, KQ], SG)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    _load_weight_slice(w_desc, w_smem, bars, n0, NS, BKc, MODE)
-    rm = gl.arange(0, RBc, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-    rq = gl.arange(0, Qc, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    _load_weight_slice(w_desc, w_smem, bars, n0, NS, _BK, MODE)
+    rm = gl.arange(0, _RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
+    rq = gl.arange(0, _Q, layout=gl.SliceLayout(0, gl.SliceLayout(2, _LX)))
+    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, _LX)))
     col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
     if not RES:                       # the norm weight: no earlier kernel writes it, so before the wait
-        gq = gl.arange(0, Qc, layout=gl.SliceLayout(1, LG))
+        gq = gl.arange(0, _Q, layout=gl.SliceLayout(1, LG))
         gk = gl.arange(0, KC, layout=gl.SliceLayout(0, LG))
         gcol = gl.expand_dims(gq, 1) * KQ + gl.expand_dims(gk, 0)
         for c in gl.static_range(NC):
             g_smem.slice(c * KC, KC, dim=1).store(gl.load(g_ptr + gcol + c * KC))
     if MODE == 2:
         gdc_wait()
-    ym = gl.arange(0, RBc, layout=gl.SliceLayout(0, LY))
-    yn = n0 + gl.arange(0, BNc, layout=gl.SliceLayout(1, LY))
+    ym = gl.arange(0, _RB, layout=gl.SliceLayout(0, _LY))
+    yn = n0 + gl.arange(0, _BN, layout=gl.SliceLayout(1, _LY))
     resv = ()
     if RES:                           # every block's residual at once (one round trip for all of them)
         for b in gl.static_range(NMB):
-            yrow = b * RBc + ym
+            yrow = b * _RB + ym
             roff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
             rmask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
             resv = resv + (gl.load(res_ptr + roff, mask=rmask, other=0.0).to(gl.float32),)
     _copy_x_rows(x_smem.index(0), x_ptr, rm, M, stride_x, col, KC, NC)             # block 0's x
     for b in gl.static_range(NMB):
         if NBUF == 2 and b + 1 < NMB:  # block b + 1's x into the other buffer, while block b computes
-            _copy_x_rows(x_smem.index((b + 1) % 2), x_ptr, (b + 1) * RBc + rm, M, stride_x, col, KC, NC)
+            _copy_x_rows(x_smem.index((b + 1) % 2), x_ptr, (b + 1) * _RB + rm, M, stride_x, col, KC, NC)
             async_copy.wait_group(1)
         else:
             async_copy.wait_group(0)
         gl.thread_barrier()
         xs = x_smem.index(b % NBUF)
         if not RES:                   # each row's sum of squares, then x * g in place
-            ss = gl.zeros([RBc], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, LX)))
+            ss = gl.zeros([_RB], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
             for c in gl.static_range(NC):
-                xc = xs.slice(c * KC, KC, dim=2).load(LX).to(gl.float32)
+                xc = xs.slice(c * KC, KC, dim=2).load(_LX).to(gl.float32)
                 ss += gl.sum(gl.sum(xc * xc, axis=2), axis=1)
                 gc = g_smem.slice(c * KC, KC, dim=1).load(LG).to(gl.float32)
                 xs.slice(c * KC, KC, dim=2).store((xc * gl.expand_dims(gc, 0)).to(gl.bfloat16))
             gl.thread_barrier()
-        acc0 = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
-        acc1 = gl.zeros([Qc, BNc, RBc], gl.float32, MMA)
+        acc0 = gl.zeros([_Q, _BN, _RB], gl.float32, _MMA)
+        acc1 = gl.zeros([_Q, _BN, _RB], gl.float32, _MMA)
         for s in gl.static_range(NS):
             if b == 0:
                 mbarrier.wait(bars.index(s), 0)
-            a = w_smem.index(s).load(LA)
-            xb = xs.slice(s * BKc, BKc, dim=2).permute((1, 2, 0)).load(LB)
+            a = w_smem.index(s).load(_LA)
+            xb = xs.slice(s * _BK, _BK, dim=2).permute((1, 2, 0)).load(_LB)
             if s % 2 == 0:
                 acc0 = mma_v2(a, xb, acc0)
             else:
                 acc1 = mma_v2(a, xb, acc1)
         if NBUF == 1 and b + 1 < NMB:  # the one buffer is free once every thread has read it: refill it now
             gl.thread_barrier()
-            _copy_x_rows(x_smem.index(0), x_ptr, (b + 1) * RBc + rm, M, stride_x, col, KC, NC)
+            _copy_x_rows(x_smem.index(0), x_ptr, (b + 1) * _RB + rm, M, stride_x, col, KC, NC)
         y = gl.sum(acc0 + acc1, axis=0)                                             # quarters in order
-        yrow = b * RBc + ym
+        yrow = b * _RB + ym
         ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
         omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
         if RES:
             y = y + resv[b]
         else:
             rstd = 1.0 / gl.sqrt_rn(ss / K + eps)
-            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, LY))
+            rstd = gl.convert_layout(rstd, gl.SliceLayout(0, _LY))
             y = y * gl.expand_dims(rstd, 0)
         gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
         gl.thread_barrier()                                                         # buffer reuse

@@ -18,14 +18,13 @@ for spec in "none default" "layers1 default" "attn1 default" "ffn1 default" "cap
             "none nopdl" "none pf0" "breakdown nopdl" "none default"; do
   run $spec
 done
-run none default --dot "$OUT/graph_none"
-run breakdown default --dot "$OUT/graph_breakdown"
+# (session 12 call1 also ran `none` and `breakdown` with explore24 --dot; it wrote no file and was removed after)
 python3 - "$OUT" <<'PY'
 import glob, json, sys
 for f in sorted(glob.glob(f"{sys.argv[1]}/explore24_*.json"), key=lambda p: int(p.split("_")[-3])):
     d = json.load(open(f))
     print(f"{d['warm']:10} {d['out_proj']:8} out_proj {d['out_proj_median']:5.2f} us  step r1 {d['step_us_r1']:7.1f} "
-          f"r6 {d['step_us_r6']:7.1f}  tokens {d['logits_check'][3]}  dot {d.get('dot')}")
+          f"r6 {d['step_us_r6']:7.1f}  tokens {d['logits_check'][3]}")
     L = d["layers"]
     med = lambda k: sorted(l[k] for l in L)[len(L) // 2]
     print(f"   out_proj start-prev_end {med('start_minus_prev_end')} dur {med('dur')}  roles {d['role_cost_sum_us']}")

@@ -156,3 +156,23 @@ def test_match_residency_caps_the_copy_at_the_production_registers_only_when_it_
         assert pl.resources["bad"]["error"].startswith("RuntimeError: no GPU")
     finally:
         pl.restore()
+
+
+@pytest.mark.parametrize("variant", ["stamps", "late", "probe", "warm"])
+def test_explore25_traced_out_proj_sources(variant):
+    """explore25's stamped copies of the residual GEMV (session 12's runs): valid Python, every stamp placed,
+    and each variant's one change where it was meant to be."""
+    import explore25
+
+    src = explore25.traced_source(variant)
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name.endswith("_traced"))
+    body = ast.unparse(fn)
+    stamps = [body.index(f"_t{i} = ") for i in range(5)]
+    assert stamps == sorted(stamps), stamps
+    wait, trigger = body.index("gdc_wait()"), body.index("gdc_launch_dependents()")
+    if variant == "late":                         # the trigger after the GEMV products (t2), not at the wait
+        assert body.index("_t2 = ") < trigger and body.count("gdc_launch_dependents()") == 1
+    else:
+        assert wait < trigger < body.index("_t1 = ", wait)
+    assert ("for _it in range(M * 0, 2)" in body) == (variant == "warm")
+    assert ("tl.store(_b + 6, _pl_smid())" in body) == (variant != "probe")
