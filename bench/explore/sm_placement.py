@@ -12,8 +12,8 @@ rewrite, as explore25 does; the production kernels are untouched. With it the sa
 every launch of a step, and of the per-kernel benches, whose 1-row bandwidth (issue 3's 70% target) is what
 is still missed.
 
-    python bench/explore/sm_placement.py step --model SmolLM2-135M --order 1,6 [--attn-trigger early|none|late]
-        [--plan-o JSON] [--out F]
+    python bench/explore/sm_placement.py step --model SmolLM2-135M --order 1,6 [--attn-trigger after_kv|start|none]
+        [--gate-up-trigger start|late] [--plan-o JSON] [--out F]
     python bench/explore/sm_placement.py gemv --kind residual --n 2048 --k 2048 --rows 1 [--plan JSON]
         [--chain 20] [--out F]
 
@@ -33,11 +33,14 @@ Read the numbers with care:
 - The instrumented copies are capped to the production kernels' residency where the record would lower it
   (`Placement.match_residency`; "resources" in the output says what each kernel compiled to).
 
-Variants to try against packing, to be measured:
+Variants to try against packing (session 12's "early" / "late" are session 13's "start" / "after_kv"; lowlat's
+attention kernel has both since session 13, "after_kv" its default):
 - --attn-trigger none: the attention copy keeps its gdc_wait but never calls gdc_launch_dependents. out_proj then
   launches only as attention's programs exit.
-- --attn-trigger late: the trigger comes after a working program's KV loop. Programs without work trigger by
-  exiting early.
+- --attn-trigger start: the trigger right after the wait (lowlat's kernel until session 13); after_kv: after a
+  working program's KV loop. Programs without work trigger by exiting early.
+- --gate-up-trigger late: gate/up releases the down projection after its GEMV products, not at its wait
+  (session 13: at 24-48 rows down's 54 programs landed on 12 SMs, the ones gate/up's 120 left free).
 - --plan-o '{"warps": 16}': out_proj at 16 warps.
   - Compiled for sm_90 on the CPU (session 12), SmolLM2's out_proj takes 40 registers x 512 threads, so at most
     3 programs fit on one SM. At 4 warps it is 44 x 128 with 28 KB of shared memory: 7 on one SM.
@@ -134,24 +137,34 @@ def instrumented_source(fn_src: str, name: str, kid: int, edits: list[tuple[str,
     return out
 
 
-#: source edits of the attention copy per --attn-trigger: "none" never calls gdc_launch_dependents (out_proj then
-#: launches as attention's programs exit); "late" calls it after a working program's KV loop, before its store /
-#: split-K combine (programs without work trigger by exiting)
-_NO_START_TRIGGER = ("        gdc_wait()\n        gdc_launch_dependents()\n", "        gdc_wait()\n")
+#: source edits of the attention copy per --attn-trigger. Since session 13 lowlat's kernel has both triggers
+#: (constexpr TRIGGER_AFTER_KV, `decode_attention(pdl_trigger=...)`): "after_kv" (lowlat's default) and "start"
+#: (session 12's "early") are chosen through the wrapper's default (`Placement`), "none" removes both calls
+#: (out_proj then launches as attention's programs exit).
 ATTN_TRIGGER_EDITS = {
-    "early": [],
-    "none": [_NO_START_TRIGGER],
-    "late": [_NO_START_TRIGGER,
-             ("\n            if nsplits == 1:\n",
-              "\n            if USE_PDL:\n                gdc_launch_dependents()\n            if nsplits == 1:\n")],
+    "after_kv": [],
+    "start": [],
+    "none": [("        if not TRIGGER_AFTER_KV:\n            gdc_launch_dependents()\n", ""),
+             ("            if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting\n"
+              "                gdc_launch_dependents()\n", "")],
+}
+#: source edits of the gate/up copy per --gate-up-trigger: "late" releases the down projection after the
+#: program's GEMV products, before its split-K partial stores / arrival (lowlat: right after gdc_wait)
+GATE_UP_TRIGGER_EDITS = {
+    "start": [],
+    "late": [("        gdc_wait()\n        gdc_launch_dependents()\n", "        gdc_wait()\n"),
+             ("    MP: tl.constexpr = 16 * NUM_MB\n",
+              "    MP: tl.constexpr = 16 * NUM_MB\n    if USE_PDL:\n        gdc_launch_dependents()\n")],
 }
 
 
 class Placement:
     """Installs instrumented copies of the step's kernels (module attributes replaced by launch proxies) and
-    reads back where their programs ran. attn_trigger: "early" (as lowlat), "none" or "late" (ATTN_TRIGGER_EDITS)."""
+    reads back where their programs ran. attn_trigger: "after_kv" (lowlat's default), "start" or "none"
+    (ATTN_TRIGGER_EDITS; "start" by `decode_attention`'s default pdl_trigger, restored by `restore`);
+    gate_up_trigger: "start" (as lowlat) or "late" (GATE_UP_TRIGGER_EDITS)."""
 
-    def __init__(self, device, *, attn_trigger: str = "early") -> None:
+    def __init__(self, device, *, attn_trigger: str = "after_kv", gate_up_trigger: str = "start") -> None:
         import torch
 
         self.trace = torch.zeros(SLOTS, MAX_PROGRAMS, FIELDS, dtype=torch.int64, device=device)
@@ -159,11 +172,16 @@ class Placement:
         self.resources: dict[str, dict] = {}
         self.calls = 0
         self._restore: list[tuple] = []
+        edits = {"_decode_attention_kernel": ATTN_TRIGGER_EDITS[attn_trigger],
+                 "_gate_up_kernel": GATE_UP_TRIGGER_EDITS[gate_up_trigger]}
         for mod_name, kernels in KERNELS.items():
             mod = importlib.import_module(mod_name)
             for kname in kernels:
-                edits = ATTN_TRIGGER_EDITS[attn_trigger] if kname == "_decode_attention_kernel" else []
-                self._install(mod, kname, edits)
+                self._install(mod, kname, edits.get(kname, []))
+        from lowlat.kernels import decode_attention as da
+        self._trigger_default = da.decode_attention.__kwdefaults__["pdl_trigger"]
+        if attn_trigger == "start":
+            da.decode_attention.__kwdefaults__["pdl_trigger"] = "start"
 
     def _install(self, mod, kname: str, edits) -> None:
         real = getattr(mod, kname)
@@ -228,8 +246,11 @@ class Placement:
             return {}
 
     def restore(self) -> None:
+        from lowlat.kernels import decode_attention as da
+
         for mod, kname, real in self._restore:
             setattr(mod, kname, real)
+        da.decode_attention.__kwdefaults__["pdl_trigger"] = self._trigger_default
 
     def record(self, replay, *, times: int = 3) -> list[dict]:
         """Zero the trace, call replay() `times` times back to back (every replay rewrites the same slots, so the
@@ -289,14 +310,15 @@ def run_step(a) -> dict:
 
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
-    pl = Placement(dev, attn_trigger=a.attn_trigger)
+    pl = Placement(dev, attn_trigger=a.attn_trigger, gate_up_trigger=a.gate_up_trigger)
     cfg = preset(a.model)
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, max(order), 512, dev)
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
     if a.plan_o:
         fm.plan_o = dataclasses.replace(fm.plan_o, **json.loads(a.plan_o))
-    out = dict(mode="step", model=a.model, order=order, attn_trigger=a.attn_trigger, plan_o=str(fm.plan_o),
+    out = dict(mode="step", model=a.model, order=order, attn_trigger=a.attn_trigger,
+               gate_up_trigger=a.gate_up_trigger, plan_o=str(fm.plan_o),
                widths={})
     for rows in order:
         before = pl.calls
@@ -347,7 +369,8 @@ def main() -> None:
     s = sub.add_parser("step")
     s.add_argument("--model", default="SmolLM2-135M")
     s.add_argument("--order", default="1,6")
-    s.add_argument("--attn-trigger", default="early", choices=sorted(ATTN_TRIGGER_EDITS))
+    s.add_argument("--attn-trigger", default="after_kv", choices=sorted(ATTN_TRIGGER_EDITS))
+    s.add_argument("--gate-up-trigger", default="start", choices=sorted(GATE_UP_TRIGGER_EDITS))
     s.add_argument("--plan-o", default=None)
     s.add_argument("--out", default=None)
     g = sub.add_parser("gemv")

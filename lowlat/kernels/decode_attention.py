@@ -20,7 +20,11 @@ resets the counter: one launch, bitwise deterministic whatever the arrival order
 Page-table entries past a row's position and the KV slots they name are never read.
 
 PDL (`use_pdl`): the kernel waits (`gdc_wait`) before reading anything (q, the step's page table and
-the KV cache are all produced upstream), then releases its dependents at once.
+the KV cache are all produced upstream). By default (`pdl_trigger="after_kv"`) a program releases its
+dependents only after its KV loop: released at once ("start"), the next launch (out_proj, 36 programs on
+SmolLM2) became resident while this grid still held the GPU, and the block scheduler packed it onto the
+few SMs with room, up to 7 programs on one SM (its shared-memory limit), where its GEMV ran ~3x slower
+(NOTES.md, sessions 12-13: bench/explore/sm_placement.py, %smid of every program).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ MAX_SPLITS = 32
 #: default tokens per block of the inner loop
 BLOCK_N = 64
 LOG2E = 1.4426950408889634
+#: where a program calls `gdc_launch_dependents` under PDL (`decode_attention(pdl_trigger=...)`)
+PDL_TRIGGERS = ("after_kv", "start")
 
 
 @dataclass
@@ -120,13 +126,15 @@ def _decode_attention_kernel(
         Hq, Hkv, qk_scale,
         stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, stride_om, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-        MAX_SPLITS: tl.constexpr, NVR_FROM_PTR: tl.constexpr, USE_PDL: tl.constexpr, INTERP: tl.constexpr):
+        MAX_SPLITS: tl.constexpr, NVR_FROM_PTR: tl.constexpr, USE_PDL: tl.constexpr,
+        TRIGGER_AFTER_KV: tl.constexpr, INTERP: tl.constexpr):
     sp = tl.program_id(0)
     j = tl.program_id(1)           # KV head
     row = tl.program_id(2)
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not TRIGGER_AFTER_KV:
+            gdc_launch_dependents()
     if NVR_FROM_PTR:
         nvr = tl.load(nvr_ptr)
     else:
@@ -170,6 +178,8 @@ def _decode_attention_kernel(
                     m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
                                                   qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
                                                   stride_pt, D, BLOCK_N, INTERP)
+            if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting
+                gdc_launch_dependents()
 
             if nsplits == 1:
                 tl.store(o_ptr + orow, to_bf16(acc / l_i[:, None], INTERP), mask=omask)
@@ -210,7 +220,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_indices: torch.Tensor, positions: torch.Tensor, num_valid_rows: int | torch.Tensor, *,
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
-                     use_pdl: bool = False, check_values: bool = False) -> torch.Tensor:
+                     use_pdl: bool = False, pdl_trigger: str = "after_kv",
+                     check_values: bool = False) -> torch.Tensor:
     """Causal GQA attention of M decode / verify rows over the paged KV cache (page size 1).
 
     Matches `lowlat.reference.attention.paged_attention`.
@@ -228,11 +239,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      and tokens per inner block (default 64)
         sm_scale     softmax scale, default 1/sqrt(D)
         use_pdl      programmatic dependent launch (sm_90; ignored when interpreting)
+        pdl_trigger  with PDL, when a program releases the next launch: "after_kv" (default) once its
+                     KV loop is done, before its stores / split combine (programs without work release
+                     by exiting), or "start" right after its `gdc_wait`. Same arithmetic either way; see
+                     the module docstring for why "after_kv".
         check_values also check req_indices / positions / visible page-table values (host sync)
     Returns: out [M, Hq, D] bf16; padding rows are 0.
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name.
-    Raises: StepContractError naming the offending tensor / value.
+    Raises: StepContractError naming the offending tensor / value; ValueError for an unknown pdl_trigger.
     """
+    if pdl_trigger not in PDL_TRIGGERS:
+        raise ValueError(f"pdl_trigger={pdl_trigger!r}; expected one of {PDL_TRIGGERS}")
     dev = q.device
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3, device=dev)
     m, hq, d = q.shape
@@ -283,7 +300,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=workspace.block_n,
-        MAX_SPLITS=workspace.num_splits, NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, INTERP=interp,
+        MAX_SPLITS=workspace.num_splits, NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl,
+        TRIGGER_AFTER_KV=pdl_trigger == "after_kv", INTERP=interp,
         num_warps=4, **extra)
     return out
 

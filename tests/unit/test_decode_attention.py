@@ -165,6 +165,44 @@ def test_decode_attention_bad_input_raises_typed_error(case):
         decode_attention(**{**base, **change})
 
 
+def test_decode_attention_unknown_pdl_trigger_raises_before_writing():
+    base, _ = _error_cases()
+    out = poison(torch.empty_like(base["q"]))
+    with pytest.raises(ValueError, match=re.escape("pdl_trigger='late'; expected one of ('after_kv', 'start')")):
+        decode_attention(**base, out=out, pdl_trigger="late")
+    assert out.isnan().all(), "nothing may be written on bad input"
+
+
+def test_decode_attention_pdl_trigger_sits_where_asked_in_the_sm90_ptx():
+    """Compiled for sm_90 (on the CPU, as the launch specialises it): "after_kv" releases the next launch after
+    the KV loop's tensor-core products and before the split-K arrival (the atomic), "start" right after the
+    wait, before any product; both compile to the same registers and shared memory, so moving the trigger
+    leaves how many programs fit on an SM unchanged (session 13: the early release let out_proj pack)."""
+    from sampling_stats import compile_sm90
+
+    def spec(after):
+        return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, NVR_FROM_PTR=True,
+                                   USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
+                "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
+                                 pos_ptr="*i64", nvr_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
+                                 wsml_ptr="*fp32", cnt_ptr="*i32"),
+                "scalars": {"qk_scale": "fp32"}, "launch_pdl": True, "ptx": True,
+                "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch",
+                              "stride_om", "stride_oh"]}
+    after, start = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel", [spec(True), spec(False)])
+    for name, info in (("after_kv", after), ("start", start)):
+        ptx = info["ptx"]
+        assert ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 1, name
+        assert "mma.sync" in ptx or "wgmma" in ptx, name
+    pos = {name: {k: info["ptx"].find(k) for k in ("griddepcontrol.wait", "griddepcontrol.launch_dependents",
+                                                     "mma", "atom.")}
+           for name, info in (("after_kv", after), ("start", start))}
+    a, s = pos["after_kv"], pos["start"]
+    assert a["griddepcontrol.wait"] < a["mma"] < a["griddepcontrol.launch_dependents"] < a["atom."], a
+    assert s["griddepcontrol.wait"] < s["griddepcontrol.launch_dependents"] < s["mma"], s
+    assert (after["registers"], after["shared"]) == (start["registers"], start["shared"]), (after, start)
+
+
 # ----------------------------------------------------------------------------- GPU (full shapes)
 #: (Hq, Hkv, D): GQA 1 (Llama-2-7B-like heads), 3 (SmolLM2), 4 (Llama-3.2-1B), 2 (Qwen3-0.6B), 8 (Qwen3-30B-A3B)
 GPU_SHAPES = [(8, 8, 64), (9, 3, 64), (32, 8, 64), (16, 8, 128), (32, 4, 128)]
@@ -190,14 +228,15 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
 def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape):
-    """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on ==
-    off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
+    """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
+    pdl_trigger) == off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
     hq, hkv, d = shape
     ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]
     rows = [1] * 20 + [3] * 5
     step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=hq, hkv=hkv, d=d, pad=48 - sum(rows), seed=1, device=device)
     ws = make_decode_workspace(48, hq, hkv, d, device)
-    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl) for pdl in (False, False, True)]
+    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, pdl_trigger=trigger)
+            for pdl, trigger in ((False, "after_kv"), (False, "after_kv"), (True, "after_kv"), (True, "start"))]
     for o in outs[1:]:
         check_bitwise("decode_attention", o, outs[0], output="run_to_run_and_pdl")
     oracle, baseline = _reference(q, kc, vc, step, per_row=True)

@@ -47,11 +47,12 @@ def test_instrumented_source_applies_the_attention_edit_once_and_refuses_a_missi
     assert ast.unparse(ast.parse(out).body[0].body[0]).startswith("_pl_pid")   # no docstring: record first
     with pytest.raises(ValueError, match="found 0 times"):
         sp.instrumented_source(out, "b", 1, NO_TRIGGER)
-    late = sp.instrumented_source(src, "a_placed", 1, sp.ATTN_TRIGGER_EDITS["late"])
+    gu = _src("lowlat.kernels.mlp", "_gate_up_kernel")
+    late = sp.instrumented_source(gu, "g_placed", 1, sp.GATE_UP_TRIGGER_EDITS["late"])
     assert late.count("gdc_launch_dependents()") == 1
-    loop = late.index("for t0 in range(start, end, BLOCK_N):")
     trigger = late.index("gdc_launch_dependents()")
-    assert loop < trigger < late.index("if nsplits == 1:") < late.index("tl.atomic_add")
+    assert late.index("gdc_wait()") < late.index("gemv_loop(") < trigger < late.index("store_partial(")
+    assert trigger < late.index("tl.atomic_add")
 
 
 def test_launches_of_counts_programs_per_sm_and_orders_by_start():
@@ -73,8 +74,8 @@ def test_instrumented_copies_compile_for_sm90_with_the_record(tmp_path, monkeypa
 
     files = [("placed_res", "lowlat.kernels.out_proj", "_residual_gemv_kernel", []),
              ("placed_att_none", "lowlat.kernels.decode_attention", "_decode_attention_kernel", NO_TRIGGER),
-             ("placed_att_late", "lowlat.kernels.decode_attention", "_decode_attention_kernel",
-              sp.ATTN_TRIGGER_EDITS["late"])]
+             ("placed_att_start", "lowlat.kernels.decode_attention", "_decode_attention_kernel",
+              sp.ATTN_TRIGGER_EDITS["start"])]
     for file, mod, kernel, edits in files:
         (tmp_path / f"{file}.py").write_text(
             sp.HEADER.format(module=mod) + sp.instrumented_source(_src(mod, kernel), f"{kernel}_placed", 2, edits))
@@ -90,7 +91,7 @@ def test_instrumented_copies_compile_for_sm90_with_the_record(tmp_path, monkeypa
     assert "griddepcontrol.launch_dependents" in res["ptx"]
     att_spec = {
         "constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, NVR_FROM_PTR=True, USE_PDL=True,
-                           INTERP=False),
+                           TRIGGER_AFTER_KV=True, INTERP=False),
         "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                          pos_ptr="*i64", nvr_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32", wsml_ptr="*fp32",
                          cnt_ptr="*i32", _pl_tr="*i64"),
@@ -98,8 +99,10 @@ def test_instrumented_copies_compile_for_sm90_with_the_record(tmp_path, monkeypa
     [none] = compile_sm90("placed_att_none:_decode_attention_kernel_placed", [att_spec])
     assert "%smid" in none["ptx"] and "griddepcontrol.wait" in none["ptx"]
     assert "griddepcontrol.launch_dependents" not in none["ptx"]
-    [late] = compile_sm90("placed_att_late:_decode_attention_kernel_placed", [att_spec])
-    assert late["ptx"].count("griddepcontrol.launch_dependents") == 1
+    start_spec = dict(att_spec, constexprs=dict(att_spec["constexprs"], TRIGGER_AFTER_KV=False))
+    for spec in (att_spec, start_spec):
+        [copy] = compile_sm90("placed_att_start:_decode_attention_kernel_placed", [spec])
+        assert copy["ptx"].count("griddepcontrol.launch_dependents") == 1
 
 
 def test_placement_installs_proxies_that_refuse_oversized_grids_and_restores_the_kernels():
@@ -117,6 +120,13 @@ def test_placement_installs_proxies_that_refuse_oversized_grids_and_restores_the
     finally:
         pl.restore()
     assert (out_proj._residual_gemv_kernel, decode_attention._decode_attention_kernel) == real
+    kwdefaults = decode_attention.decode_attention.__kwdefaults__
+    pl = sp.Placement("cpu", attn_trigger="start")                  # through the wrapper's default
+    try:
+        assert kwdefaults["pdl_trigger"] == "start"
+    finally:
+        pl.restore()
+    assert kwdefaults["pdl_trigger"] == "after_kv"
 
 
 class _Compiled:

@@ -1,0 +1,74 @@
+"""Session-13 measurement (issue 3): the fused decode step with the PRODUCTION kernels (no instrumentation) and the
+decode attention's PDL trigger where `--attn-trigger` says: "after_kv" (lowlat's default since session 13) or
+"start" (right after its wait, lowlat until session 12).
+
+Session 13's sm_placement run (bench/results/session13/call1) showed what the early trigger does: out_proj's 36
+programs, made resident while the attention grid still held the GPU, landed on 23 SMs at 6 rows (widths 1,6) and on
+6-8 SMs at 12-48 rows (a server's widths 1..48), against 36 SMs with the trigger after the KV loop or none. This
+times the same steps as `lowlat bench --sections step` does (random weights, ctx 512, a FusedModel of the widths
+in --order, captured in that order, `replay_time_us` of 20 replays after 3 warm-up), and each launch role's cost in
+the step (end minus the previous launch's end, median over layers and 10 replays: `lowlat.bench.launch_costs`).
+
+    python bench/explore/explore26.py --model SmolLM2-135M --order 1,6 --attn-trigger after_kv [--layers N] [--out F]
+
+--layers N: the preset cut to its first N layers (Qwen3-30B-A3B: the whole model would be ~60 GB of random weights).
+
+Prints one JSON line: per width the step time (us) and role costs (us, median; out_proj_sum: its total per step),
+and a logits checksum of the last width (the trigger moves no arithmetic: equal across triggers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="SmolLM2-135M")
+    p.add_argument("--order", default="1,6")
+    p.add_argument("--attn-trigger", default="after_kv", choices=["after_kv", "start"])
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--layers", type=int, default=None, help="the preset with this many layers (default: all)")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+
+    import torch
+
+    from lowlat.bench import _DecodeCase, launch_costs, random_kv, random_weights_on_device
+    from lowlat.benchmarking import kernel_trace, replay_time_us
+    from lowlat.config import preset
+    from lowlat.kernels import decode_attention as da
+    from lowlat.runtime.fused_model import FusedModel
+
+    da.decode_attention.__kwdefaults__["pdl_trigger"] = a.attn_trigger     # FusedModel passes none
+    dev = torch.device("cuda")
+    order = [int(x) for x in a.order.split(",")]
+    cfg = preset(a.model)
+    if a.layers:
+        cfg = cfg.replace(num_layers=a.layers)
+    w = random_weights_on_device(cfg, dev)
+    kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
+    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
+    out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx, widths={})
+    for rows in order:
+        fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
+        g = fm._graphs[rows]
+        us = replay_time_us(g, iters=20, warmup=3)
+        costs = launch_costs(kernel_trace(g.replay, iters=10), 10)
+        roles = {r: round(statistics.median(c), 2) for r, c in costs.items()}
+        roles["out_proj_sum"] = round(sum(costs["out_proj"]) / 10, 1)
+        out["widths"][rows] = dict(step_us=round(us, 1), roles=roles)
+    logits = fm.forward(_DecodeCase(cfg, order[-1], a.ctx, dev, kv).step, kv).double()
+    out["logits_check"] = [logits.sum().item(), logits.abs().sum().item(), logits.argmax(-1).tolist()[:8]]
+    print(json.dumps(out))
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
