@@ -4,7 +4,7 @@ decode attention's PDL trigger where `--attn-trigger` says: "after_kv" (lowlat's
 
 Session 13's sm_placement run (bench/results/session13/call1) showed what the early trigger does: out_proj's 36
 programs, made resident while the attention grid still held the GPU, landed on 23 SMs at 6 rows (widths 1,6) and on
-6-8 SMs at 12-48 rows (a server's widths 1..48), against 36 SMs with the trigger after the KV loop or none. This
+6-9 SMs at 12-48 rows (a server's widths 1..48), against 36 SMs with the trigger after the KV loop or none. This
 times the same steps as `lowlat bench --sections step` does (random weights, ctx 512, a FusedModel of the widths
 in --order, captured in that order, `replay_time_us` of 20 replays after 3 warm-up), and each launch role's cost in
 the step (end minus the previous launch's end, median over layers and 10 replays: `lowlat.bench.launch_costs`).

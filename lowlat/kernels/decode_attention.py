@@ -242,7 +242,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         pdl_trigger  with PDL, when a program releases the next launch: "after_kv" (default) once its
                      KV loop is done, before its stores / split combine (programs without work release
                      by exiting), or "start" right after its `gdc_wait`. Same arithmetic either way; see
-                     the module docstring for why "after_kv".
+                     the module docstring for why "after_kv". No effect without PDL (use_pdl False,
+                     not sm_90, or under the interpreter).
         check_values also check req_indices / positions / visible page-table values (host sync)
     Returns: out [M, Hq, D] bf16; padding rows are 0.
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name.
@@ -301,7 +302,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         page_table.stride(0), out.stride(0), out.stride(1),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=workspace.block_n,
         MAX_SPLITS=workspace.num_splits, NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl,
-        TRIGGER_AFTER_KV=pdl_trigger == "after_kv", INTERP=interp,
+        TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
         num_warps=4, **extra)
     return out
 

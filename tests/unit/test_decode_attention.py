@@ -173,6 +173,28 @@ def test_decode_attention_unknown_pdl_trigger_raises_before_writing():
     assert out.isnan().all(), "nothing may be written on bad input"
 
 
+@pytest.mark.parametrize("trigger", ["after_kv", "start"])
+def test_decode_attention_passes_pdl_trigger_to_the_kernel(monkeypatch, trigger):
+    """The wrapper's pdl_trigger reaches the kernel as TRIGGER_AFTER_KV under PDL (the launch recorded by a
+    stand-in kernel: the interpreter runs no PDL, and the arithmetic is the same either way)."""
+    from lowlat.kernels import decode_attention as da
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+    base, _ = _error_cases()
+    monkeypatch.setattr(da, "_decode_attention_kernel", Recorder())
+    monkeypatch.setattr(da, "pdl_supported", lambda device: True)
+    da.decode_attention(**base, use_pdl=True, pdl_trigger=trigger)
+    da.decode_attention(**base, use_pdl=False, pdl_trigger=trigger)
+    assert [kw["USE_PDL"] for kw in seen] == [True, False]
+    assert seen[0]["TRIGGER_AFTER_KV"] == (trigger == "after_kv") and seen[0]["launch_pdl"] is True
+    assert seen[1]["TRIGGER_AFTER_KV"] is True and "launch_pdl" not in seen[1]   # one specialization without PDL
+
+
 def test_decode_attention_pdl_trigger_sits_where_asked_in_the_sm90_ptx():
     """Compiled for sm_90 (on the CPU, as the launch specialises it): "after_kv" releases the next launch after
     the KV loop's tensor-core products and before the split-K arrival (the atomic), "start" right after the
@@ -198,7 +220,8 @@ def test_decode_attention_pdl_trigger_sits_where_asked_in_the_sm90_ptx():
                                                      "mma", "atom.")}
            for name, info in (("after_kv", after), ("start", start))}
     a, s = pos["after_kv"], pos["start"]
-    assert a["griddepcontrol.wait"] < a["mma"] < a["griddepcontrol.launch_dependents"] < a["atom."], a
+    last_mma = after["ptx"].rfind("mma")            # the loop's last product (its first block may be peeled)
+    assert a["griddepcontrol.wait"] < a["mma"] <= last_mma < a["griddepcontrol.launch_dependents"] < a["atom."], a
     assert s["griddepcontrol.wait"] < s["griddepcontrol.launch_dependents"] < s["mma"], s
     assert (after["registers"], after["shared"]) == (start["registers"], start["shared"]), (after, start)
 
