@@ -12,6 +12,9 @@ the step (end minus the previous launch's end, median over layers and 10 replays
     python bench/explore/explore26.py --model SmolLM2-135M --order 1,6 --attn-trigger after_kv [--layers N] [--out F]
 
 --layers N: the preset cut to its first N layers (Qwen3-30B-A3B: the whole model would be ~60 GB of random weights).
+--plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
+the next experiment on down's packing at 24-48 rows (NOTES "Left"). Not run yet. warps / stages / preload / pf_k move
+no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
 
 Prints one JSON line: per width the step time (us) and role costs (us, median; out_proj_sum: its total per step),
 and a logits checksum of the last width (the trigger moves no arithmetic: equal across triggers).
@@ -19,6 +22,7 @@ and a logits checksum of the last width (the trigger moves no arithmetic: equal 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,6 +38,7 @@ def main() -> None:
     p.add_argument("--attn-trigger", default="after_kv", choices=["after_kv", "start"])
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--layers", type=int, default=None, help="the preset with this many layers (default: all)")
+    p.add_argument("--plan-d", default=None, help="JSON fields replaced in FusedModel's down-projection plan")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -54,7 +59,10 @@ def main() -> None:
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
-    out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx, widths={})
+    if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
+        fm.plan_down = dataclasses.replace(fm.plan_down, **json.loads(a.plan_d))
+    out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
+               plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
         g = fm._graphs[rows]
