@@ -13,7 +13,7 @@ the step (end minus the previous launch's end, median over layers and 10 replays
 
 --layers N: the preset cut to its first N layers (Qwen3-30B-A3B: the whole model would be ~60 GB of random weights).
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
-the next experiment on down's packing at 24-48 rows (NOTES "Left"). Not run yet. warps / stages / preload / pf_k move
+the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
 
 Prints one JSON line: per width the step time (us) and role costs (us, median; out_proj_sum: its total per step),
