@@ -16,8 +16,10 @@ the step (end minus the previous launch's end, median over layers and 10 replays
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
 
-Prints one JSON line: per width the step time (us) and role costs (us, median; out_proj_sum: its total per step),
-and a logits checksum of the last width (the trigger moves no arithmetic: equal across triggers).
+Prints a summary (`summary`): per width the step time (us) and role costs (us, median; out_proj sum: its total per
+step), and a logits checksum of the last width (the trigger moves no arithmetic: equal across triggers); --out
+writes the whole record as JSON. (Until the session-13 review it printed that JSON line and each device script
+summarised it with its own inline Python; the calls' printed output is in bench/results/session13/.)
 """
 from __future__ import annotations
 
@@ -73,9 +75,21 @@ def main() -> None:
         out["widths"][rows] = dict(step_us=round(us, 1), roles=roles)
     logits = fm.forward(_DecodeCase(cfg, order[-1], a.ctx, dev, kv).step, kv).double()
     out["logits_check"] = [logits.sum().item(), logits.abs().sum().item(), logits.argmax(-1).tolist()[:8]]
-    print(json.dumps(out))
+    print(summary(out))
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+def summary(out: dict) -> str:
+    """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
+    then per width the step time and each launch role's cost (us)."""
+    lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} down "
+             f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
+    for w, v in out["widths"].items():
+        r = v["roles"]
+        roles = " ".join(f"{k} {x:.2f}" for k, x in r.items() if k != "out_proj_sum" and not k.startswith("other"))
+        lines.append(f"  r{w:<3} step {v['step_us']:7.1f} us | out_proj sum {r['out_proj_sum']} | {roles}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

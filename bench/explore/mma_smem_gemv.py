@@ -62,6 +62,22 @@ def _load_weight_slice(w_desc, w_smem, bars, n0, NS: gl.constexpr, BK: gl.conste
 
 
 @gluon.jit
+def _x_tile_index(KQ: gl.constexpr, KC: gl.constexpr):
+    """rm [RB] (a row block's rows) and col [1, Q, KC] (quarter q's first KC columns: q KQ + k), in x's layout."""
+    rm = gl.arange(0, _RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
+    rq = gl.arange(0, _Q, layout=gl.SliceLayout(0, gl.SliceLayout(2, _LX)))
+    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, _LX)))
+    return rm, gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)
+
+
+@gluon.jit
+def _x_rows(rows, M, stride_x, col):
+    """Offsets [RB, Q, KC] of rows `rows` of x at columns `col`, and their mask (rows >= M are not read)."""
+    mask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
+    return gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col, mask
+
+
+@gluon.jit
 def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x, eps,
                           K: gl.constexpr, NMB: gl.constexpr, MODE: gl.constexpr, RES: gl.constexpr,
                           KC: gl.constexpr):
@@ -75,18 +91,13 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [_RB, _Q, KQ], _SX)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     _load_weight_slice(w_desc, w_smem, bars, n0, NS, _BK, MODE)
-    rm = gl.arange(0, _RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
-    rq = gl.arange(0, _Q, layout=gl.SliceLayout(0, gl.SliceLayout(2, _LX)))
-    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, _LX)))
-    col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
+    rm, col = _x_tile_index(KQ, KC)
     if MODE == 2:
         gdc_wait()
     ym = gl.arange(0, _RB, layout=gl.SliceLayout(0, _LY))
     yn = n0 + gl.arange(0, _BN, layout=gl.SliceLayout(1, _LY))
     for b in gl.static_range(NMB):
-        rows = b * _RB + rm
-        rmask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
-        xoff = gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col
+        xoff, rmask = _x_rows(b * _RB + rm, M, stride_x, col)
         ss = gl.zeros([_RB], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
         for c in gl.static_range(KQ // KC):
             xc = gl.load(x_ptr + xoff + c * KC, mask=rmask, other=0.0)
@@ -124,8 +135,7 @@ def _mma_smem_gemv_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, stride_x
 def _copy_x_rows(buf, x_ptr, rows, M, stride_x, col, KC: gl.constexpr, NC: gl.constexpr):
     """cp.async of rows `rows` ([RB]) of x into the shared tile buf [RB, Q, KQ] (KQ = NC KC), one commit group;
     rows >= M are not read."""
-    xmask = gl.expand_dims(gl.expand_dims(rows < M, 1), 2) & (col >= 0)
-    xoff = gl.expand_dims(gl.expand_dims(rows, 1), 2) * stride_x + col
+    xoff, xmask = _x_rows(rows, M, stride_x, col)
     for c in gl.static_range(NC):
         async_copy.async_copy_global_to_shared(buf.slice(c * KC, KC, dim=2), x_ptr + xoff + c * KC, mask=xmask)
     async_copy.commit_group()
@@ -155,10 +165,7 @@ def _mma_smem_gemv_v2_kernel(w_desc, x_ptr, g_ptr, res_ptr, out_ptr, M, N, strid
     g_smem = gl.allocate_shared_memory(gl.bfloat16, [_Q, KQ], SG)
     bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     _load_weight_slice(w_desc, w_smem, bars, n0, NS, _BK, MODE)
-    rm = gl.arange(0, _RB, layout=gl.SliceLayout(1, gl.SliceLayout(2, _LX)))
-    rq = gl.arange(0, _Q, layout=gl.SliceLayout(0, gl.SliceLayout(2, _LX)))
-    rk = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, _LX)))
-    col = gl.expand_dims(gl.expand_dims(rq, 0), 2) * KQ + gl.expand_dims(gl.expand_dims(rk, 0), 1)   # [1, Q, KC]
+    rm, col = _x_tile_index(KQ, KC)
     if not RES:                       # the norm weight: no earlier kernel writes it, so before the wait
         gq = gl.arange(0, _Q, layout=gl.SliceLayout(1, LG))
         gk = gl.arange(0, KC, layout=gl.SliceLayout(0, LG))

@@ -10,20 +10,11 @@ source bench/device/common.sh
 timeout 240 python3 -m pytest -q -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 190 \
   tests/unit/test_decode_attention.py tests/unit/test_fused_model.py 2>&1 | tail -6
 echo "tests done at ${SECONDS}s"
-e26() {  # trigger model order
+e26() {  # trigger model order [explore26 options]; explore26 prints the summary
   (( SECONDS > 470 )) && { echo "skip e26 $*: ${SECONDS}s used"; return; }
-  timeout 90 python3 bench/explore/explore26.py --attn-trigger "$1" --model "$2" --order "$3" > "$OUT/e26.log" 2>&1 \
-    || { echo "e26 $* failed"; tail -4 "$OUT/e26.log"; return; }
-  tail -1 "$OUT/e26.log" > "$OUT/e26.json"
-  python3 - "$OUT/e26.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(d["model"], d["attn_trigger"], "order", d["order"], "logits", [round(x, 3) for x in d["logits_check"][:2]])
-for w, v in d["widths"].items():
-    r = v["roles"]
-    rest = " ".join(f"{k} {x:.2f}" for k, x in r.items() if k not in ("out_proj", "out_proj_sum") and not k.startswith("other"))
-    print(f"  r{w:<3} step {v['step_us']:7.1f} us | out_proj {r['out_proj']:.2f} (sum {r['out_proj_sum']}) | {rest}")
-PY
+  if timeout 90 python3 bench/explore/explore26.py --attn-trigger "$1" --model "$2" --order "$3" "${@:4}" \
+      --out "$OUT/e26.json" > "$OUT/e26.log" 2>&1; then cat "$OUT/e26.log"
+  else echo "e26 $* failed"; tail -4 "$OUT/e26.log"; fi
 }
 S=SmolLM2-135M
 for rep in 1 2; do

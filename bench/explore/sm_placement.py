@@ -139,8 +139,8 @@ def instrumented_source(fn_src: str, name: str, kid: int, edits: list[tuple[str,
 
 #: source edits of the attention copy per --attn-trigger. Since session 13 lowlat's kernel has both triggers
 #: (constexpr TRIGGER_AFTER_KV, `decode_attention(pdl_trigger=...)`): "after_kv" (lowlat's default) and "start"
-#: (session 12's "early") are chosen through the wrapper's default (`Placement`), "none" removes both calls
-#: (out_proj then launches as attention's programs exit).
+#: (session 12's "early") are the kernel's own, "start" set on each launch by the proxy (ATTN_TRIGGER_CONSTEXPRS);
+#: "none" removes both calls (out_proj then launches as attention's programs exit).
 ATTN_TRIGGER_EDITS = {
     "after_kv": [],
     "start": [],
@@ -148,6 +148,8 @@ ATTN_TRIGGER_EDITS = {
              ("            if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting\n"
               "                gdc_launch_dependents()\n", "")],
 }
+#: constexprs the attention proxy sets on every launch per --attn-trigger
+ATTN_TRIGGER_CONSTEXPRS = {"after_kv": {}, "start": {"TRIGGER_AFTER_KV": False}, "none": {}}
 #: source edits of the gate/up copy per --gate-up-trigger: "late" releases the down projection after the
 #: program's GEMV products, before its split-K partial stores / arrival (lowlat: right after gdc_wait)
 GATE_UP_TRIGGER_EDITS = {
@@ -161,8 +163,8 @@ GATE_UP_TRIGGER_EDITS = {
 class Placement:
     """Installs instrumented copies of the step's kernels (module attributes replaced by launch proxies) and
     reads back where their programs ran. attn_trigger: "after_kv" (lowlat's default), "start" or "none"
-    (ATTN_TRIGGER_EDITS; "start" by `decode_attention`'s default pdl_trigger, restored by `restore`);
-    gate_up_trigger: "start" (as lowlat) or "late" (GATE_UP_TRIGGER_EDITS)."""
+    (ATTN_TRIGGER_EDITS / ATTN_TRIGGER_CONSTEXPRS); gate_up_trigger: "start" (as lowlat) or "late"
+    (GATE_UP_TRIGGER_EDITS)."""
 
     def __init__(self, device, *, attn_trigger: str = "after_kv", gate_up_trigger: str = "start") -> None:
         import torch
@@ -174,16 +176,15 @@ class Placement:
         self._restore: list[tuple] = []
         edits = {"_decode_attention_kernel": ATTN_TRIGGER_EDITS[attn_trigger],
                  "_gate_up_kernel": GATE_UP_TRIGGER_EDITS[gate_up_trigger]}
+        constexprs = {"_decode_attention_kernel": ATTN_TRIGGER_CONSTEXPRS[attn_trigger]}
         for mod_name, kernels in KERNELS.items():
             mod = importlib.import_module(mod_name)
             for kname in kernels:
-                self._install(mod, kname, edits.get(kname, []))
-        from lowlat.kernels import decode_attention as da
-        self._trigger_default = da.decode_attention.__kwdefaults__["pdl_trigger"]
-        if attn_trigger == "start":
-            da.decode_attention.__kwdefaults__["pdl_trigger"] = "start"
+                self._install(mod, kname, edits.get(kname, []), constexprs.get(kname, {}))
 
-    def _install(self, mod, kname: str, edits) -> None:
+    def _install(self, mod, kname: str, edits, constexprs: dict) -> None:
+        """Replace mod.kname by a proxy launching the instrumented copy (`edits` applied), with `constexprs`
+        overriding what the wrapper passes."""
         real = getattr(mod, kname)
         kid = len(self.names)
         self.names.append(kname)
@@ -207,7 +208,8 @@ class Placement:
                     slot = owner.calls % SLOTS
                     owner.calls += 1
                     tr = owner.trace[slot]
-                    kw = dict(kw, **owner.match_residency(kname, real, kernel, grid, args, kw, tr))
+                    kw = dict(kw, **constexprs)
+                    kw.update(owner.match_residency(kname, real, kernel, grid, args, kw, tr))
                     return kernel[grid](*args, _pl_tr=tr, **kw)
                 return call
 
@@ -246,11 +248,8 @@ class Placement:
             return {}
 
     def restore(self) -> None:
-        from lowlat.kernels import decode_attention as da
-
         for mod, kname, real in self._restore:
             setattr(mod, kname, real)
-        da.decode_attention.__kwdefaults__["pdl_trigger"] = self._trigger_default
 
     def record(self, replay, *, times: int = 3) -> list[dict]:
         """Zero the trace, call replay() `times` times back to back (every replay rewrites the same slots, so the

@@ -69,7 +69,9 @@ def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
 
     Why it matters (session 12): a grid that PDL launches early is placed on the SMs that have room while the
     previous grid runs, up to this many programs on one SM. Session 12 found the SmolLM2 6-row out_proj's 36
-    programs packed 7 to an SM on 6 SMs, at 1.8 -> 5.4 us.
+    programs packed 7 to an SM on 6 SMs, at 1.8 -> 5.4 us. Session 13 removed that by releasing out_proj late
+    (`decode_attention(pdl_trigger="after_kv")`) and found that this bound does not explain which GEMVs miss
+    70% of copy bandwidth at 1 row (they run at most 2 programs an SM there).
     """
     if registers <= 0 or warps <= 0 or shared_bytes < 0:
         raise ValueError(f"registers={registers}, shared_bytes={shared_bytes}, warps={warps}")

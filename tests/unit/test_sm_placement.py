@@ -120,13 +120,33 @@ def test_placement_installs_proxies_that_refuse_oversized_grids_and_restores_the
     finally:
         pl.restore()
     assert (out_proj._residual_gemv_kernel, decode_attention._decode_attention_kernel) == real
-    kwdefaults = decode_attention.decode_attention.__kwdefaults__
-    pl = sp.Placement("cpu", attn_trigger="start")                  # through the wrapper's default
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("trigger, expected", [("start", False), ("after_kv", True)])
+def test_attention_proxy_sets_the_trigger_constexpr_on_every_launch(trigger, expected):
+    """--attn-trigger start: the proxy launches the copy with TRIGGER_AFTER_KV False whatever the wrapper passed
+    (the kernel's own "start" release); after_kv leaves the wrapper's value. Seen where the launch options are
+    settled (`match_residency`), stopped before any launch."""
+    from lowlat.kernels import decode_attention
+
+    seen = []
+
+    def spy(kname, real, kernel, grid, args, kw, tr):
+        seen.append(dict(kw))
+        raise _Stop
+
+    pl = sp.Placement("cpu", attn_trigger=trigger)
+    pl.match_residency = spy
     try:
-        assert kwdefaults["pdl_trigger"] == "start"
+        with pytest.raises(_Stop):
+            decode_attention._decode_attention_kernel[(1, 1, 1)](USE_PDL=True, TRIGGER_AFTER_KV=True)
     finally:
         pl.restore()
-    assert kwdefaults["pdl_trigger"] == "after_kv"
+    assert seen == [{"USE_PDL": True, "TRIGGER_AFTER_KV": expected}]
 
 
 class _Compiled:
