@@ -4,6 +4,9 @@ For SmolLM2-135M and Llama-3.2-1B heads (lowlat.config.preset), contexts 512 and
 1, 6, 8, 16, 48 (decode: each row is its own request with `ctx` cached tokens and sees ctx + 1):
   fused        one launch, CUDA graph, cold L2 (KV regions / q / out rotated over R copies)
   fused_pdl    the same with programmatic dependent launch (back-to-back calls overlap)
+  fused_pdl_pre_kv  the same with out_cache_loc (each row's own slot, as the fused step passes it) and
+               pre_kv=True: each program loads its first block's K / V before its PDL wait (session 14;
+               the fused step does so only where the grid fits on the GPU at once)
   ref_eager    lowlat.reference.attention.paged_attention, eager, no graph: it reads
                positions.max() on the host (a sync), so it cannot be captured in a CUDA graph
   ref_compile  torch.compile(paged_attention, dynamic=True) (graph break at that sync), no graph
@@ -46,6 +49,8 @@ def main() -> None:
     ap.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
     ap.add_argument("--ctxs", nargs="*", type=int, default=list(CTXS))
     ap.add_argument("--budget-s", type=float, default=600.0, help="skip reference variants past this")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="run only these (fused, fused_pdl, fused_pdl_pre_kv, ref_eager, ref_compile)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -58,7 +63,10 @@ def main() -> None:
     compiled = torch.compile(paged_attention, dynamic=True)
     configs = [(name, ctx, m) for name in args.models for ctx in args.ctxs for m in args.rows]
     # phases: every fused measurement first, then the references while the budget lasts
-    phases = [("fused", False), ("fused_pdl", False), ("ref_eager", True), ("ref_compile", True)]
+    phases = [("fused", False), ("fused_pdl", False), ("fused_pdl_pre_kv", False), ("ref_eager", True),
+              ("ref_compile", True)]
+    if args.variants is not None:
+        phases = [ph for ph in phases if ph[0] in args.variants]
     try:
         for variant, optional in phases:
             for name, ctx, m in configs:
@@ -82,9 +90,12 @@ def main() -> None:
                 ws = make_decode_workspace(m, hq, hkv, d, dev)
                 base.update(num_splits_max=ws.num_splits, block_n=ws.block_n)
                 if variant.startswith("fused"):
-                    pdl = variant == "fused_pdl"
+                    pdl = variant.startswith("fused_pdl")
+                    locs = [pt[:, ctx].contiguous() if variant == "fused_pdl_pre_kv" else None for pt in pts]
                     calls = [lambda i=i: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i],
-                                                          workspace=ws, use_pdl=pdl) for i in range(r)]
+                                                          out_cache_loc=locs[i], pre_kv=locs[i] is not None,
+                                                          workspace=ws, use_pdl=pdl)
+                             for i in range(r)]
                 else:
                     fn = paged_attention if variant == "ref_eager" else compiled
                     calls = [lambda i=i: fn(qs[i], kc, vc, pts[i], req, pos, m) for i in range(r)]

@@ -12,6 +12,12 @@ the step (end minus the previous launch's end, median over layers and 10 replays
     python bench/explore/explore26.py --model SmolLM2-135M --order 1,6 --attn-trigger after_kv [--layers N] [--out F]
 
 --layers N: the preset cut to its first N layers (Qwen3-30B-A3B: the whole model would be ~60 GB of random weights).
+--pre-kv auto|on|off (session 14): FusedModel passes the step's out_cache_loc to the decode attention, which then
+loads each program's first KV block before the PDL wait where its grid fits on the GPU at once (auto, lowlat's
+default since session 14), at every width (on: pre_kv=True), or never (off: every load after the wait, as until
+session 13). --chunk N: the attention's COMBINE_CHUNK (splits the combining program folds per round trip; 1 = one
+split at a time, as until session 13). Neither moves the arithmetic except --chunk, whose
+sum order within a chunk differs: compare logits only across --pre-kv.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
@@ -41,6 +47,8 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--layers", type=int, default=None, help="the preset with this many layers (default: all)")
     p.add_argument("--plan-d", default=None, help="JSON fields replaced in FusedModel's down-projection plan")
+    p.add_argument("--pre-kv", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--chunk", type=int, default=None, help="decode attention's COMBINE_CHUNK (power of two)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -53,6 +61,14 @@ def main() -> None:
     from lowlat.runtime.fused_model import FusedModel
 
     da.decode_attention.__kwdefaults__["pdl_trigger"] = a.attn_trigger     # FusedModel passes none
+    if a.chunk:
+        da.COMBINE_CHUNK = a.chunk
+    if a.pre_kv != "auto":                  # FusedModel imports decode_attention from the module at each _run
+        plain, force = da.decode_attention, a.pre_kv == "on"
+
+        def forced(*args, out_cache_loc=None, **kw):
+            return plain(*args, out_cache_loc=out_cache_loc if force else None, pre_kv=force or None, **kw)
+        da.decode_attention = forced
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
     cfg = preset(a.model)
@@ -64,6 +80,7 @@ def main() -> None:
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **json.loads(a.plan_d))
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
+               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -83,7 +100,8 @@ def main() -> None:
 def summary(out: dict) -> str:
     """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
     then per width the step time and each launch role's cost (us)."""
-    lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} down "
+    lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
+             f"chunk {out.get('chunk', 1)} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]

@@ -145,6 +145,7 @@ ATTN_TRIGGER_EDITS = {
     "after_kv": [],
     "start": [],
     "none": [("        if not TRIGGER_AFTER_KV:\n            gdc_launch_dependents()\n", ""),
+             ("            if not TRIGGER_AFTER_KV:\n                gdc_launch_dependents()\n", ""),
              ("            if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting\n"
               "                gdc_launch_dependents()\n", "")],
 }

@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
-                                         interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
+from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, cuda_props, gdc_launch_dependents,
+                                         gdc_wait, interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
 
 #: default upper bound of splits per (row, KV head); a kernel constant, never derived from M
 MAX_SPLITS = 32
@@ -46,6 +46,23 @@ BLOCK_N = 64
 LOG2E = 1.4426950408889634
 #: where a program calls `gdc_launch_dependents` under PDL (`decode_attention(pdl_trigger=...)`)
 PDL_TRIGGERS = ("after_kv", "start")
+#: splits the combining program folds per round trip (their partials are loaded together; session 14: 8 was as
+#: fast at 1-16 rows but slower at 24-48, its registers costing a program an SM, NOTES "Measured -> session 14")
+COMBINE_CHUNK = 4
+#: programs of the early-KV kernel (PRE_KV, COMBINE_CHUNK 4, G <= 16 query heads per KV head) one SM holds, by
+#: head_dim: 72 registers at D <= 64 -> 7, 146 at D <= 128 -> 3 (sm_90 compile; a CPU test keeps these true)
+PRE_KV_PROGRAMS_PER_SM = {64: 7, 128: 3}
+
+
+def pre_kv_fits(programs: int, head_dim: int, group: int, device: torch.device) -> bool:
+    """Whether `decode_attention` loads the first KV block before its PDL wait by default: only while its whole
+    grid (num_splits x Hkv x M programs) fits on the GPU at once. Measured (session 14, NOTES): with every
+    program resident early, 1-row steps gain 1-1.8 us an attention; once the grid needs more than one wave, the
+    later programs pay the early path's extra work for nothing and the step is slower."""
+    if group > 16:
+        return False
+    per_sm = next((n for d, n in sorted(PRE_KV_PROGRAMS_PER_SM.items()) if head_dim <= d), 0)
+    return programs <= per_sm * cuda_props(device).multi_processor_count
 
 
 @dataclass
@@ -85,16 +102,21 @@ def make_decode_workspace(max_rows: int, num_heads: int, num_kv_heads: int, head
 
 
 @triton.jit
-def _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
-                  stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt,
-                  D: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
-    """One online-softmax step over positions t0..t0+BLOCK_N-1 (those < end) of request `req`."""
+def _kv_tiles(t0, end, ok, req, j, kc_ptr, vc_ptr, pt_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
+              stride_pt, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Slots, mask and K / V tiles [BLOCK_N, D] of positions t0..t0+BLOCK_N-1 (those < end; none unless ok)."""
     dd = tl.arange(0, D)
     t = t0 + tl.arange(0, BLOCK_N)
-    tmask = t < end
+    tmask = ok & (t < end)
     slot = tl.load(pt_ptr + req * stride_pt + t, mask=tmask, other=0).to(tl.int64)
     kv = tl.load(kc_ptr + slot[:, None] * stride_kcs + j * stride_kch + dd[None, :], mask=tmask[:, None], other=0.0)
     vv = tl.load(vc_ptr + slot[:, None] * stride_vcs + j * stride_vch + dd[None, :], mask=tmask[:, None], other=0.0)
+    return slot, tmask, kv, vv
+
+
+@triton.jit
+def _attend_tiles(qd, m_i, l_i, acc, kv, vv, tmask, qk_scale, INTERP: tl.constexpr):
+    """One online-softmax step over a block's K / V tiles (positions where tmask)."""
     s = tl.dot(qd, tl.trans(to_dot(kv, INTERP))) * qk_scale
     s = tl.where(tmask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -108,30 +130,44 @@ def _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk
 
 
 @triton.jit
-def _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd, wso_ptr, wsml_ptr,
-                   D: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    """Add split s2's rescaled (l, acc) partials (L2 loads: written by other programs)."""
-    ms = tl.load(wsml_ptr + (hrow * MAX_SPLITS + s2) * 2, mask=gmask, other=0.0, cache_modifier=".cg")
-    ls = tl.load(wsml_ptr + (hrow * MAX_SPLITS + s2) * 2 + 1, mask=gmask, other=0.0, cache_modifier=".cg")
-    os_ = tl.load(wso_ptr + (hrow[:, None] * MAX_SPLITS + s2) * D + dd[None, :], mask=omask, other=0.0,
+def _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                  stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+    """One online-softmax step over positions t0..t0+BLOCK_N-1 (those < end) of request `req`."""
+    _, tmask, kv, vv = _kv_tiles(t0, end, True, req, j, kc_ptr, vc_ptr, pt_ptr, stride_kcs, stride_kch,
+                                 stride_vcs, stride_vch, stride_pt, D, BLOCK_N)
+    return _attend_tiles(qd, m_i, l_i, acc, kv, vv, tmask, qk_scale, INTERP)
+
+
+@triton.jit
+def _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd, wso_ptr, wsml_ptr,
+                 D: tl.constexpr, MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr):
+    """Add splits c0..c0+CHUNK-1 (those < nsplits), rescaled to m_max: their (m, l, acc) partials are loaded
+    together, one L2 round trip (written by other programs: .cg), and summed over the chunk."""
+    ss = c0 + tl.arange(0, CHUNK)
+    smask = gmask[:, None] & (ss[None, :] < nsplits)                       # [G_PAD, CHUNK]
+    at = hrow[:, None] * MAX_SPLITS + ss[None, :]
+    ms = tl.load(wsml_ptr + at * 2, mask=smask, other=float("-inf"), cache_modifier=".cg")
+    ls = tl.load(wsml_ptr + at * 2 + 1, mask=smask, other=0.0, cache_modifier=".cg")
+    os_ = tl.load(wso_ptr + at[:, :, None] * D + dd[None, None, :], mask=smask[:, :, None], other=0.0,
                   cache_modifier=".cg")
-    w = tl.exp2(ms - m_max)
-    return l_tot + w * ls, o_tot + w[:, None] * os_
+    w = tl.exp2(ms - m_max[:, None])                                       # 0 where masked
+    return l_tot + tl.sum(w * ls, axis=1), o_tot + tl.sum(w[:, :, None] * os_, axis=1)
 
 
 @triton.jit
 def _decode_attention_kernel(
-        q_ptr, kc_ptr, vc_ptr, pt_ptr, req_ptr, pos_ptr, nvr_ptr, nvr_int, o_ptr,
+        q_ptr, kc_ptr, vc_ptr, pt_ptr, req_ptr, pos_ptr, nvr_ptr, nvr_int, loc_ptr, o_ptr,
         wso_ptr, wsml_ptr, cnt_ptr,
-        Hq, Hkv, qk_scale,
+        M, Hq, Hkv, qk_scale,
         stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, stride_om, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-        MAX_SPLITS: tl.constexpr, NVR_FROM_PTR: tl.constexpr, USE_PDL: tl.constexpr,
-        TRIGGER_AFTER_KV: tl.constexpr, INTERP: tl.constexpr):
+        MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr, NVR_FROM_PTR: tl.constexpr, PRE_KV: tl.constexpr,
+        LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr, INTERP: tl.constexpr):
     sp = tl.program_id(0)
     j = tl.program_id(1)           # KV head
     row = tl.program_id(2)
-    if USE_PDL:
+    if USE_PDL and not PRE_KV:
         gdc_wait()
         if not TRIGGER_AFTER_KV:
             gdc_launch_dependents()
@@ -147,34 +183,57 @@ def _decode_attention_kernel(
     orow = row.to(tl.int64) * stride_om + heads[:, None] * stride_oh + dd[None, :]
     omask = gmask[:, None]
 
+    valid = row < nvr
+    pos = tl.where(valid, tl.load(pos_ptr + row).to(tl.int32), 0)   # a padding row's position is never used
+    length = pos + 1
+    nblocks = tl.cdiv(length, BLOCK_N)
+    per_split = tl.cdiv(nblocks, MAX_SPLITS)
+    nsplits = tl.cdiv(nblocks, per_split)
+    work = valid & (sp < nsplits)
+    req = tl.load(req_ptr + row).to(tl.int64)
+    start = sp * per_split * BLOCK_N
+    end = tl.minimum(start + per_split * BLOCK_N, length)
+    if PRE_KV:
+        # the first block's K / V before the wait (under PDL); after it, those of its slots that the previous
+        # launch writes (this step's out_cache_loc) are loaded again: every other slot is older than it
+        slot0, tmask0, k0, v0 = _kv_tiles(start, end, work, req, j, kc_ptr, vc_ptr, pt_ptr, stride_kcs,
+                                          stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N)
+        li = tl.arange(0, LOC_PAD)
+        locs = tl.load(loc_ptr + li, mask=li < M, other=-1)
+        fresh = tmask0 & (tl.max((slot0.to(tl.int32)[:, None] == locs[None, :]).to(tl.int32), axis=1) > 0)
+        if USE_PDL:
+            gdc_wait()
+            if not TRIGGER_AFTER_KV:
+                gdc_launch_dependents()
+        k0 = tl.load(kc_ptr + slot0[:, None] * stride_kcs + j * stride_kch + dd[None, :], mask=fresh[:, None],
+                     other=k0)
+        v0 = tl.load(vc_ptr + slot0[:, None] * stride_vcs + j * stride_vch + dd[None, :], mask=fresh[:, None],
+                     other=v0)
+
     if row >= nvr:
         if sp == 0:  # padding rows output 0 and read nothing
             tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
     else:
-        pos = tl.load(pos_ptr + row).to(tl.int32)
-        length = pos + 1
-        nblocks = tl.cdiv(length, BLOCK_N)
-        per_split = tl.cdiv(nblocks, MAX_SPLITS)
-        nsplits = tl.cdiv(nblocks, per_split)
         if sp < nsplits:
-            req = tl.load(req_ptr + row).to(tl.int64)
-            start = sp * per_split * BLOCK_N
-            end = tl.minimum(start + per_split * BLOCK_N, length)
             qv = tl.load(q_ptr + row.to(tl.int64) * stride_qm + heads[:, None] * stride_qh + dd[None, :],
                          mask=omask, other=0.0)
             qd = to_dot(qv, INTERP)
             m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([G_PAD], dtype=tl.float32)
             acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+            first = start
+            if PRE_KV:
+                m_i, l_i, acc = _attend_tiles(qd, m_i, l_i, acc, k0, v0, tmask0, qk_scale, INTERP)
+                first = start + BLOCK_N
             if INTERP:  # the interpreter (numpy >= 2.4) cannot take tensor bounds in range(): while
-                t0 = start
+                t0 = first
                 while t0 < end:
                     m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
                                                   qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
                                                   stride_pt, D, BLOCK_N, INTERP)
                     t0 += BLOCK_N
             else:
-                for t0 in range(start, end, BLOCK_N):
+                for t0 in range(first, end, BLOCK_N):
                     m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
                                                   qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
                                                   stride_pt, D, BLOCK_N, INTERP)
@@ -202,15 +261,15 @@ def _decode_attention_kernel(
                     l_tot = tl.zeros([G_PAD], dtype=tl.float32)
                     o_tot = tl.zeros([G_PAD, D], dtype=tl.float32)
                     if INTERP:
-                        s2 = 0
-                        while s2 < nsplits:
-                            l_tot, o_tot = _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd,
-                                                          wso_ptr, wsml_ptr, D, MAX_SPLITS)
-                            s2 += 1
+                        c0 = 0
+                        while c0 < nsplits:
+                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd,
+                                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
+                            c0 += CHUNK
                     else:
-                        for s2 in range(0, nsplits):
-                            l_tot, o_tot = _combine_split(l_tot, o_tot, s2, m_max, hrow, gmask, omask, dd,
-                                                          wso_ptr, wsml_ptr, D, MAX_SPLITS)
+                        for c0 in range(0, nsplits, CHUNK):
+                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd,
+                                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
                     l_tot = tl.where(gmask, l_tot, 1.0)
                     tl.store(o_ptr + orow, to_bf16(o_tot / l_tot[:, None], INTERP), mask=omask)
                     tl.store(cnt_ptr + row.to(tl.int64) * Hkv + j, 0)
@@ -218,6 +277,7 @@ def _decode_attention_kernel(
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      req_indices: torch.Tensor, positions: torch.Tensor, num_valid_rows: int | torch.Tensor, *,
+                     out_cache_loc: torch.Tensor | None = None, pre_kv: bool | None = None,
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
                      use_pdl: bool = False, pdl_trigger: str = "after_kv",
@@ -232,6 +292,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         page_table   [B, C] int32, last dim contiguous: KV slot of each position of each request
         req_indices  [M] int32 (request of each row, 0..B-1); positions [M] int64 (0..C-1)
         num_valid_rows  int in 0..M, or a 1-element int32 device tensor (read in-kernel, for graphs)
+        out_cache_loc  optional [M] int32: the KV slots the previous launch writes (the step's out_cache_loc,
+                     as the attention prologue writes them). With it (and `pre_kv`), each program loads its
+                     first block's page-table entries and K / V BEFORE `gdc_wait` (under PDL), and after it
+                     loads again only the slots listed here; so under PDL the previous launch may write q and
+                     the KV slots in out_cache_loc, and must not write positions, req_indices, page_table,
+                     num_valid_rows or any other KV slot (it and every launch before it are lowlat kernels
+                     that release their dependents only after their own wait, so those earlier writes are
+                     complete). Same arithmetic with or without it.
+        pre_kv       with out_cache_loc: None (default) loads early under PDL when the grid fits on the GPU at
+                     once (`pre_kv_fits`); True always (tests, benches; also without PDL); False never
         out          optional preallocated [M, Hq, D] bf16 output
         workspace    optional `make_decode_workspace(max_rows >= M, Hq, Hkv, D, device)`; allocated
                      (not capturable) when None. Its num_splits / block_n fix the split partition.
@@ -267,6 +337,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     check_tensor("page_table", page_table, dtype=torch.int32, ndim=2, device=dev)
     check_tensor("req_indices", req_indices, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
     check_tensor("positions", positions, dtype=torch.int64, ndim=1, shape=(("M", m),), device=dev)
+    if out_cache_loc is not None:
+        check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
     nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
     if out is None:
         out = torch.empty_like(q)
@@ -293,15 +365,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     pdl = bool(use_pdl) and pdl_supported(dev)
     extra = {"launch_pdl": True} if pdl else {}
     grid = (workspace.num_splits, hkv, m)
+    programs = workspace.num_splits * hkv * m
+    if out_cache_loc is None:
+        pre_kv = False
+    elif pre_kv is None:
+        pre_kv = pdl and pre_kv_fits(programs, d, group, dev)
+    pre_kv = bool(pre_kv)
     _decode_attention_kernel[grid](
         q, k_cache, v_cache, page_table, req_indices, positions,
-        nvr_t if nvr_t is not None else req_indices, nvr_int, out,
+        nvr_t if nvr_t is not None else req_indices, nvr_int, out_cache_loc if pre_kv else req_indices, out,
         workspace.partial_o, workspace.partial_ml, workspace.counters,
-        hq, hkv, scale,
+        m, hq, hkv, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=workspace.block_n,
-        MAX_SPLITS=workspace.num_splits, NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl,
+        MAX_SPLITS=workspace.num_splits, CHUNK=min(COMBINE_CHUNK, workspace.num_splits),
+        NVR_FROM_PTR=nvr_t is not None, PRE_KV=pre_kv, LOC_PAD=max(16, triton.next_power_of_2(m)) if pre_kv else 16,
+        USE_PDL=pdl,
         TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
         num_warps=4, **extra)
     return out

@@ -436,7 +436,8 @@ class FusedModel:
                               bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
-                                    out=bufs.attn, workspace=self.dec_ws, use_pdl=pdl)
+                                    out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
+                                    use_pdl=pdl)
             self._ffn(L, bufs, attn)
         if final_norm or sample is not None:
             rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)

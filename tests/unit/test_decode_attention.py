@@ -88,22 +88,150 @@ def split_rows(m):
 @FEW
 @given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
        hkv=st.sampled_from([1, 2]), d=st.sampled_from([16, 32]), num_splits=st.sampled_from([4, 2, 1]),
-       max_ctx=st.sampled_from([64, 100, 33, 1]), seed=st.integers(0, 2**16))
-def test_decode_attention_within_2x_baseline_error(device, m, pad, group, hkv, d, num_splits, max_ctx, seed):
-    """Decode and verify rows, GQA ratios 1/3/4/8, shuffled slots, NaN slots, garbage page-table tails."""
+       max_ctx=st.sampled_from([64, 100, 33, 1]), pre_kv=st.booleans(), seed=st.integers(0, 2**16))
+def test_decode_attention_within_2x_baseline_error(device, m, pad, group, hkv, d, num_splits, max_ctx, pre_kv,
+                                                   seed):
+    """Decode and verify rows, GQA ratios 1/3/4/8, shuffled slots, NaN slots, garbage page-table tails; with and
+    without out_cache_loc (the first block's K / V loaded before the PDL wait)."""
     rows = split_rows(m)
     ctxs = [(seed >> (i % 16)) % (max_ctx + 1) for i in range(len(rows))]
     step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=group * hkv, hkv=hkv, d=d, pad=pad, seed=seed, device=device)
-    _check(q, kc, vc, step, num_splits=num_splits, block_n=16)
+    _check(q, kc, vc, step, num_splits=num_splits, block_n=16, out_cache_loc=step.out_cache_loc if pre_kv else None,
+           pre_kv=pre_kv)
 
 
 @pytest.mark.parametrize("length", [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 128])
 def test_decode_attention_split_and_block_edges(device, length):
     """Visible lengths L = pos + 1 on and around BLOCK_N = 16 blocks and split boundaries (4 splits);
-    L = 1 is a row with no cached tokens that sees only itself."""
+    L = 1 is a row with no cached tokens that sees only itself. With out_cache_loc too: bitwise the same."""
     step, q, kc, vc = _case(ctxs=[length - 1, 3], rows=[1, 1], hq=4, hkv=2, d=16, pad=1, seed=length,
                             device=device)
-    _check(q, kc, vc, step, num_splits=4, block_n=16)
+    out = _check(q, kc, vc, step, num_splits=4, block_n=16)
+    check_bitwise("decode_attention", _kernel(q, kc, vc, step, num_splits=4, block_n=16,
+                                              out_cache_loc=step.out_cache_loc, pre_kv=True), out, output="pre_kv")
+
+
+def test_decode_attention_chooses_the_early_kv_path_by_the_grid(monkeypatch):
+    """out_cache_loc with pre_kv None loads early only under PDL and while num_splits x Hkv x M programs fit on
+    the GPU at once (PRE_KV_PROGRAMS_PER_SM by head_dim, at most 16 query heads per KV head); pre_kv True / False
+    force it (the kernel launch recorded by a stand-in)."""
+    from types import SimpleNamespace
+
+    from lowlat.kernels import decode_attention as da
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((grid, kw["PRE_KV"], args[8] is args[4]))
+
+    base, _ = _error_cases()                      # M=3, Hq=4, Hkv=2, D=16: 32 x 2 x 3 = 192 programs
+    loc = base["req_indices"].clone()
+    monkeypatch.setattr(da, "_decode_attention_kernel", Recorder())
+    monkeypatch.setattr(da, "pdl_supported", lambda device: True)
+    sms = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(da, "cuda_props", lambda device: sms)
+    calls = [dict(use_pdl=True, out_cache_loc=loc), dict(use_pdl=True), dict(use_pdl=False, out_cache_loc=loc),
+             dict(use_pdl=False, out_cache_loc=loc, pre_kv=True), dict(use_pdl=True, out_cache_loc=loc, pre_kv=False)]
+    for kw in calls:
+        da.decode_attention(**base, **kw)
+    sms.multi_processor_count = 27                # 27 x 7 = 189 < 192: no longer fits
+    da.decode_attention(**base, use_pdl=True, out_cache_loc=loc)
+    sms.multi_processor_count = 28
+    da.decode_attention(**base, use_pdl=True, out_cache_loc=loc)
+    assert [pre for _, pre, _ in seen] == [True, False, False, True, False, False, True]
+    assert [same for _, _, same in seen] == [False, True, True, False, True, True, False]   # loc_ptr = loc if PRE_KV
+    sms.multi_processor_count = 132
+    assert da.pre_kv_fits(3 * 132, 128, 8, torch.device("cpu")) and not da.pre_kv_fits(3 * 132 + 1, 128, 8, "x")
+    assert not da.pre_kv_fits(1, 64, 17, None) and not da.pre_kv_fits(1, 256, 4, None)
+
+
+def test_decode_attention_pre_kv_programs_per_sm_table_holds_for_the_sm90_compile():
+    """PRE_KV_PROGRAMS_PER_SM is what the early-KV kernel compiled for sm_90 actually fits on an SM (model heads:
+    SmolLM2 G 3 / Llama-3.2-1B G 4 at D 64, Qwen3-30B-A3B G 8 at D 128), so `pre_kv_fits` never admits a grid
+    that needs a second wave."""
+    from sampling_stats import compile_sm90
+
+    from lowlat.kernels.decode_attention import COMBINE_CHUNK, PRE_KV_PROGRAMS_PER_SM
+    from lowlat.kernels.sm90_check import programs_per_sm
+
+    shapes = [(3, 64), (4, 64), (8, 128)]
+    specs = []
+    for g, d in shapes:
+        spec = _sm90_spec(pre_kv=True)
+        spec["constexprs"] = dict(spec["constexprs"], G=g, D=d, CHUNK=COMBINE_CHUNK)
+        spec.pop("ptx")
+        specs.append(spec)
+    for (g, d), info in zip(shapes, compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel", specs)):
+        assert info["spill_bytes"] == 0, (g, d, info)
+        assert programs_per_sm(info["registers"], info["shared"], 4) >= PRE_KV_PROGRAMS_PER_SM[d], (g, d, info)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_decode_attention_combine_folds_every_chunk_of_splits(device, monkeypatch, chunk):
+    """The combining program folds COMBINE_CHUNK splits per round trip: with chunks of 1, 2, 4 over 5-8 splits
+    (several chunks, a ragged last one) the result is still the attention over every split."""
+    from lowlat.kernels import decode_attention as da
+
+    monkeypatch.setattr(da, "COMBINE_CHUNK", chunk)
+    step, q, kc, vc = _case(ctxs=[120, 70, 33, 5], rows=[1, 2, 1, 1], hq=4, hkv=2, d=16, pad=1, seed=chunk,
+                            device=device)
+    _check(q, kc, vc, step, num_splits=8, block_n=16)
+
+
+def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait(monkeypatch):
+    """With out_cache_loc, a program loads its first block's K / V BEFORE `gdc_wait` and, after it, again for
+    the slots the previous launch writes (out_cache_loc); q is read after it. Simulated under the interpreter,
+    which runs programs one at a time: before each program the step's own KV slots and q hold stale values,
+    and the wait (a stand-in for `gdc_wait`) writes the fresh ones, as the attention prologue finishing would.
+    The output must be the attention over the fresh values; with an out_cache_loc that names none of the
+    written slots it must not be (the simulation bites)."""
+    if not interpreting():
+        pytest.skip("simulates the PDL race under the Triton interpreter")
+    import triton.runtime.interpreter as interp
+
+    from lowlat.kernels import decode_attention as da
+
+    step, q, kc, vc = _case(ctxs=[5, 40, 0, 17], rows=[2, 3, 1, 2], hq=6, hkv=2, d=16, pad=1, seed=11, device="cpu")
+    loc = step.out_cache_loc[:step.num_valid_rows].long()
+    fresh = (q.clone(), kc[loc].clone(), vc[loc].clone())
+    g = torch.Generator().manual_seed(3)
+    stale = tuple(torch.randn(t.shape, generator=g).bfloat16() * 4 for t in fresh)
+    calls = {"programs": 0, "waits": 0}
+
+    def put(vals):
+        q.copy_(vals[0])
+        kc[loc], vc[loc] = vals[1], vals[2]
+
+    real_set = interp.interpreter_builder.set_grid_idx
+
+    def program_start(x, y, z):
+        calls["programs"] += 1
+        put(stale)
+        real_set(x, y, z)
+
+    def wait():
+        calls["waits"] += 1
+        put(fresh)
+
+    monkeypatch.setattr(interp.interpreter_builder, "set_grid_idx", program_start)
+    monkeypatch.setattr(da, "gdc_wait", wait)
+    monkeypatch.setattr(da, "gdc_launch_dependents", lambda: None)
+    monkeypatch.setattr(da, "pdl_supported", lambda device: True)
+    kw = dict(num_splits=4, block_n=16, use_pdl=True, pre_kv=True)
+    outs = {}
+    for name, where in (("pre_kv", step.out_cache_loc), ("after_wait", None),
+                        ("wrong_loc", torch.zeros_like(step.out_cache_loc))):
+        outs[name] = _kernel(q, kc, vc, step, out_cache_loc=where, **kw)
+        grid = 4 * 2 * step.num_rows
+        assert calls == {"programs": grid, "waits": grid}, calls
+        calls.update(programs=0, waits=0)
+    put(fresh)
+    oracle, baseline = _reference(q, kc, vc, step)
+    check_accuracy("decode_attention", outs["pre_kv"], oracle, baseline)
+    check_bitwise("decode_attention", outs["pre_kv"], outs["after_wait"], output="pre_kv")
+    with pytest.raises(AssertionError):
+        check_accuracy("decode_attention", outs["wrong_loc"], oracle, baseline)
 
 
 def test_decode_attention_rows_bitwise_invariant_small(device):
@@ -151,13 +279,15 @@ def _error_cases():
         (dict(num_valid_rows=-1), "num_valid_rows=-1 must be in 0..M=3"),
         (dict(out=torch.empty(3, 4, 8, dtype=torch.bfloat16)), "out has shape (3, 4, 8)"),
         (dict(num_splits=3), "num_splits=3 must be a power of two"),
+        (dict(out_cache_loc=step.out_cache_loc.long()), "out_cache_loc must be torch.int32"),
+        (dict(out_cache_loc=step.out_cache_loc[:2]), "out_cache_loc has shape (2,): dim 0 must be M=3"),
         (dict(positions=far, check_values=True), "positions[1]=1000 outside"),
         (dict(req_indices=badreq, check_values=True), "req_indices[0]=7 outside [0, 2)"),
         (dict(page_table=pt, check_values=True), f"page_table[0, 2]={kc.shape[0] + 5} outside"),
     ]
 
 
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(15))
 def test_decode_attention_bad_input_raises_typed_error(case):
     base, cases = _error_cases()
     change, msg = cases[case]
@@ -195,23 +325,30 @@ def test_decode_attention_passes_pdl_trigger_to_the_kernel(monkeypatch, trigger)
     assert seen[1]["TRIGGER_AFTER_KV"] is True and "launch_pdl" not in seen[1]   # one specialization without PDL
 
 
+def _sm90_spec(*, after=True, pre_kv=False):
+    """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads)."""
+    return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=8, NVR_FROM_PTR=True,
+                               PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
+            "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
+                             pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
+                             wsml_ptr="*fp32", cnt_ptr="*i32"),
+            "scalars": {"qk_scale": "fp32"}, "launch_pdl": True, "ptx": True,
+            "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch",
+                          "stride_om", "stride_oh"]}
+
+
 def test_decode_attention_pdl_trigger_sits_where_asked_in_the_sm90_ptx():
     """Compiled for sm_90 (on the CPU, as the launch specialises it): "after_kv" releases the next launch after
     the KV loop's tensor-core products and before the split-K arrival (the atomic), "start" right after the
-    wait, before any product; both compile to the same registers and shared memory, so moving the trigger
-    leaves how many programs fit on an SM unchanged (session 13: the early release let out_proj pack)."""
+    wait, before any product; both fit as many programs on an SM (shared memory equal, registers within what
+    rounds to the same residency), so moving the trigger leaves the packing unchanged (session 13: the early
+    release let out_proj pack)."""
     from sampling_stats import compile_sm90
 
-    def spec(after):
-        return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, NVR_FROM_PTR=True,
-                                   USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
-                "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
-                                 pos_ptr="*i64", nvr_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
-                                 wsml_ptr="*fp32", cnt_ptr="*i32"),
-                "scalars": {"qk_scale": "fp32"}, "launch_pdl": True, "ptx": True,
-                "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch",
-                              "stride_om", "stride_oh"]}
-    after, start = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel", [spec(True), spec(False)])
+    from lowlat.kernels.sm90_check import programs_per_sm
+
+    after, start = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel",
+                                [_sm90_spec(after=True), _sm90_spec(after=False)])
     for name, info in (("after_kv", after), ("start", start)):
         ptx = info["ptx"]
         assert ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 1, name
@@ -223,7 +360,29 @@ def test_decode_attention_pdl_trigger_sits_where_asked_in_the_sm90_ptx():
     last_mma = after["ptx"].rfind("mma")            # the loop's last product (its first block may be peeled)
     assert a["griddepcontrol.wait"] < a["mma"] <= last_mma < a["griddepcontrol.launch_dependents"] < a["atom."], a
     assert s["griddepcontrol.wait"] < s["griddepcontrol.launch_dependents"] < s["mma"], s
-    assert (after["registers"], after["shared"]) == (start["registers"], start["shared"]), (after, start)
+    assert after["shared"] == start["shared"], (after, start)
+    assert programs_per_sm(after["registers"], after["shared"], 4) == programs_per_sm(start["registers"],
+                                                                                      start["shared"], 4), (after, start)
+
+
+def test_decode_attention_pre_kv_loads_the_first_block_before_the_wait_in_the_sm90_ptx():
+    """Without out_cache_loc nothing is read before `griddepcontrol.wait`; with it (PRE_KV) the positions, page
+    table, out_cache_loc and the first block's K / V tiles (vector loads) are, the same vector loads are issued
+    again after the wait (the slots the previous launch wrote), and no tensor-core product or store precedes
+    the wait. Both compile without spills."""
+    from sampling_stats import compile_sm90
+
+    plain, pre = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel",
+                              [_sm90_spec(pre_kv=False), _sm90_spec(pre_kv=True)])
+    for name, info in (("plain", plain), ("pre_kv", pre)):
+        assert info["spill_bytes"] == 0 and info["ptx"].count("griddepcontrol.wait") == 1, (name, info)
+    head, _, tail = plain["ptx"].partition("griddepcontrol.wait")
+    assert "ld.global" not in head, "without out_cache_loc every load follows the wait"
+    head, _, tail = pre["ptx"].partition("griddepcontrol.wait")
+    before = head.count("ld.global.v4")
+    assert before >= 2 and "mma" not in head and "st.global" not in head and "atom." not in head, before
+    reload = tail[:tail.find("mma")]
+    assert reload.count("ld.global.v4") >= before, "the K / V tiles of the written slots are loaded again"
 
 
 # ----------------------------------------------------------------------------- GPU (full shapes)
@@ -252,14 +411,19 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
 def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape):
     """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
-    pdl_trigger) == off; a CUDA-graph replay (num_valid_rows as a device tensor) == eager."""
+    pdl_trigger, with and without out_cache_loc) == off; a CUDA-graph replay (num_valid_rows as a device tensor,
+    out_cache_loc given, as FusedModel launches it) == eager."""
     hq, hkv, d = shape
     ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]
     rows = [1] * 20 + [3] * 5
     step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=hq, hkv=hkv, d=d, pad=48 - sum(rows), seed=1, device=device)
     ws = make_decode_workspace(48, hq, hkv, d, device)
-    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, pdl_trigger=trigger)
-            for pdl, trigger in ((False, "after_kv"), (False, "after_kv"), (True, "after_kv"), (True, "start"))]
+    loc = step.out_cache_loc
+    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, pdl_trigger=trigger, out_cache_loc=where, pre_kv=pre)
+            for pdl, trigger, where, pre in ((False, "after_kv", None, None), (False, "after_kv", None, None),
+                                             (True, "after_kv", None, None), (True, "start", None, None),
+                                             (True, "after_kv", loc, True), (True, "start", loc, True),
+                                             (False, "after_kv", loc, True), (True, "after_kv", loc, None))]
     for o in outs[1:]:
         check_bitwise("decode_attention", o, outs[0], output="run_to_run_and_pdl")
     oracle, baseline = _reference(q, kc, vc, step, per_row=True)
@@ -276,7 +440,7 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
 
     def call():
         decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, nvr, out=out,
-                         workspace=ws, use_pdl=True)
+                         out_cache_loc=step.out_cache_loc, workspace=ws, use_pdl=True)
 
     call()
     graph = torch.cuda.CUDAGraph()
@@ -287,3 +451,68 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
     torch.cuda.synchronize()
     check_bitwise("decode_attention", out, outs[0], output="cuda_graph")
     assert int(ws.counters.abs().sum()) == 0, "split counters must be reset by the last arriver"
+
+
+@pytest.mark.gpu
+def test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots(device):
+    """The race for real: a writer launch (standing in for the attention prologue) releases its dependents at
+    once, spins 2 ms (longer than the host takes to launch the attention), then writes q and the step's own KV slots (out_cache_loc); the attention, launched with
+    PDL and out_cache_loc, loads its first blocks meanwhile. Its output must equal, bitwise, the attention over
+    what the writer wrote (contexts 0-2000: one split, several, a first block holding a verify row's own
+    slots). With an out_cache_loc that names none of the written slots the output must differ: proof that the
+    attention did start before the writer finished, so that the first check could fail."""
+    from lowlat.kernels._attn_common import pdl_supported
+
+    if not pdl_supported(torch.device(device)):
+        pytest.skip("needs PDL (sm_90)")
+    import triton
+    import triton.language as tl
+
+    from lowlat.comm.ordered_reduce import _globaltimer
+
+    @triton.jit
+    def late_writer(q_src, q_dst, k_src, v_src, kc_ptr, vc_ptr, loc_ptr, n, delay_ns, QE: tl.constexpr,
+                    KE: tl.constexpr, QB: tl.constexpr, KB: tl.constexpr):
+        i = tl.program_id(0)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        lanes = tl.arange(0, 32)
+        t0 = _globaltimer(lanes)
+        while _globaltimer(lanes) - t0 < delay_ns:
+            pass
+        qe = tl.arange(0, QB)
+        tl.store(q_dst + i * QE + qe, tl.load(q_src + i * QE + qe, mask=qe < QE), mask=qe < QE)
+        if i < n:
+            ke = tl.arange(0, KB)
+            slot = tl.load(loc_ptr + i).to(tl.int64)
+            tl.store(kc_ptr + slot * KE + ke, tl.load(k_src + i * KE + ke, mask=ke < KE), mask=ke < KE)
+            tl.store(vc_ptr + slot * KE + ke, tl.load(v_src + i * KE + ke, mask=ke < KE), mask=ke < KE)
+
+    hq, hkv, d = 9, 3, 64
+    step, q, kc, vc = _case(ctxs=[5, 300, 0, 2000, 64, 61], rows=[2, 3, 1, 6, 1, 4], hq=hq, hkv=hkv, d=d, pad=3,
+                            seed=7, device=device)
+    n, m = step.num_valid_rows, step.num_rows
+    loc = step.out_cache_loc[:n].long()
+    fresh_q, fresh_k, fresh_v = q.clone(), kc[loc].clone(), vc[loc].clone()
+    ws = make_decode_workspace(m, hq, hkv, d, device)
+    expected = _kernel(q, kc, vc, step, workspace=ws)
+    gen = torch.Generator(device=device).manual_seed(5)
+
+    def race(where):
+        q.copy_(torch.randn(q.shape, generator=gen, device=device).bfloat16() * 4)
+        kc[loc] = torch.randn(fresh_k.shape, generator=gen, device=device).bfloat16() * 4
+        vc[loc] = torch.randn(fresh_v.shape, generator=gen, device=device).bfloat16() * 4
+        out = poison(torch.empty_like(q))
+        torch.cuda.synchronize()
+        late_writer[(m,)](fresh_q, q, fresh_k, fresh_v, kc, vc, step.out_cache_loc, n, 2_000_000, QE=hq * d,
+                          KE=hkv * d, QB=triton.next_power_of_2(hq * d), KB=triton.next_power_of_2(hkv * d))
+        decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows,
+                         out_cache_loc=where, pre_kv=True, out=out, workspace=ws, use_pdl=True)
+        torch.cuda.synchronize()
+        return out
+
+    for _ in range(3):
+        check_bitwise("decode_attention", race(step.out_cache_loc), expected, output="pre_kv_late_writer")
+    assert not torch.equal(race(torch.zeros_like(step.out_cache_loc)), expected), \
+        "the attention did not start before the writer finished: the race was not exercised"
+    assert int(ws.counters.abs().sum()) == 0
