@@ -15,12 +15,19 @@ The row's L = p + 1 visible tokens are cut into n_s = ceil(nb / ceil(nb / MAX_SP
 whole BLOCK_N blocks (nb = ceil(L / BLOCK_N)): the partition depends on the row's own length only,
 never on M or on the other rows. One split writes out = acc / l directly. Otherwise each split
 stores (m, l, acc) in fp32, bumps a per-(row, KV head) counter, and the last to arrive combines
-all splits in fixed order 0..n_s-1 (out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s) and
-resets the counter: one launch, bitwise deterministic whatever the arrival order, row invariant.
+all splits in fixed order 0..n_s-1 (out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; the partials
+of COMBINE_CHUNK splits are loaded per round trip, then added one at a time) and resets the counter: one
+launch, bitwise deterministic whatever the arrival order, row invariant.
 Page-table entries past a row's position and the KV slots they name are never read.
 
-PDL (`use_pdl`): the kernel waits (`gdc_wait`) before reading anything (q, the step's page table and
-the KV cache are all produced upstream). By default (`pdl_trigger="after_kv"`) a program releases its
+PDL (`use_pdl`): without out_cache_loc the kernel waits (`gdc_wait`) before reading anything. With it
+(the step's out_cache_loc, `pre_kv`), a program reads the positions, the page table and its first block's
+K / V BEFORE the wait, and after it only q and, again, the K / V of the slots the previous launch (the
+attention prologue) writes in this step: a row's own and its verify siblings' tokens. Every other slot
+was written by an earlier step, and the launches before the prologue are complete once it has released
+this one (lowlat kernels release only after their own wait). The default (`pre_kv_fits`) does this only
+while the whole grid fits on the GPU at once: session 14 measured 1-1.8 us less an attention at 1 row
+and a slower step once the grid needs a second wave (NOTES.md). By default (`pdl_trigger="after_kv"`) a program releases its
 dependents only after its KV loop: released at once ("start"), the next launch (out_proj, 36 programs on
 SmolLM2) became resident while this grid still held the GPU, and the block scheduler packed it onto the
 few SMs with room, up to 7 programs on one SM (its shared-memory limit), where its GEMV ran ~3x slower
@@ -46,12 +53,13 @@ BLOCK_N = 64
 LOG2E = 1.4426950408889634
 #: where a program calls `gdc_launch_dependents` under PDL (`decode_attention(pdl_trigger=...)`)
 PDL_TRIGGERS = ("after_kv", "start")
-#: splits the combining program folds per round trip (their partials are loaded together; session 14: 8 was as
-#: fast at 1-16 rows but slower at 24-48, its registers costing a program an SM, NOTES "Measured -> session 14")
+#: splits whose partials the combining program loads at once (one round trip), before folding them one at a time
+#: in split order (bitwise the same sums for any value). 4 keeps the sm_90 registers of one split per round trip
+#: (80 at D 64, 126 at D 128); 8 takes 121 / 137 (session 14, NOTES "Measured -> session 14")
 COMBINE_CHUNK = 4
 #: programs of the early-KV kernel (PRE_KV, COMBINE_CHUNK 4, G <= 16 query heads per KV head) one SM holds, by
-#: head_dim: 72 registers at D <= 64 -> 7, 146 at D <= 128 -> 3 (sm_90 compile; a CPU test keeps these true)
-PRE_KV_PROGRAMS_PER_SM = {64: 7, 128: 3}
+#: head_dim: 80 registers at D <= 64 -> 6, 148 at D <= 128 -> 3 (sm_90 compile; a CPU test keeps these true)
+PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
 
 
 def pre_kv_fits(programs: int, head_dim: int, group: int, device: torch.device) -> bool:
@@ -140,19 +148,26 @@ def _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk
 
 
 @triton.jit
-def _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd, wso_ptr, wsml_ptr,
+def _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd, wso_ptr, wsml_ptr,
                  D: tl.constexpr, MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr):
-    """Add splits c0..c0+CHUNK-1 (those < nsplits), rescaled to m_max: their (m, l, acc) partials are loaded
-    together, one L2 round trip (written by other programs: .cg), and summed over the chunk."""
-    ss = c0 + tl.arange(0, CHUNK)
-    smask = gmask[:, None] & (ss[None, :] < nsplits)                       # [G_PAD, CHUNK]
-    at = hrow[:, None] * MAX_SPLITS + ss[None, :]
-    ms = tl.load(wsml_ptr + at * 2, mask=smask, other=float("-inf"), cache_modifier=".cg")
-    ls = tl.load(wsml_ptr + at * 2 + 1, mask=smask, other=0.0, cache_modifier=".cg")
-    os_ = tl.load(wso_ptr + at[:, :, None] * D + dd[None, None, :], mask=smask[:, :, None], other=0.0,
-                  cache_modifier=".cg")
-    w = tl.exp2(ms - m_max[:, None])                                       # 0 where masked
-    return l_tot + tl.sum(w * ls, axis=1), o_tot + tl.sum(w[:, :, None] * os_, axis=1)
+    """Add splits c0..c0+CHUNK-1 (those < nsplits), rescaled to m_max, in split order: the partials of all of them
+    are loaded first (one L2 round trip; written by other programs: .cg), then folded one split at a time, so the
+    sums are bitwise those of folding one split per round trip, whatever CHUNK is."""
+    parts = ()
+    for c in tl.static_range(CHUNK):
+        ok = c0 + c < nsplits
+        at = hrow * MAX_SPLITS + c0 + c
+        ms = tl.load(wsml_ptr + at * 2, mask=gmask & ok, other=0.0, cache_modifier=".cg")
+        ls = tl.load(wsml_ptr + at * 2 + 1, mask=gmask & ok, other=0.0, cache_modifier=".cg")
+        os_ = tl.load(wso_ptr + at[:, None] * D + dd[None, :], mask=omask & ok, other=0.0, cache_modifier=".cg")
+        parts = parts + ((ms, ls, os_),)
+    for c in tl.static_range(CHUNK):
+        ms, ls, os_ = parts[c]
+        if c0 + c < nsplits:
+            w = tl.exp2(ms - m_max)
+            l_tot = l_tot + w * ls
+            o_tot = o_tot + w[:, None] * os_
+    return l_tot, o_tot
 
 
 @triton.jit
@@ -263,12 +278,12 @@ def _decode_attention_kernel(
                     if INTERP:
                         c0 = 0
                         while c0 < nsplits:
-                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd,
+                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
                                                         wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
                             c0 += CHUNK
                     else:
                         for c0 in range(0, nsplits, CHUNK):
-                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, dd,
+                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
                                                         wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
                     l_tot = tl.where(gmask, l_tot, 1.0)
                     tl.store(o_ptr + orow, to_bf16(o_tot / l_tot[:, None], INTERP), mask=omask)

@@ -135,9 +135,9 @@ def test_decode_attention_chooses_the_early_kv_path_by_the_grid(monkeypatch):
              dict(use_pdl=False, out_cache_loc=loc, pre_kv=True), dict(use_pdl=True, out_cache_loc=loc, pre_kv=False)]
     for kw in calls:
         da.decode_attention(**base, **kw)
-    sms.multi_processor_count = 27                # 27 x 7 = 189 < 192: no longer fits
+    sms.multi_processor_count = 31                # 31 x 6 = 186 < 192: no longer fits
     da.decode_attention(**base, use_pdl=True, out_cache_loc=loc)
-    sms.multi_processor_count = 28
+    sms.multi_processor_count = 32
     da.decode_attention(**base, use_pdl=True, out_cache_loc=loc)
     assert [pre for _, pre, _ in seen] == [True, False, False, True, False, False, True]
     assert [same for _, _, same in seen] == [False, True, True, False, True, True, False]   # loc_ptr = loc if PRE_KV
@@ -167,16 +167,19 @@ def test_decode_attention_pre_kv_programs_per_sm_table_holds_for_the_sm90_compil
         assert programs_per_sm(info["registers"], info["shared"], 4) >= PRE_KV_PROGRAMS_PER_SM[d], (g, d, info)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 4])
+@pytest.mark.parametrize("chunk", [2, 4, 8])
 def test_decode_attention_combine_folds_every_chunk_of_splits(device, monkeypatch, chunk):
-    """The combining program folds COMBINE_CHUNK splits per round trip: with chunks of 1, 2, 4 over 5-8 splits
-    (several chunks, a ragged last one) the result is still the attention over every split."""
+    """The combining program loads COMBINE_CHUNK splits' partials per round trip and folds them one at a time in
+    split order: with chunks of 2, 4, 8 over 5-8 splits (several chunks, a ragged last one) the output is
+    bitwise that of one split per round trip, and within the policy."""
     from lowlat.kernels import decode_attention as da
 
-    monkeypatch.setattr(da, "COMBINE_CHUNK", chunk)
     step, q, kc, vc = _case(ctxs=[120, 70, 33, 5], rows=[1, 2, 1, 1], hq=4, hkv=2, d=16, pad=1, seed=chunk,
                             device=device)
-    _check(q, kc, vc, step, num_splits=8, block_n=16)
+    monkeypatch.setattr(da, "COMBINE_CHUNK", 1)
+    one = _check(q, kc, vc, step, num_splits=8, block_n=16)
+    monkeypatch.setattr(da, "COMBINE_CHUNK", chunk)
+    check_bitwise("decode_attention", _kernel(q, kc, vc, step, num_splits=8, block_n=16), one, output="chunk")
 
 
 def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait(monkeypatch):
@@ -409,7 +412,7 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
-def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape):
+def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape, monkeypatch):
     """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
     pdl_trigger, with and without out_cache_loc) == off; a CUDA-graph replay (num_valid_rows as a device tensor,
     out_cache_loc given, as FusedModel launches it) == eager."""
@@ -426,6 +429,13 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
                                              (False, "after_kv", loc, True), (True, "after_kv", loc, None))]
     for o in outs[1:]:
         check_bitwise("decode_attention", o, outs[0], output="run_to_run_and_pdl")
+    from lowlat.kernels import decode_attention as da
+
+    for chunk in (1, 8):                          # the combine's loads per round trip move no arithmetic
+        monkeypatch.setattr(da, "COMBINE_CHUNK", chunk)
+        check_bitwise("decode_attention", _kernel(q, kc, vc, step, workspace=ws, use_pdl=True), outs[0],
+                      output=f"combine_chunk_{chunk}")
+    monkeypatch.undo()
     oracle, baseline = _reference(q, kc, vc, step, per_row=True)
     check_accuracy("decode_attention", outs[0], oracle, baseline)
     n = step.num_valid_rows
