@@ -16,8 +16,8 @@ the step (end minus the previous launch's end, median over layers and 10 replays
 loads each program's first KV block before the PDL wait where its grid fits on the GPU at once (auto, lowlat's
 default since session 14), at every width (on: pre_kv=True), or never (off: every load after the wait, as until
 session 13). --chunk N: the attention's COMBINE_CHUNK (splits the combining program folds per round trip; 1 = one
-split at a time, as until session 13). Neither moves the arithmetic except --chunk, whose
-sum order within a chunk differs: compare logits only across --pre-kv.
+split at a time, as until session 13). Neither moves the arithmetic (the fold
+adds one split at a time whatever the chunk; call 1-3's intermediate summed a chunk with tl.sum, a different order).
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.

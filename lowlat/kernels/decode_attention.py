@@ -21,9 +21,10 @@ launch, bitwise deterministic whatever the arrival order, row invariant.
 Page-table entries past a row's position and the KV slots they name are never read.
 
 PDL (`use_pdl`): without out_cache_loc the kernel waits (`gdc_wait`) before reading anything. With it
-(the step's out_cache_loc, `pre_kv`), a program reads the positions, the page table and its first block's
-K / V BEFORE the wait, and after it only q and, again, the K / V of the slots the previous launch (the
-attention prologue) writes in this step: a row's own and its verify siblings' tokens. Every other slot
+(the step's out_cache_loc, `pre_kv`), a program reads num_valid_rows, the positions, request indices,
+out_cache_loc, its first block's page-table entries and K / V BEFORE the wait; after it, q, again the K / V
+of the first block's slots that the previous launch (the attention prologue) writes in this step (a row's
+own and its verify siblings' tokens), every later block, and the split partials. Every other slot
 was written by an earlier step, and the launches before the prologue are complete once it has released
 this one (lowlat kernels release only after their own wait). The default (`pre_kv_fits`) does this only
 while the whole grid fits on the GPU at once: session 14 measured 1-1.8 us less an attention at 1 row
@@ -57,17 +58,19 @@ PDL_TRIGGERS = ("after_kv", "start")
 #: in split order (bitwise the same sums for any value). 4 keeps the sm_90 registers of one split per round trip
 #: (80 at D 64, 126 at D 128); 8 takes 121 / 137 (session 14, NOTES "Measured -> session 14")
 COMBINE_CHUNK = 4
-#: programs of the early-KV kernel (PRE_KV, COMBINE_CHUNK 4, G <= 16 query heads per KV head) one SM holds, by
-#: head_dim: 80 registers at D <= 64 -> 6, 148 at D <= 128 -> 3 (sm_90 compile; a CPU test keeps these true)
+#: programs of the early-KV kernel (PRE_KV, COMBINE_CHUNK 4, G <= 16 query heads per KV head, M <= 16 rows so
+#: LOC_PAD 16) one SM holds, by head_dim: 80 registers at D <= 64 -> 6, 148 at D <= 128 -> 3 (sm_90 compile; a CPU
+#: test keeps these true; LOC_PAD 32 took 89 at D 64 -> 5, hence the row bound in `pre_kv_fits`)
 PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
 
 
-def pre_kv_fits(programs: int, head_dim: int, group: int, device: torch.device) -> bool:
+def pre_kv_fits(programs: int, head_dim: int, group: int, rows: int, device: torch.device) -> bool:
     """Whether `decode_attention` loads the first KV block before its PDL wait by default: only while its whole
-    grid (num_splits x Hkv x M programs) fits on the GPU at once. Measured (session 14, NOTES): with every
+    grid (num_splits x Hkv x M programs) fits on the GPU at once, for at most 16 query heads per KV head and
+    at most 16 rows (the table's compile). Measured (session 14, NOTES): with every
     program resident early, 1-row steps gain 1-1.8 us an attention; once the grid needs more than one wave, the
     later programs pay the early path's extra work for nothing and the step is slower."""
-    if group > 16:
+    if group > 16 or rows > 16:
         return False
     per_sm = next((n for d, n in sorted(PRE_KV_PROGRAMS_PER_SM.items()) if head_dim <= d), 0)
     return programs <= per_sm * cuda_props(device).multi_processor_count
@@ -226,7 +229,7 @@ def _decode_attention_kernel(
                      other=v0)
 
     if row >= nvr:
-        if sp == 0:  # padding rows output 0 and read nothing
+        if sp == 0:  # padding rows output 0 and read no KV, page table or q
             tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
     else:
         if sp < nsplits:
@@ -312,7 +315,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      first block's page-table entries and K / V BEFORE `gdc_wait` (under PDL), and after it
                      loads again only the slots listed here; so under PDL the previous launch may write q and
                      the KV slots in out_cache_loc, and must not write positions, req_indices, page_table,
-                     num_valid_rows or any other KV slot (it and every launch before it are lowlat kernels
+                     num_valid_rows, out_cache_loc or any other KV slot (it and every launch before it are lowlat kernels
                      that release their dependents only after their own wait, so those earlier writes are
                      complete). Same arithmetic with or without it.
         pre_kv       with out_cache_loc: None (default) loads early under PDL when the grid fits on the GPU at
@@ -331,7 +334,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      not sm_90, or under the interpreter).
         check_values also check req_indices / positions / visible page-table values (host sync)
     Returns: out [M, Hq, D] bf16; padding rows are 0.
-    Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name.
+    Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
+    and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
     Raises: StepContractError naming the offending tensor / value; ValueError for an unknown pdl_trigger.
     """
     if pdl_trigger not in PDL_TRIGGERS:
@@ -384,7 +388,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if out_cache_loc is None:
         pre_kv = False
     elif pre_kv is None:
-        pre_kv = pdl and pre_kv_fits(programs, d, group, dev)
+        pre_kv = pdl and pre_kv_fits(programs, d, group, m, dev)
     pre_kv = bool(pre_kv)
     _decode_attention_kernel[grid](
         q, k_cache, v_cache, page_table, req_indices, positions,

@@ -142,8 +142,10 @@ def test_decode_attention_chooses_the_early_kv_path_by_the_grid(monkeypatch):
     assert [pre for _, pre, _ in seen] == [True, False, False, True, False, False, True]
     assert [same for _, _, same in seen] == [False, True, True, False, True, True, False]   # loc_ptr = loc if PRE_KV
     sms.multi_processor_count = 132
-    assert da.pre_kv_fits(3 * 132, 128, 8, torch.device("cpu")) and not da.pre_kv_fits(3 * 132 + 1, 128, 8, "x")
-    assert not da.pre_kv_fits(1, 64, 17, None) and not da.pre_kv_fits(1, 256, 4, None)
+    assert da.pre_kv_fits(3 * 132, 128, 8, 16, torch.device("cpu"))
+    assert not da.pre_kv_fits(3 * 132 + 1, 128, 8, 1, None)
+    assert not da.pre_kv_fits(1, 64, 17, 1, None) and not da.pre_kv_fits(1, 256, 4, 1, None)
+    assert not da.pre_kv_fits(1, 64, 4, 17, None)             # LOC_PAD 32: the table's registers do not hold
 
 
 def test_decode_attention_pre_kv_programs_per_sm_table_holds_for_the_sm90_compile():
@@ -182,7 +184,33 @@ def test_decode_attention_combine_folds_every_chunk_of_splits(device, monkeypatc
     check_bitwise("decode_attention", _kernel(q, kc, vc, step, num_splits=8, block_n=16), one, output="chunk")
 
 
-def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait(monkeypatch):
+@pytest.mark.parametrize("pre_kv", [False, True])
+def test_decode_attention_combine_folds_in_split_order_and_skips_masked_chunk_slots(device, pre_kv):
+    """An adversarial case (review of session 14): one row of L = 48 over 3 splits of one 16-token block (num_splits 4:
+    one chunk of 4 with a masked 4th slot). Equal scores far below 0 (m ~ -369 in log2 units: a masked slot's
+    weight 2^(0 - m_max) would be inf, inf * 0 NaN) and V = +2^26 / -2^26 / N(0, 1) by block: only the split order
+    0, 1, 2 keeps block 2's sum ((A - A) + c = c, but (c - A) + A = 0 in fp32). Tolerance: the bf16 output (2^-8
+    relative) with room; the failures aimed at give NaN or 0 instead of the mean. Constant K / q on purpose: they
+    set the scores; V's last block is random."""
+    step, q, kc, vc = _case(ctxs=[47], rows=[1], hq=4, hkv=2, d=16, pad=1, seed=21, device=device)
+    slots = step.page_table[int(step.req_indices[0]), :48].long()
+    kc[slots] = -8.0
+    vc[slots[:16]] = 2.0 ** 26
+    vc[slots[16:32]] = -(2.0 ** 26)
+    g = torch.Generator().manual_seed(1)
+    vc[slots[32:48]] = torch.randn(16, 2, 16, generator=g).bfloat16().to(device)
+    q.fill_(8.0)
+    out = _kernel(q, kc, vc, step, num_splits=4, block_n=16,
+                  out_cache_loc=step.out_cache_loc if pre_kv else None, pre_kv=pre_kv)
+    want = vc[slots[32:48]].double().sum(0) / 48          # [Hkv, D]: the mean over the 48 tokens
+    got = out[0].double().view(2, 2, 16)                   # [Hkv, G, D]
+    assert torch.isfinite(got).all(), "a masked chunk slot was folded in"
+    assert torch.allclose(got, want[:, None, :].expand_as(got), rtol=2e-2, atol=1e-3), (got, want)
+
+
+@pytest.mark.parametrize("ctxs, rows", [([5, 40, 0, 17], [2, 3, 1, 2]),
+                                         ([5, 40, 0, 17, 30, 9, 3], [2, 3, 1, 2, 4, 3, 4])])   # 20 rows: LOC_PAD 32
+def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait(monkeypatch, ctxs, rows):
     """With out_cache_loc, a program loads its first block's K / V BEFORE `gdc_wait` and, after it, again for
     the slots the previous launch writes (out_cache_loc); q is read after it. Simulated under the interpreter,
     which runs programs one at a time: before each program the step's own KV slots and q hold stale values,
@@ -195,7 +223,7 @@ def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait
 
     from lowlat.kernels import decode_attention as da
 
-    step, q, kc, vc = _case(ctxs=[5, 40, 0, 17], rows=[2, 3, 1, 2], hq=6, hkv=2, d=16, pad=1, seed=11, device="cpu")
+    step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=6, hkv=2, d=16, pad=1, seed=11, device="cpu")
     loc = step.out_cache_loc[:step.num_valid_rows].long()
     fresh = (q.clone(), kc[loc].clone(), vc[loc].clone())
     g = torch.Generator().manual_seed(3)
@@ -329,8 +357,10 @@ def test_decode_attention_passes_pdl_trigger_to_the_kernel(monkeypatch, trigger)
 
 
 def _sm90_spec(*, after=True, pre_kv=False):
-    """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads)."""
-    return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=8, NVR_FROM_PTR=True,
+    """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads, up to 16 rows)."""
+    from lowlat.kernels.decode_attention import COMBINE_CHUNK
+
+    return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=COMBINE_CHUNK, NVR_FROM_PTR=True,
                                PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
             "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                              pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
