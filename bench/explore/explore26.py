@@ -18,10 +18,6 @@ default since session 14), at every width (on: pre_kv=True), or never (off: ever
 session 13). --chunk N: the attention's COMBINE_CHUNK (splits the combining program folds per round trip; 1 = one
 split at a time, as until session 13). Neither moves the arithmetic (the fold
 adds one split at a time whatever the chunk; call 1-3's intermediate summed a chunk with tl.sum, a different order).
---l2-prefetch MB (session 15): FusedModel's l2_prefetch_bytes (the decode attention asks the L2 for the first MB of
-the layer's out_proj | gate/up | down weights; 0 = none; default: lowlat's L2_PREFETCH_BYTES). A hint: the logits
-checksum is the same for any value. --l2-prefetch-max-rows N: only at widths up to N (the attention's call drops it
-above). --l2-prefetch-from gate_up: the range starts at the layer's gate/up instead of its wo (dense layers).
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
@@ -53,9 +49,6 @@ def main() -> None:
     p.add_argument("--plan-d", default=None, help="JSON fields replaced in FusedModel's down-projection plan")
     p.add_argument("--pre-kv", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--chunk", type=int, default=None, help="decode attention's COMBINE_CHUNK (power of two)")
-    p.add_argument("--l2-prefetch", type=float, default=None, help="MB of L2 prefetch a layer (default: lowlat's)")
-    p.add_argument("--l2-prefetch-max-rows", type=int, default=None)
-    p.add_argument("--l2-prefetch-from", default="wo", choices=["wo", "gate_up"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -76,12 +69,6 @@ def main() -> None:
         def forced(*args, out_cache_loc=None, **kw):
             return plain(*args, out_cache_loc=out_cache_loc if force else None, pre_kv=force or None, **kw)
         da.decode_attention = forced
-    if a.l2_prefetch_max_rows is not None:
-        inner = da.decode_attention
-
-        def capped(q, *args, l2_prefetch=None, **kw):
-            return inner(q, *args, l2_prefetch=l2_prefetch if q.shape[0] <= a.l2_prefetch_max_rows else None, **kw)
-        da.decode_attention = capped
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
     cfg = preset(a.model)
@@ -89,18 +76,11 @@ def main() -> None:
         cfg = cfg.replace(num_layers=a.layers)
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
-    pf = None if a.l2_prefetch is None else int(a.l2_prefetch * 2**20) // 16 * 16
-    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, l2_prefetch_bytes=pf)
-    if a.l2_prefetch_from == "gate_up":
-        for L in fm.layers:
-            if L.l2_next is not None and L.gate_up is not None:
-                start = (L.gate_up.data_ptr() - fm._streamed.data_ptr()) // 2
-                L.l2_next = fm._streamed[start:start + L.l2_next.numel()]
+    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **json.loads(a.plan_d))
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
-               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, l2_prefetch_bytes=fm.l2_prefetch_bytes,
-               l2_prefetch_max_rows=a.l2_prefetch_max_rows, l2_prefetch_from=a.l2_prefetch_from,
+               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -121,8 +101,7 @@ def summary(out: dict) -> str:
     """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
     then per width the step time and each launch role's cost (us)."""
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
-             f"chunk {out.get('chunk', 1)} l2pf {out.get('l2_prefetch_bytes', 0) / 2**20:.1f}MB "
-             f"from {out.get('l2_prefetch_from', 'wo')} down "
+             f"chunk {out.get('chunk', 1)} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]

@@ -8,15 +8,12 @@
   operands stay fp32 (holding bf16-exact values); on the GPU they are bf16 for the tensor cores.
 - PDL (programmatic dependent launch, sm_90): `gdc_wait` / `gdc_launch_dependents` from
   `triton.language.extra.cuda`, used only behind a `USE_PDL` constexpr (inline asm; never interpreted).
-- `l2_prefetch_plan` / `prefetch_l2_bulk`: a launch asks the L2 for bytes that LATER launches read (the next
-  weights), split over its programs, one `cp.async.bulk.prefetch.L2` per thread (sm_90 inline asm; GPU only).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -125,67 +122,3 @@ def check_num_valid_rows(num_valid_rows, m: int, device: torch.device):
     if not 0 <= num_valid_rows <= m:
         raise StepContractError(f"num_valid_rows={num_valid_rows} must be in 0..M={m}")
     return num_valid_rows, None
-
-
-#: threads of a program that each issue one bulk L2 prefetch (`prefetch_l2_bulk`); one per thread at 4 warps
-L2_PREFETCH_LANES = 128
-#: programs of a launch that share the prefetch (the first ones in launch order: they start first)
-L2_PREFETCH_PARTS = 512
-#: smallest piece one thread asks for (bytes): one L2 line
-L2_PREFETCH_MIN_BYTES = 128
-
-
-@dataclass(frozen=True)
-class L2Prefetch:
-    """How a launch's programs share an L2 prefetch of `tensor`: programs 0..parts-1 (in launch order), each
-    L2_PREFETCH_LANES threads, each thread `lane_elems` elements (a multiple of 16 bytes)."""
-
-    tensor: torch.Tensor
-    elems: int
-    parts: int
-    lane_elems: int
-
-
-def l2_prefetch_plan(t: torch.Tensor | None, programs: int, device: torch.device) -> L2Prefetch | None:
-    """Split an L2 prefetch of the contiguous tensor `t` (any dtype; its bytes a multiple of 16, its address
-    16-byte aligned, as `cp.async.bulk.prefetch.L2` needs) over the first min(programs, L2_PREFETCH_PARTS)
-    programs of a launch. None or an empty tensor: no prefetch (None).
-    Raises StepContractError naming the fault (not contiguous, wrong device, unaligned address or size)."""
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise StepContractError(f"l2_prefetch must be a tensor or None, got {type(t).__name__}")
-    if t.numel() == 0:
-        return None
-    if t.device != device:
-        raise StepContractError(f"l2_prefetch is on {t.device}, expected {device}")
-    if not t.is_contiguous():
-        raise StepContractError(f"l2_prefetch must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
-    esize = t.element_size()
-    nbytes = t.numel() * esize
-    if nbytes % 16 or t.data_ptr() % 16:
-        raise StepContractError(
-            f"l2_prefetch holds {nbytes} bytes at address {t.data_ptr():#x}: both must be multiples of 16 "
-            f"(cp.async.bulk.prefetch.L2)")
-    parts = max(1, min(programs, L2_PREFETCH_PARTS))
-    lanes = parts * L2_PREFETCH_LANES
-    lane_bytes = max(L2_PREFETCH_MIN_BYTES, -(-nbytes // lanes))
-    lane_bytes = -(-lane_bytes // 16) * 16
-    return L2Prefetch(tensor=t.reshape(-1), elems=t.numel(), parts=parts, lane_elems=lane_bytes // esize)
-
-
-@triton.jit
-def prefetch_l2_bulk(pf_ptr, pf_elems, part, parts, lane_elems, LANES: tl.constexpr):
-    """Program `part` of `parts` asks the L2 for its share of pf_ptr[0:pf_elems]: thread t of LANES the elements
-    [(part * LANES + t) * lane_elems, +lane_elems) cut at pf_elems, as one `cp.async.bulk.prefetch.L2.global`
-    (predicated off where empty). A hint: nothing is read into registers, nothing waits for it, and results do
-    not depend on it. sm_90 inline asm: call only on the GPU (not under the interpreter).
-    Sizes: `l2_prefetch_plan` makes every piece a multiple of 16 bytes at a 16-byte aligned address."""
-    lane = tl.arange(0, LANES)
-    off = (part * LANES + lane).to(tl.int64) * lane_elems
-    n = tl.minimum(pf_elems - off, lane_elems)
-    ok = (n > 0) & (part < parts)
-    nbytes = (tl.maximum(n, 0) * (pf_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
-        "=r,l,r,r", [pf_ptr + off, nbytes, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

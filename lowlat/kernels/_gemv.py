@@ -355,9 +355,14 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # SmolLM2-135M: default, 4.3 us at 1 row
     ('gate_up', 1536, 576): dict(
         block_k=64, split=5, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
-    # SmolLM2-135M: default, 3.33 us at 1 row
+    # SmolLM2-135M: the stream plan (no preload, 4 stages, L2 prefetch of 256 columns) since session 15. In the fused
+    # step (`bench/explore/explore26.py --plan-d`, fresh processes, a server's widths; session 13 call 6, session 14
+    # call 1 twice alternated, session 15 call 1) against the preload plan (block_k 128, split 6, bn 64, preload,
+    # stages 1, pf_k 0; "default, 3.33 us at 1 row" in 2026-11-29's tune): 3-7 us a step faster at 1-16 rows,
+    # 60-95 us faster at 48 (down 7.6 against 10.0-10.3 us a layer: the preload plan's 54 programs pack 5 an SM
+    # by their 40 KB of shared memory there), 3-12 us slower at 24-32. Same arithmetic (block_k / split unchanged)
     ('residual', 576, 1536): dict(
-        block_k=128, split=6, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+        block_k=128, split=6, chunks_per_split=2, bn=64, preload=False, warps=4, stages=4, pf_k=256),
     # SmolLM2-135M: w_bn128_bk64_w4_st4_pf64 (session 4, 2026-12-01): 17.67-17.95 / 18.06-18.26 us at 1 / 6
     # rows against pf 0's 18.52-18.77 / 18.82-19.04 in the same runs (bench/results/session4/explore6_h200.json,
     # explore7_h200.json: 75-76% of copy bandwidth, was 72-73%); pf 128 within noise of pf 64. Before:

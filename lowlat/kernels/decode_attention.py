@@ -44,9 +44,8 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (L2_PREFETCH_LANES, check_num_valid_rows, check_tensor, cuda_props,
-                                         gdc_launch_dependents, gdc_wait, interpreting, l2_prefetch_plan,
-                                         pdl_supported, prefetch_l2_bulk, round_bf16, to_bf16, to_dot)
+from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, cuda_props, gdc_launch_dependents,
+                                         gdc_wait, interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
 
 #: default upper bound of splits per (row, KV head); a kernel constant, never derived from M
 MAX_SPLITS = 32
@@ -177,23 +176,17 @@ def _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd, wso_p
 @triton.jit
 def _decode_attention_kernel(
         q_ptr, kc_ptr, vc_ptr, pt_ptr, req_ptr, pos_ptr, nvr_ptr, nvr_int, loc_ptr, o_ptr,
-        wso_ptr, wsml_ptr, cnt_ptr, pf_ptr, pf_elems, pf_parts, pf_lane,
+        wso_ptr, wsml_ptr, cnt_ptr,
         M, Hq, Hkv, qk_scale,
         stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, stride_om, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
         MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr, NVR_FROM_PTR: tl.constexpr, PRE_KV: tl.constexpr,
-        LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr, PF: tl.constexpr,
-        PF_LANES: tl.constexpr, INTERP: tl.constexpr):
+        LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr, INTERP: tl.constexpr):
     sp = tl.program_id(0)
     j = tl.program_id(1)           # KV head
     row = tl.program_id(2)
-    part = sp + MAX_SPLITS * (j + Hkv * row)
-    if PF and not USE_PDL:  # the next launches' weights into L2, by the first programs in launch order
-        prefetch_l2_bulk(pf_ptr, pf_elems, part, pf_parts, pf_lane, PF_LANES)
     if USE_PDL and not PRE_KV:
         gdc_wait()
-        if PF:  # after the wait: before it, the previous launch (the prologue) is still streaming its weights
-            prefetch_l2_bulk(pf_ptr, pf_elems, part, pf_parts, pf_lane, PF_LANES)
         if not TRIGGER_AFTER_KV:
             gdc_launch_dependents()
     if NVR_FROM_PTR:
@@ -228,8 +221,6 @@ def _decode_attention_kernel(
         fresh = tmask0 & (tl.max((slot0.to(tl.int32)[:, None] == locs[None, :]).to(tl.int32), axis=1) > 0)
         if USE_PDL:
             gdc_wait()
-            if PF:
-                prefetch_l2_bulk(pf_ptr, pf_elems, part, pf_parts, pf_lane, PF_LANES)
             if not TRIGGER_AFTER_KV:
                 gdc_launch_dependents()
         k0 = tl.load(kc_ptr + slot0[:, None] * stride_kcs + j * stride_kch + dd[None, :], mask=fresh[:, None],
@@ -305,7 +296,6 @@ def _decode_attention_kernel(
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      req_indices: torch.Tensor, positions: torch.Tensor, num_valid_rows: int | torch.Tensor, *,
                      out_cache_loc: torch.Tensor | None = None, pre_kv: bool | None = None,
-                     l2_prefetch: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
                      use_pdl: bool = False, pdl_trigger: str = "after_kv",
@@ -330,12 +320,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      complete). Same arithmetic with or without it.
         pre_kv       with out_cache_loc: None (default) loads early under PDL when the grid fits on the GPU at
                      once (`pre_kv_fits`); True always (tests, benches; also without PDL); False never
-        l2_prefetch  optional contiguous tensor on q's device (bytes and address multiples of 16) that LATER
-                     launches read: the step's next weights (FusedModel passes the layer's out_proj, gate/up
-                     and down weights, packed in one buffer, cut to its L2 budget). Each program, first thing
-                     (before `gdc_wait`), asks the L2 for its share (`prefetch_l2_bulk`): the attention is a
-                     chain of dependent round trips that leaves HBM idle, so the weights come during it. A
-                     hint: same results with or without it. Ignored under the interpreter.
         out          optional preallocated [M, Hq, D] bf16 output
         workspace    optional `make_decode_workspace(max_rows >= M, Hq, Hkv, D, device)`; allocated
                      (not capturable) when None. Its num_splits / block_n fix the split partition.
@@ -406,14 +390,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     elif pre_kv is None:
         pre_kv = pdl and pre_kv_fits(programs, d, group, m, dev)
     pre_kv = bool(pre_kv)
-    pf = l2_prefetch_plan(l2_prefetch, programs, dev)
-    if interp or dev.type != "cuda":
-        pf = None
     _decode_attention_kernel[grid](
         q, k_cache, v_cache, page_table, req_indices, positions,
         nvr_t if nvr_t is not None else req_indices, nvr_int, out_cache_loc if pre_kv else req_indices, out,
         workspace.partial_o, workspace.partial_ml, workspace.counters,
-        pf.tensor if pf else q, pf.elems if pf else 0, pf.parts if pf else 0, pf.lane_elems if pf else 0,
         m, hq, hkv, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
@@ -421,9 +401,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         MAX_SPLITS=workspace.num_splits, CHUNK=min(COMBINE_CHUNK, workspace.num_splits),
         NVR_FROM_PTR=nvr_t is not None, PRE_KV=pre_kv, LOC_PAD=max(16, triton.next_power_of_2(m)) if pre_kv else 16,
         USE_PDL=pdl,
-        TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, PF=pf is not None,
-        PF_LANES=L2_PREFETCH_LANES,
-        INTERP=interp,   # without PDL: one specialization
+        TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
         num_warps=4, **extra)
     return out
 

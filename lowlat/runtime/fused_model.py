@@ -18,10 +18,7 @@ as one graph per (width, n, sampler launch flags), every launch chained by PDL l
 It computes what `lowlat.reference.model.ReferenceModel.forward` computes (logits [M, V] fp32,
 padding rows 0), within the numerics policy. Consecutive launches are chained with PDL on Hopper,
 so each GEMV loads its weights (or prefetches them into L2) while the previous kernel finishes; the
-GEMV tile plans are `lowlat.kernels._gemv.plan_gemv`'s for each (kind, N, K). The decode attention, a
-chain of dependent round trips that leaves HBM idle, asks the L2 for the first `l2_prefetch_bytes` of the
-weights read after it (every layer's QKV, out_proj, gate/up and down live in one buffer in the order the
-step reads them, so that is one range).
+GEMV tile plans are `lowlat.kernels._gemv.plan_gemv`'s for each (kind, N, K).
 
 `FusedModel` satisfies the engine's Backend protocol (`forward(step, pool) -> logits`), so
 `Engine(cfg, FusedModel(cfg, weights, device=...), pool)` runs. Build repacks the weights once (QKV
@@ -56,12 +53,6 @@ from lowlat.weights import LayerWeights, ModelWeights
 DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
-#: default bytes of the weights read after a layer's decode attention (its out_proj, then a dense layer's gate/up and
-#: down, then on into the next layer's QKV ...; a MoE layer: its out_proj only) that the attention asks the L2 for
-#: (`decode_attention(l2_prefetch=)`)
-L2_PREFETCH_BYTES = 16 << 20
-#: each packed weight starts at a multiple of this many elements (256 bytes of bf16)
-_PACK_ALIGN = 128
 
 
 class DraftKey(NamedTuple):
@@ -85,17 +76,6 @@ class _Layer:
     gate_up: torch.Tensor | None
     w_down: torch.Tensor | None
     moe: LayerWeights | None
-    l2_next: torch.Tensor | None = None   # the decode attention's L2 prefetch: the weights read after it
-
-
-def _read_order_shapes(lw: LayerWeights) -> list[tuple[int, int]]:
-    """Shapes of the layer's weights the step streams, in the order it reads them: fused QKV and wo, then a dense
-    layer's fused gate/up and down (a MoE layer's router and experts stay apart: which experts run depends on the
-    step)."""
-    shapes = [(lw.wq.shape[0] + lw.wk.shape[0] + lw.wv.shape[0], lw.wq.shape[1]), tuple(lw.wo.shape)]
-    if lw.router is None:
-        shapes += [(2 * lw.w_gate.shape[0], lw.w_gate.shape[1]), tuple(lw.w_down.shape)]
-    return shapes
 
 
 @dataclass
@@ -134,10 +114,6 @@ class FusedModel:
         widths           step widths (rows are padded up to the next one); each gets a CUDA graph
         use_cuda_graphs  capture one graph per width on CUDA (ignored on the CPU)
         use_pdl          chain launches with PDL (default: on for sm_90+ when not interpreting)
-        l2_prefetch_bytes  bytes of the weights read after each layer's decode attention (out_proj, gate/up,
-                         down, the next layer's QKV, ...; a MoE layer: its out_proj) that the attention asks
-                         the L2 for; None: L2_PREFETCH_BYTES, 0: none. A hint only (same results); does
-                         nothing under the interpreter
         validate         check each step's contract on the host first (syncs; raises
                          StepContractError before any KV write)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
@@ -153,14 +129,8 @@ class FusedModel:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
-                 use_pdl: bool | None = None, validate: bool = True,
-                 l2_prefetch_bytes: int | None = None) -> None:
+                 use_pdl: bool | None = None, validate: bool = True) -> None:
         self.cfg = cfg
-        if l2_prefetch_bytes is None:
-            l2_prefetch_bytes = L2_PREFETCH_BYTES
-        if isinstance(l2_prefetch_bytes, bool) or not isinstance(l2_prefetch_bytes, int) or l2_prefetch_bytes < 0:
-            raise StepContractError(f"l2_prefetch_bytes={l2_prefetch_bytes!r} must be an int >= 0")
-        self.l2_prefetch_bytes = l2_prefetch_bytes
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -208,32 +178,14 @@ class FusedModel:
         self.lm_head_w = self.embed if w.lm_head is w.embed else put(w.lm_head)
         self.final_norm = put(w.final_norm)
         self.layers: list[_Layer] = []
-        # one buffer for every layer's streamed weights in the order the step reads them (qkv, wo, gate/up, down
-        # of layer 0, then layer 1, ...; each from a 256-byte boundary): the decode attention's L2 prefetch of
-        # what comes after it is then one range, which runs on into the next layer when the budget allows
-        shapes = [_read_order_shapes(lw) for lw in w.layers]
-        sizes = [[-(-a * b // _PACK_ALIGN) * _PACK_ALIGN for a, b in layer] for layer in shapes]
-        self._streamed = torch.empty(sum(map(sum, sizes)), dtype=bf, device=dev)
-        pf_elems, o = self.l2_prefetch_bytes // 16 * 8, 0           # bf16 elements, a multiple of 16 bytes
-        for lw, shp, size in zip(w.layers, shapes, sizes):
+        for lw in w.layers:
             lw_dev = lw.map(put)
             dense = lw.router is None
-            views = []
-            for (a, b), n in zip(shp, size):
-                views.append(self._streamed[o:o + a * b].view(a, b))
-                o += n
-            src = [pack_qkv(lw_dev), lw_dev.wo] + ([pack_gate_up(lw_dev.w_gate, lw_dev.w_up), lw_dev.w_down]
-                                                   if dense else [])
-            for v, t in zip(views, src):
-                v.copy_(t)
-            wo = views[1]
-            start = wo.data_ptr() - self._streamed.data_ptr()
-            after = self._streamed[start // 2:] if dense else wo.view(-1)   # a MoE layer's experts come next
             self.layers.append(_Layer(
-                attn_norm=lw_dev.attn_norm, qkv=views[0], qkv_bias=pack_qkv_bias(lw_dev),
-                q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=wo, mlp_norm=lw_dev.mlp_norm,
-                gate_up=views[2] if dense else None, w_down=views[3] if dense else None,
-                moe=None if dense else lw_dev, l2_next=after[:pf_elems] if pf_elems else None))
+                attn_norm=lw_dev.attn_norm, qkv=pack_qkv(lw_dev), qkv_bias=pack_qkv_bias(lw_dev),
+                q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=lw_dev.wo, mlp_norm=lw_dev.mlp_norm,
+                gate_up=pack_gate_up(lw_dev.w_gate, lw_dev.w_up) if dense else None,
+                w_down=lw_dev.w_down if dense else None, moe=None if dense else lw_dev))
         cfg = self.cfg
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.plan_o = plan_gemv(h, cfg.q_size, kind="out_proj" if cfg.is_moe else "residual")
@@ -484,8 +436,8 @@ class FusedModel:
                               bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
-                                    out_cache_loc=bufs.out_cache_loc, l2_prefetch=L.l2_next, out=bufs.attn,
-                                    workspace=self.dec_ws, use_pdl=pdl)
+                                    out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
+                                    use_pdl=pdl)
             self._ffn(L, bufs, attn)
         if final_norm or sample is not None:
             rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)

@@ -356,17 +356,15 @@ def test_decode_attention_passes_pdl_trigger_to_the_kernel(monkeypatch, trigger)
     assert seen[1]["TRIGGER_AFTER_KV"] is True and "launch_pdl" not in seen[1]   # one specialization without PDL
 
 
-def _sm90_spec(*, after=True, pre_kv=False, pf=False):
-    """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads, up to 16 rows; `pf`: with
-    the L2 prefetch of the next weights)."""
+def _sm90_spec(*, after=True, pre_kv=False):
+    """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads, up to 16 rows)."""
     from lowlat.kernels.decode_attention import COMBINE_CHUNK
 
     return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=COMBINE_CHUNK, NVR_FROM_PTR=True,
-                               PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, PF=pf, PF_LANES=128,
-                               INTERP=False),
+                               PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
             "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                              pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
-                             wsml_ptr="*fp32", cnt_ptr="*i32", pf_ptr="*bf16"),
+                             wsml_ptr="*fp32", cnt_ptr="*i32"),
             "scalars": {"qk_scale": "fp32"}, "launch_pdl": True, "ptx": True,
             "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch",
                           "stride_om", "stride_oh"]}
@@ -420,63 +418,6 @@ def test_decode_attention_pre_kv_loads_the_first_block_before_the_wait_in_the_sm
     assert reload.count("ld.global.v4") >= before, "the K / V tiles of the written slots are loaded again"
 
 
-def test_decode_attention_l2_prefetch_is_issued_right_after_the_wait_in_the_sm90_ptx():
-    """With `l2_prefetch` (PF) under PDL every program's bulk L2 prefetch follows `griddepcontrol.wait` (before it,
-    the previous launch is still streaming its weights: session 15 call 1 measured the prologue slower), on the
-    plain and the early-KV path; without PF there is none. Registers (session 15): 87 plain / 92 early KV at D 64."""
-    from sampling_stats import compile_sm90
-
-    specs = [_sm90_spec(pre_kv=False), _sm90_spec(pre_kv=False, pf=True), _sm90_spec(pre_kv=True, pf=True)]
-    plain, plain_pf, pre_pf = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel", specs)
-    assert "cp.async.bulk.prefetch.L2" not in plain["ptx"]
-    for name, info in (("plain", plain_pf), ("pre_kv", pre_pf)):
-        ptx = info["ptx"]
-        assert ptx.count("cp.async.bulk.prefetch.L2.global") == 1 and info["spill_bytes"] == 0, (name, info)
-        assert ptx.find("griddepcontrol.wait") < ptx.find("cp.async.bulk.prefetch.L2"), name
-
-
-@FEW
-@given(elems=st.integers(1, 1 << 22), programs=st.integers(1, 3000), esize=st.sampled_from([1, 2, 4]))
-def test_l2_prefetch_plan_covers_the_tensor_once_in_16_byte_pieces(elems, programs, esize):
-    """`l2_prefetch_plan`'s split, walked as `prefetch_l2_bulk` walks it (program p < parts, thread t: elements
-    [(p * LANES + t) * lane_elems, +lane_elems) cut at the end): the pieces tile [0, elems) exactly, in order,
-    each a multiple of 16 bytes, by at most L2_PREFETCH_PARTS programs."""
-    from lowlat.kernels._attn_common import L2_PREFETCH_LANES, L2_PREFETCH_PARTS, l2_prefetch_plan
-
-    dtype = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32}[esize]
-    elems = -(-elems * esize // 16) * 16 // esize                 # a multiple of 16 bytes, as the plan requires
-    t = torch.empty(elems, dtype=dtype)
-    plan = l2_prefetch_plan(t, programs, t.device)
-    assert plan.parts == min(programs, L2_PREFETCH_PARTS) and plan.elems == elems
-    assert (plan.lane_elems * esize) % 16 == 0 and plan.lane_elems * esize >= 128
-    assert plan.parts * L2_PREFETCH_LANES * plan.lane_elems >= elems, "the tail is never left out"
-    lanes = torch.arange(plan.parts * L2_PREFETCH_LANES, dtype=torch.int64)
-    off = lanes * plan.lane_elems
-    n = torch.clamp(torch.minimum(elems - off, torch.tensor(plan.lane_elems)), min=0)
-    assert int(n.sum()) == elems and bool(((n * esize) % 16 == 0).all())
-    live = off[n > 0]
-    assert torch.equal(live[1:], (live + n[n > 0])[:-1]), "pieces must be contiguous and in order"
-
-
-def test_l2_prefetch_rejects_what_the_bulk_prefetch_cannot_take(device):
-    """A typed error naming the fault: not a tensor, wrong device, not contiguous, an address or a size that is not
-    a multiple of 16 bytes; nothing is launched. None or an empty tensor: no prefetch."""
-    from lowlat.kernels._attn_common import l2_prefetch_plan
-
-    step, q, kc, vc = _case(ctxs=[5], rows=[1], hq=2, hkv=1, d=16, pad=0, seed=3, device=device)
-    w = torch.randn(64, 64, device=device).to(torch.bfloat16)
-    out = poison(torch.empty_like(q))
-    bad = {"not contiguous": w.t(), "multiples of 16": w.view(-1)[1:65], "must be a tensor": [1, 2]}
-    if device.type == "cpu":
-        bad["meta"] = torch.empty(64, dtype=torch.bfloat16, device="meta")
-    for what, t in bad.items():
-        with pytest.raises(StepContractError, match="l2_prefetch"):
-            decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, 1, out=out,
-                             num_splits=2, block_n=16, l2_prefetch=t)
-        assert torch.isnan(out.float()).all(), f"{what}: nothing may be written"
-    assert l2_prefetch_plan(None, 8, device) is None and l2_prefetch_plan(w[:0], 8, device) is None
-
-
 # ----------------------------------------------------------------------------- GPU (full shapes)
 #: (Hq, Hkv, D): GQA 1 (Llama-2-7B-like heads), 3 (SmolLM2), 4 (Llama-3.2-1B), 2 (Qwen3-0.6B), 8 (Qwen3-30B-A3B)
 GPU_SHAPES = [(8, 8, 64), (9, 3, 64), (32, 8, 64), (16, 8, 128), (32, 4, 128)]
@@ -511,19 +452,13 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
     step, q, kc, vc = _case(ctxs=ctxs, rows=rows, hq=hq, hkv=hkv, d=d, pad=48 - sum(rows), seed=1, device=device)
     ws = make_decode_workspace(48, hq, hkv, d, device)
     loc = step.out_cache_loc
-    nxt = torch.randn(24 << 19, device=device).to(torch.bfloat16)     # 24 MiB of "next weights" to prefetch
-    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, pdl_trigger=trigger, out_cache_loc=where, pre_kv=pre,
-                    l2_prefetch=pf)
-            for pdl, trigger, where, pre, pf in ((False, "after_kv", None, None, None),
-                                                 (False, "after_kv", None, None, None),
-                                                 (True, "after_kv", None, None, None), (True, "start", None, None, None),
-                                                 (True, "after_kv", loc, True, None), (True, "start", loc, True, None),
-                                                 (False, "after_kv", loc, True, None),
-                                                 (True, "after_kv", loc, None, None), (True, "after_kv", loc, None, nxt),
-                                                 (True, "after_kv", None, None, nxt), (False, "after_kv", None, None, nxt),
-                                                 (True, "after_kv", loc, True, nxt[:4096]))]
+    outs = [_kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, pdl_trigger=trigger, out_cache_loc=where, pre_kv=pre)
+            for pdl, trigger, where, pre in ((False, "after_kv", None, None), (False, "after_kv", None, None),
+                                             (True, "after_kv", None, None), (True, "start", None, None),
+                                             (True, "after_kv", loc, True), (True, "start", loc, True),
+                                             (False, "after_kv", loc, True), (True, "after_kv", loc, None))]
     for o in outs[1:]:
-        check_bitwise("decode_attention", o, outs[0], output="run_to_run_pdl_and_l2_prefetch")
+        check_bitwise("decode_attention", o, outs[0], output="run_to_run_and_pdl")
     from lowlat.kernels import decode_attention as da
 
     for chunk in (1, 8):                          # the combine's loads per round trip move no arithmetic
@@ -545,7 +480,7 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
 
     def call():
         decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, nvr, out=out,
-                         out_cache_loc=step.out_cache_loc, l2_prefetch=nxt, workspace=ws, use_pdl=True)
+                         out_cache_loc=step.out_cache_loc, workspace=ws, use_pdl=True)
 
     call()
     graph = torch.cuda.CUDAGraph()
@@ -561,7 +496,8 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
 @pytest.mark.gpu
 def test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots(device):
     """The race for real: a writer launch (standing in for the attention prologue) releases its dependents at
-    once, spins 2 ms (longer than the host takes to launch the attention), then writes q and the step's own KV slots (out_cache_loc); the attention, launched with
+    once, spins 20 ms (far longer than the host takes to launch the attention, even with every xdist worker busy:
+    session 15's 2 ms let the control below fail once under `-n 8`), then writes q and the step's own KV slots (out_cache_loc); the attention, launched with
     PDL and out_cache_loc, loads its first blocks meanwhile. Its output must equal, bitwise, the attention over
     what the writer wrote (contexts 0-2000: one split, several, a first block holding a verify row's own
     slots). With an out_cache_loc that names none of the written slots the output must differ: proof that the
@@ -609,7 +545,7 @@ def test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots(device):
         vc[loc] = torch.randn(fresh_v.shape, generator=gen, device=device).bfloat16() * 4
         out = poison(torch.empty_like(q))
         torch.cuda.synchronize()
-        late_writer[(m,)](fresh_q, q, fresh_k, fresh_v, kc, vc, step.out_cache_loc, n, 2_000_000, QE=hq * d,
+        late_writer[(m,)](fresh_q, q, fresh_k, fresh_v, kc, vc, step.out_cache_loc, n, 20_000_000, QE=hq * d,
                           KE=hkv * d, QB=triton.next_power_of_2(hq * d), KB=triton.next_power_of_2(hkv * d))
         decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows,
                          out_cache_loc=where, pre_kv=True, out=out, workspace=ws, use_pdl=True)

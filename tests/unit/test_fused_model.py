@@ -251,83 +251,45 @@ def test_gpu_graph_replay_equals_eager_bitwise(device):
                           output="k_cache")
 
 
-def test_streamed_weights_sit_in_read_order_and_the_l2_prefetch_is_cut_to_its_budget():
-    """Every layer's QKV, wo, gate/up and down are views of ONE buffer in the order the step reads them (each at a
-    256-byte boundary, values unchanged), so what the decode attention prefetches is one range: from the layer's wo
-    on, its first l2_prefetch_bytes (a multiple of 16 bytes), running on into the next layer, cut at the buffer's
-    end; none at 0. Bad budgets raise StepContractError before anything is built."""
-    from lowlat.kernels.attn_prologue import pack_qkv
-    from lowlat.kernels.mlp import pack_gate_up
-
-    cfg = tiny(num_layers=3)
-    w = random_model_weights(cfg, seed=4)
-    for budget in (0, 1000, 1 << 30):
-        fm = FusedModel(cfg, w, device="cpu", widths=(4,), l2_prefetch_bytes=budget)
-        base = fm._streamed.data_ptr()
-        total = fm._streamed.numel() * 2
-        order = []
-        for L, lw in zip(fm.layers, w.layers):
-            assert torch.equal(L.qkv, pack_qkv(lw)) and torch.equal(L.wo, lw.wo) and torch.equal(L.w_down, lw.w_down)
-            assert torch.equal(L.gate_up, pack_gate_up(lw.w_gate, lw.w_up))
-            order += [t.data_ptr() - base for t in (L.qkv, L.wo, L.gate_up, L.w_down)]
-            assert all(t.untyped_storage().data_ptr() == base for t in (L.qkv, L.wo, L.gate_up, L.w_down))
-            if budget == 0:
-                assert L.l2_next is None
-            else:
-                want = min(budget // 16 * 16, total - (L.wo.data_ptr() - base))
-                assert L.l2_next.data_ptr() == L.wo.data_ptr() and L.l2_next.is_contiguous()
-                assert L.l2_next.numel() * 2 == want, (budget, L.l2_next.numel(), want)
-        assert order == sorted(order) and order[0] == 0 and all(o % 256 == 0 for o in order), order
-    for bad in (-1, 1.5, True, "16"):
-        with pytest.raises(StepContractError, match="l2_prefetch_bytes"):
-            FusedModel(cfg, w, device="cpu", widths=(4,), l2_prefetch_bytes=bad)
-
-
 @pytest.mark.gpu
-def test_gpu_l2_prefetch_and_default_early_kv_move_no_result(device, monkeypatch):
-    """The attention's L2 prefetch (the default budget, and every layer's whole post-attention weights) and its
-    default early-KV path (`pre_kv=None`: on at 1-8 rows for SmolLM2) are hints / reorderings only: the graphed
-    step's logits and KV caches at widths 1, 2, 6, 8, 48 are bitwise those of a model with neither
-    (l2_prefetch_bytes=0, pre_kv=False); the prefetch was really launched at every width."""
+def test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise(device, monkeypatch):
+    """FusedModel's decode attention loads its first KV block before the PDL wait by default where its grid fits
+    (`pre_kv=None`: SmolLM2 at 1-8 rows). The graphed step's logits and KV caches at widths 1, 2, 6, 8, 48 are
+    bitwise those of a model whose attention never does (pre_kv=False), and the early path really ran."""
     from lowlat.kernels import decode_attention as da
 
     cfg, w = _smollm2_random(device)
     widths = (1, 2, 6, 8, 48)
-    launched = []
-    plan_of = da.l2_prefetch_plan
+    early = []
+    fits = da.pre_kv_fits
 
-    def counting(t, programs, dev):
-        p = plan_of(t, programs, dev)
-        launched.append(p is not None)
-        return p
-    monkeypatch.setattr(da, "l2_prefetch_plan", counting)
+    def counting(*args):
+        early.append(fits(*args))
+        return early[-1]
+    monkeypatch.setattr(da, "pre_kv_fits", counting)
     runs = {}
-    for name, budget in (("default", None), ("whole", 1 << 30), ("none", 0)):
-        if name == "none":
-            plain = da.decode_attention
+    for name in ("default", "plain"):
+        if name == "plain":
+            inner = da.decode_attention
 
-            def no_early(*args, out_cache_loc=None, pre_kv=None, **kw):
-                return plain(*args, out_cache_loc=out_cache_loc, pre_kv=False, **kw)
-            monkeypatch.setattr(da, "decode_attention", no_early)
-        fm = FusedModel(cfg, w, device=device, widths=widths, l2_prefetch_bytes=budget)
+            def never(*args, pre_kv=None, **kw):
+                return inner(*args, pre_kv=False, **kw)
+            monkeypatch.setattr(da, "decode_attention", never)
+        fm = FusedModel(cfg, w, device=device, widths=widths)
         runs[name] = []
         for rows in widths:
             case = random_step(ctx_lens=[37 + 5 * i for i in range(rows)], new_rows=[1] * rows,
                                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                                generator=torch.Generator().manual_seed(rows), device=device)
             ks, vs = layer_caches(case, cfg.num_layers, rows)
-            pool = SimpleNamespace(k_caches=ks, v_caches=vs)
             fm.forward(case.step, SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs]))
-            runs[name].append((fm.forward(case.step, pool).clone(), ks[0].nan_to_num(7.0), vs[-1].nan_to_num(7.0)))
-        if name != "none":
-            assert all(launched) and len(launched) >= cfg.num_layers * len(widths), name
-        else:
-            assert launched and not any(launched)
-        launched.clear()
-    for name in ("default", "whole"):
-        for rows, got, want in zip(widths, runs[name], runs["none"]):
-            for what, a, b in zip(("logits", "k_cache", "v_cache"), got, want):
-                check_bitwise("fused_model", a, b, output=f"{name}_{what}_{rows}_rows")
+            logits = fm.forward(case.step, SimpleNamespace(k_caches=ks, v_caches=vs)).clone()   # a pure replay
+            runs[name].append((logits, ks[0].nan_to_num(7.0), vs[-1].nan_to_num(7.0)))
+        if name == "default":
+            assert any(early) and not all(early), early     # on at the small widths, off at 48
+    for rows, got, want in zip(widths, runs["default"], runs["plain"]):
+        for what, a, b in zip(("logits", "k_cache", "v_cache"), got, want):
+            check_bitwise("fused_model", a, b, output=f"{what}_{rows}_rows")
 
 
 @pytest.mark.gpu
