@@ -18,6 +18,9 @@ default since session 14), at every width (on: pre_kv=True), or never (off: ever
 session 13). --chunk N: the attention's COMBINE_CHUNK (splits the combining program folds per round trip; 1 = one
 split at a time, as until session 13). Neither moves the arithmetic (the fold
 adds one split at a time whatever the chunk; call 1-3's intermediate summed a chunk with tl.sum, a different order).
+--prologue-pdl off (session 15): the attention prologue launched WITHOUT PDL, so its programs start only once the
+previous down projection has finished (with PDL they start as down releases them and load their first weights
+while down still streams). Tells how much of down's in-step cost is the next prologue's early loads.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
@@ -49,6 +52,7 @@ def main() -> None:
     p.add_argument("--plan-d", default=None, help="JSON fields replaced in FusedModel's down-projection plan")
     p.add_argument("--pre-kv", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--chunk", type=int, default=None, help="decode attention's COMBINE_CHUNK (power of two)")
+    p.add_argument("--prologue-pdl", default="on", choices=["on", "off"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -69,6 +73,13 @@ def main() -> None:
         def forced(*args, out_cache_loc=None, **kw):
             return plain(*args, out_cache_loc=out_cache_loc if force else None, pre_kv=force or None, **kw)
         da.decode_attention = forced
+    if a.prologue_pdl == "off":         # FusedModel imports attn_prologue from the module at each _run
+        from lowlat.kernels import attn_prologue as ap
+        plain_pro = ap.attn_prologue
+
+        def no_pdl(*args, use_pdl=False, **kw):
+            return plain_pro(*args, use_pdl=False, **kw)
+        ap.attn_prologue = no_pdl
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
     cfg = preset(a.model)
@@ -80,7 +91,7 @@ def main() -> None:
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **json.loads(a.plan_d))
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
-               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
+               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, prologue_pdl=a.prologue_pdl,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -101,7 +112,7 @@ def summary(out: dict) -> str:
     """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
     then per width the step time and each launch role's cost (us)."""
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
-             f"chunk {out.get('chunk', 1)} down "
+             f"chunk {out.get('chunk', 1)} prologue_pdl {out.get('prologue_pdl', 'on')} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]
