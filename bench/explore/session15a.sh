@@ -5,6 +5,8 @@
 # and the fused step (prefetch / default early KV bitwise against neither); then production steps (explore26.py,
 # a server's widths, fresh process each) at L2 budgets 0 / out_proj only / 16 / 32 / 64 MB, alternated; the plain
 # path's cost (prefetch only at the early-KV widths); SmolLM2's stream down plan with the prefetch.
+# Ran on a tree that is commit aed0b5d with the prefetch issued BEFORE the wait (aed0b5d issues it after); the
+# explore26 options it uses exist only there.
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1

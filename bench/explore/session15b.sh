@@ -3,6 +3,7 @@
 # (Llama-3.2-1B 7.4 -> 9.0 us at 16 MB) and left out_proj unchanged. Here the prefetch is issued right AFTER the wait
 # (the prologue complete): production steps (explore26.py, a server's widths) at budgets 0 / 16 / 32 MB from wo and
 # 16 MB from gate/up, alternated, then the attention / fused-step GPU tests of this placement.
+# Ran on commit aed0b5d's tree; the explore26 options it uses exist only there.
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1

@@ -220,6 +220,15 @@ def _smollm2_random(device):
     return cfg, random_model_weights(cfg, seed=0).to(device=device)
 
 
+def decode_case(cfg, rows: int, seed: int, device):
+    """A decode step of `rows` requests (request i with 37 + 5i cached tokens, one new token each) and its
+    per-layer caches (case, ks, vs)."""
+    case = random_step(ctx_lens=[37 + 5 * i for i in range(rows)], new_rows=[1] * rows,
+                       num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                       generator=torch.Generator().manual_seed(seed), device=device)
+    return (case, *layer_caches(case, cfg.num_layers, seed))
+
+
 def graph_vs_eager_steps(cfg, w, device, rows_seeds, **fm_kw):
     """For each (rows, seed): a decode step of `rows` requests (request i with 37 + 5i cached tokens) run by
     an eager FusedModel and by a graphed one (the first call of a width captures, the second is a pure
@@ -228,12 +237,8 @@ def graph_vs_eager_steps(cfg, w, device, rows_seeds, **fm_kw):
     eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False, **fm_kw)
     graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True, **fm_kw)
     for rows, seed in rows_seeds:
-        case = random_step(ctx_lens=[37 + 5 * i for i in range(rows)], new_rows=[1] * rows,
-                           num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                           generator=torch.Generator().manual_seed(seed), device=device)
-        ks, vs = layer_caches(case, cfg.num_layers, seed)
-        pa = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
-        pb = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        pa, pb = fresh_pool(ks, vs), fresh_pool(ks, vs)
         a = eager.forward(case.step, pa).clone()
         b = graphed.forward(case.step, pb).clone()       # first call of a width: eager + capture + replay
         c = graphed.forward(case.step, pb).clone()       # a pure replay
@@ -278,11 +283,8 @@ def test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise(device, mo
         fm = FusedModel(cfg, w, device=device, widths=widths)
         runs[name] = []
         for rows in widths:
-            case = random_step(ctx_lens=[37 + 5 * i for i in range(rows)], new_rows=[1] * rows,
-                               num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                               generator=torch.Generator().manual_seed(rows), device=device)
-            ks, vs = layer_caches(case, cfg.num_layers, rows)
-            fm.forward(case.step, SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs]))
+            case, ks, vs = decode_case(cfg, rows, rows, device)
+            fm.forward(case.step, fresh_pool(ks, vs))                                          # captures
             logits = fm.forward(case.step, SimpleNamespace(k_caches=ks, v_caches=vs)).clone()   # a pure replay
             runs[name].append((logits, ks[0].nan_to_num(7.0), vs[-1].nan_to_num(7.0)))
         if name == "default":
