@@ -131,7 +131,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -167,6 +167,10 @@ PRELOAD_MAX_SMEM = 200 << 10
 KINDS = ("out_proj", "residual", "gate_up", "lm_head", "qkv")
 #: kinds whose programs multiply two weight rows per output (their plans count both rows' bytes)
 PAIR_KINDS = ("gate_up", "qkv")
+#: Plan fields that may differ with a launch's row-block count (`GemvPlan.by_row_blocks`): how the weights are
+#: streamed, never what is summed in which order (tiles, split-K order and MMA instruction are block_k / split /
+#: bn's; warps may change the MMA's layout, so it is not one of them). A row's bits are then the same at every width.
+ROW_BLOCK_FIELDS = ("preload", "stages", "pf_k")
 
 
 def interpreting() -> bool:
@@ -200,6 +204,10 @@ class GemvPlan:
     else a pipelined loop of block_k chunks, `stages` deep, after an L2 prefetch of the first `pf_k`
     columns (0: none; under PDL only). warps: num_warps of the launch. Either way the chunks are
     accumulated in K order; none of preload, stages, warps or pf_k changes the arithmetic of a tile.
+    by_row_blocks: ((row blocks, ((field, value), ...)), ...), the ROW_BLOCK_FIELDS a launch of that many row
+    blocks (1..3; M = 1-16, 17-32, 33-48 rows) runs with instead (`at`); a dict {row blocks: {field: value}}
+    is accepted and normalised. Session 16 measured two shapes where the best weight stream depends on the
+    width (TUNED_PLANS). Raises StepContractError for a field outside ROW_BLOCK_FIELDS or a count outside 1..3.
     """
 
     n: int
@@ -212,6 +220,18 @@ class GemvPlan:
     warps: int = 4
     stages: int = 4
     pf_k: int = 1024
+    by_row_blocks: tuple = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_row_blocks", _row_block_fields(self.by_row_blocks))
+
+    def at(self, nmb: int) -> GemvPlan:
+        """The plan a launch of nmb row blocks runs: this one with its `by_row_blocks` fields for nmb (if any)
+        and no `by_row_blocks` left."""
+        if not self.by_row_blocks:
+            return self
+        fields = dict(self.by_row_blocks).get(nmb, ())
+        return replace(self, by_row_blocks=(), **dict(fields))
 
     @property
     def n_tiles(self) -> int:
@@ -259,7 +279,29 @@ class GemvPlan:
         return dict(asdict(self), n_tiles=self.n_tiles, programs=self.n_tiles * self.split)
 
 
+def _row_block_fields(spec) -> tuple:
+    """`GemvPlan.by_row_blocks` in its normal form (sorted tuples) from a dict or pairs (JSON gives lists)."""
+    items = spec.items() if isinstance(spec, dict) else spec
+    out = []
+    for nmb, fields in items:
+        nmb = int(nmb)
+        if not 1 <= nmb <= 3:
+            raise StepContractError(f"by_row_blocks: {nmb} row blocks (a launch has 1..3)")
+        fields = dict(fields.items() if isinstance(fields, dict) else fields)
+        bad = sorted(set(fields) - set(ROW_BLOCK_FIELDS))
+        if bad:
+            raise StepContractError(f"by_row_blocks[{nmb}] sets {bad}: only {ROW_BLOCK_FIELDS} may depend on the "
+                                    "row-block count (the others move the arithmetic)")
+        fields = {f: bool(v) if f == "preload" else int(v) for f, v in fields.items()}
+        out.append((nmb, tuple(sorted(fields.items()))))
+    if len({n for n, _ in out}) != len(out):
+        raise StepContractError(f"by_row_blocks names a row-block count twice: {spec!r}")
+    return tuple(sorted(out))
+
+
 def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
+    for nmb, _ in p.by_row_blocks:
+        _check_plan(p.at(nmb), pair)
     if p.bn not in (16, 32, 64, 128):
         raise StepContractError(f"bn={p.bn} must be 16, 32, 64 or 128")
     if p.block_k < 16 or not _pow2(p.block_k):
@@ -361,8 +403,11 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # stages 1, pf_k 0; "default, 3.33 us at 1 row" in 2026-11-29's tune): 3-7 us a step faster at 1-16 rows,
     # 60-95 us faster at 48 (down 7.6 against 10.0-10.3 us a layer: the preload plan's 54 programs pack 5 an SM
     # by their 40 KB of shared memory there), 3-12 us slower at 24-32. Same arithmetic (block_k / split unchanged)
+    # Session 16: the preload plan at 2 row blocks (17-32 rows), where it was 3-12 us a step faster in those runs
+    # (same arithmetic: the GPU row-invariance tests compare 17 and 33 rows with 48 bitwise).
     ('residual', 576, 1536): dict(
-        block_k=128, split=6, chunks_per_split=2, bn=64, preload=False, warps=4, stages=4, pf_k=256),
+        block_k=128, split=6, chunks_per_split=2, bn=64, preload=False, warps=4, stages=4, pf_k=256,
+        by_row_blocks={2: dict(preload=True, stages=1, pf_k=0)}),
     # SmolLM2-135M: w_bn128_bk64_w4_st4_pf64 (session 4, 2026-12-01): 17.67-17.95 / 18.06-18.26 us at 1 / 6
     # rows against pf 0's 18.52-18.77 / 18.82-19.04 in the same runs (bench/results/session4/explore6_h200.json,
     # explore7_h200.json: 75-76% of copy bandwidth, was 72-73%); pf 128 within noise of pf 64. Before:
@@ -395,6 +440,16 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # 19.2-19.4; stream bn 64 split 8: 8.9-9.1, 17.3-17.5)
     ('qkv', 1536, 2048): dict(
         block_k=128, split=8, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+    # Qwen3-30B-A3B out_proj with its RMSNorm epilogue (MoE layers): the default stream plan (bn 64, split 8), preloaded
+    # at 1 row block (1-16 rows). Per kernel (the tuner, `preload_bn64_maxsplit`; session 12 call 3 and session 16
+    # call 1): 8.97-9.14 against 10.74 us at 1 row, 9.31-9.33 against 10.88-10.89 at 6. In the step (session 16 call
+    # 2, explore26, 4 layers, alternated twice): out_proj 7.98 against 10.83-10.99 us a layer at 1 row, but the decode
+    # attention before it 9.25-9.34 against 6.90-7.07 (out_proj's preloading programs load beside its combine):
+    # the step 455.4-455.7 against 459.3-460.7 us at 1 row, 799.1-799.5 against 803.0-803.9 at 6, equal at 16,
+    # 5-10 us slower at 48 (so stream there). Same arithmetic (block_k / split / bn; equal logits checksums).
+    ('out_proj', 2048, 4096): dict(
+        block_k=128, split=8, chunks_per_split=4, bn=64, preload=False, warps=4, stages=4, pf_k=256,
+        by_row_blocks={1: dict(preload=True, stages=1, pf_k=0)}),
     # Qwen3-30B-A3B attention prologue (session 5, same files): preload bn 64, split 8: 10.07-10.20 us at 1 / 6 rows,
     # 24.9-25.0 at 48 (call3), against the default (stream, split 2) 17.2-17.6 and the session-4 kernel 11.7-12.1 us
     # (23.3-23.5 at 48 rows: one row block per program too); block_k 64: 10.2-10.6 / 24.4-24.6
@@ -412,6 +467,7 @@ def plans_from_json(doc) -> dict[tuple[str, int, int], dict]:
     for e in doc:
         fields = {f: e["plan"][f] for f in ("block_k", "split", "chunks_per_split", "bn", "preload", "warps",
                                             "stages", "pf_k")}
+        fields["by_row_blocks"] = _row_block_fields(e["plan"].get("by_row_blocks", ()))
         table[(e["kind"], int(e["n"]), int(e["k"]))] = fields
     return table
 
@@ -514,6 +570,10 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
             8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
         add("stream_bn32_split1_deep", lambda: plan_gemv(n, k, preload=False, bn=32, split=1, stages=min(
             6, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
+        # session 16: the whole slice into L2 before the wait, no split-K (split 1) or one arrival (split 2)
+        for sp in (1, 2):
+            add(f"stream_bn16_split{sp}_pfall", lambda sp=sp: plan_gemv(n, k, preload=False, bn=16, split=sp, stages=min(
+                8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=k, **kw))
     elif kind == "lm_head":
         add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
         add("stream_bn128_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, warps=8, pf_k=0, **kw))
@@ -649,7 +709,9 @@ def check_plan_for(plan: GemvPlan, n: int, k: int, what: str) -> None:
 
 
 def launch_constexprs(plan: GemvPlan, nmb: int) -> dict:
-    """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks."""
+    """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks
+    (`plan.at(nmb)`'s: the weight stream may depend on the row-block count, the arithmetic never does)."""
+    plan = plan.at(nmb)
     return dict(SPLIT=plan.split, CPS=plan.chunks_per_split, BN=plan.bn, BK=plan.block_k, NUM_MB=nmb,
                 EVEN_N=plan.even_n, EVEN_K=plan.even_k, PF_K=plan.prefetch_k, PRELOAD=plan.preload,
                 num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
@@ -849,6 +911,29 @@ def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, B
         rk = k_begin + c * BK + tl.arange(0, BK)
         ws = ws + (_load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N, EVEN_K, UPCAST, HALF_ROWS),)
     return ws
+
+
+@triton.jit
+def hold_tiles(ws, z, CPS: tl.constexpr, UPCAST: tl.constexpr):
+    """The preloaded tiles `ws`, each OR-ed bitwise with z (an int32 zero the compiler cannot see through, loaded
+    after `gdc_wait`): the same bits, but nothing may use them before the wait. Without it Triton stages each
+    group of loads into shared memory for the MMA before the wait, so a program has only ~9 of its 32 16-byte loads
+    a thread in flight at once (the rest wait for registers); with it all are in flight before the wait and staged
+    after it (session 16)."""
+    out = ()
+    for c in tl.static_range(CPS):
+        w = ws[c]
+        if UPCAST:
+            out = out + ((w.to(tl.int32, bitcast=True) | z).to(w.dtype, bitcast=True),)
+        else:
+            out = out + ((w.to(tl.int16, bitcast=True) | z.to(tl.int16)).to(w.dtype, bitcast=True),)
+    return out
+
+
+def hold_preload() -> bool:
+    """Session 16's experiment switch: $LOWLAT_PRELOAD_HOLD=1 makes the preload GEMVs (attention prologue, residual /
+    out_proj) hold their weight tiles in registers across `gdc_wait` (`hold_tiles`). The bits are the same."""
+    return os.environ.get("LOWLAT_PRELOAD_HOLD", "0") == "1"
 
 
 @triton.jit

@@ -130,6 +130,7 @@ def compile_all(quick: bool = False) -> list[dict]:
               "K": "i32", "n_tiles": "i32", "eps": "fp32"}
 
     def run(name, kernel, sig, plan, nmb, pdl, **const):
+        plan = plan.at(nmb)
         lc = launch_constexprs(plan, nmb)
         warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
         const.update(lc, USE_PDL=pdl, UPCAST=False)
@@ -150,6 +151,13 @@ def compile_all(quick: bool = False) -> list[dict]:
                 NT_P2=nt, BH=512, N_COLS=h)
             run(f"{model}/gate_up", _gate_up_kernel, gu_sig, plan_gemv(i, h, kind="gate_up"), nmb, True, NORM=2)
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
+    if not quick:       # Qwen3-30B-A3B's out_proj with its RMSNorm epilogue (MoE layers; preload at 1 row block)
+        from lowlat.config import preset
+        qc = preset("Qwen3-30B-A3B")
+        p = plan_gemv(qc.hidden_size, qc.q_size, kind="out_proj")
+        for nmb in row_blocks:
+            run("Qwen3-30B-A3B/out_proj_norm", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=True, WRITE_H=True,
+                NT_P2=max(2, triton.next_power_of_2(p.n_tiles)), BH=512, N_COLS=qc.hidden_size)
     # the attention prologue (a pair GEMV of kind "qkv"; one row block per program, NUM_MB only sizes the
     # workspace rows), with its plan and epilogue-load rule; Qwen3 adds QK-norm
     from lowlat.config import preset
@@ -169,7 +177,7 @@ def compile_all(quick: bool = False) -> list[dict]:
         w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
         ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
         for nmb in row_blocks:
-            lc = {**launch_constexprs(ws.plan, 1), "NUM_MB": nmb}
+            lc = {**launch_constexprs(ws.plan.at(nmb), 1), "NUM_MB": nmb}
             warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
             const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
                          NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)

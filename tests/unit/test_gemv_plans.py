@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import triton
@@ -18,8 +18,8 @@ from lowlat.bench import _GemvCase
 from lowlat.config import preset
 from lowlat.errors import StepContractError
 from lowlat.kernels import _gemv
-from lowlat.kernels._gemv import (MAX_SPLIT, GemvPlan, candidate_plans, default_plan, legacy_plan, plan_gemv,
-                                  plans_from_json)
+from lowlat.kernels._gemv import (MAX_SPLIT, GemvPlan, candidate_plans, default_plan, launch_constexprs, legacy_plan,
+                                  plan_gemv, plans_from_json)
 
 
 def step_shapes(model: str):
@@ -223,3 +223,56 @@ def test_tuner_case_of_out_proj_checks_h_and_x():
         with pytest.raises(AssertionError, match=f"out_proj.{'h' if broken == 'h' else 'x'}"):
             case.check(plan, rows=20, small=3)
         case.launch = launch
+
+
+def test_by_row_blocks_moves_the_weight_stream_only_and_survives_json():
+    """`GemvPlan.by_row_blocks` (session 16): a launch of nmb row blocks runs `plan.at(nmb)`, the plan with that
+    count's ROW_BLOCK_FIELDS (preload / stages / pf_k) and nothing else, and `launch_constexprs` is that plan's;
+    the normal form goes through describe() -> JSON -> plans_from_json unchanged; fields that move the arithmetic,
+    a count outside 1..3, a count named twice, and a preload beyond the limits raise StepContractError."""
+    base = plan_gemv(96, 80, kind="residual", preload=False, bn=16, block_k=16, split=2)
+    p = replace(base, by_row_blocks={2: dict(preload=True, stages=1, pf_k=0)})
+    assert p.by_row_blocks == ((2, (("pf_k", 0), ("preload", True), ("stages", 1))),)
+    assert p.at(1) == base and p.at(3) == base and p.at(2).by_row_blocks == ()
+    assert p.at(2) == replace(base, preload=True, stages=1, pf_k=0)
+    assert launch_constexprs(p, 2)["PRELOAD"] and launch_constexprs(p, 2)["num_stages"] == 1
+    assert launch_constexprs(p, 1) == launch_constexprs(base, 1) and not launch_constexprs(p, 3)["PRELOAD"]
+    doc = json.loads(json.dumps([dict(kind="residual", n=96, k=80, plan=p.describe())]))
+    assert plan_gemv(96, 80, kind="residual", table=plans_from_json(doc)) == p
+    for bad, match in [({2: dict(split=4)}, "split"), ({1: dict(warps=8)}, "warps"), ({4: dict(preload=True)}, "4 row"),
+                       ([(1, {}), (1, dict(stages=3))], "twice")]:
+        with pytest.raises(StepContractError, match=match):
+            replace(base, by_row_blocks=bad)
+    wide = dict(block_k=128, split=1, chunks_per_split=64, bn=64, preload=False, warps=4, stages=4, pf_k=0,
+                by_row_blocks={1: dict(preload=True)})           # 1 MB a program preloaded: over the limit
+    with pytest.raises(StepContractError, match="preload plan"):
+        plan_gemv(2048, 8192, kind="residual", table={("residual", 2048, 8192): wide})
+
+
+def test_committed_width_dependent_plans():
+    """The two entries of TUNED_PLANS whose weight stream depends on the width (session 16): SmolLM2's down
+    projection preloads at 2 row blocks only, Qwen3-30B-A3B's out_proj at 1 row block only; every entry is valid."""
+    for (kind, n, k) in _gemv.TUNED_PLANS:
+        plan_gemv(n, k, kind=kind)                                    # checked, by_row_blocks included
+    down = plan_gemv(576, 1536, kind="residual")
+    assert [down.at(b).preload for b in (1, 2, 3)] == [False, True, False]
+    qwen = plan_gemv(2048, 4096, kind="out_proj")
+    assert [qwen.at(b).preload for b in (1, 2, 3)] == [True, False, False]
+    assert qwen.at(3) == default_plan(2048, 4096, kind="out_proj")   # the default tiling, streamed
+
+
+@pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
+                                        ("lm_head", 200, 256)])
+@pytest.mark.parametrize("stream_at", [1, 2])
+def test_width_dependent_weight_stream_keeps_rows_bitwise(kind, n, k, stream_at):
+    """A plan that streams at one row-block count and preloads at the other passes the tuner's gate under the
+    interpreter: the policy at 20 rows (2 row blocks) and the first 3 rows (1 row block) bitwise equal to it.
+    Only the fp32 logits of lm_head show a change of summation order here (bf16 outputs round it away: the preload
+    chunks summed in reverse K order still passed for the other kinds); the GPU row-invariance tests of out_proj and
+    the MLP (17 / 33 rows against 48) are the proof on the shapes that use it."""
+    split = 1 if kind == "lm_head" else 2
+    base = plan_gemv(n, k, kind=kind, preload=False, bn=16, block_k=16, split=split, stages=3, pf_k=32)
+    other = 2 if stream_at == 1 else 1
+    p = replace(base, by_row_blocks={other: dict(preload=True, stages=1, pf_k=0)})
+    assert p.at(stream_at).preload is False and p.at(other).preload is True
+    _GemvCase(kind, n, k, 1e-5, "cpu", copies=1).check(p, rows=20, small=3)

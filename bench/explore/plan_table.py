@@ -1,0 +1,62 @@
+"""Session 16: write a GEMV plan table (the JSON that $LOWLAT_GEMV_PLANS names) = lowlat's TUNED_PLANS with some
+entries replaced or added, for A/B runs of plans that are not in the committed table (explore26, the per-kernel
+benches: every `plan_gemv` without forced fields then reads it).
+
+    python bench/explore/plan_table.py [--flat] OUT.json 'residual:2048:2048=bn=16,split=1,stages=8,pf_k=2048,preload=0' ...
+
+Each entry KIND:N:K=FIELD=VALUE,... starts from the plan `plan_gemv` gives now for (KIND, N, K) (the table's or the
+default) and replaces the named fields; chunks_per_split is recounted from block_k and split; the entry has no
+`by_row_blocks` (one weight stream at every width). The plan is checked (`_check_plan`) before it is written.
+--flat: every entry of the table without its `by_row_blocks` (the table as it was before session 16's width-dependent
+weight streams).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from lowlat.kernels import _gemv  # noqa: E402
+
+FIELDS = ("block_k", "split", "bn", "preload", "warps", "stages", "pf_k")
+
+
+def entry(spec: str) -> dict:
+    """'KIND:N:K=f=v,...' -> one table entry {"kind", "n", "k", "plan"}."""
+    key, _, body = spec.partition("=")
+    kind, n, k = key.split(":")
+    n, k = int(n), int(k)
+    pair = kind in _gemv.PAIR_KINDS
+    plan = _gemv.plan_gemv(n, k, kind=kind)
+    fields = {}
+    for item in filter(None, body.split(",")):
+        f, _, v = item.partition("=")
+        if f not in FIELDS:
+            raise SystemExit(f"{f!r} is not one of {FIELDS}")
+        fields[f] = bool(int(v)) if f == "preload" else int(v)
+    plan = dataclasses.replace(plan, **fields)
+    split, cps = _gemv._split_for(-(-k // plan.block_k), plan.split)
+    plan = _gemv._check_plan(dataclasses.replace(plan, split=split, chunks_per_split=cps), pair)
+    return dict(kind=kind, n=n, k=k, plan={f: getattr(plan, f) for f in FIELDS + ("chunks_per_split",)})
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    flat = "--flat" in args
+    args = [a for a in args if a != "--flat"]
+    out, specs = args[0], args[1:]
+    table = {key: dict(kind=key[0], n=key[1], k=key[2],
+                       plan={f: v for f, v in fields.items() if not (flat and f == "by_row_blocks")})
+             for key, fields in _gemv.TUNED_PLANS.items()}
+    for s in specs:
+        e = entry(s)
+        table[(e["kind"], e["n"], e["k"])] = e
+        print("plan", json.dumps(e))
+    Path(out).write_text(json.dumps(list(table.values()), indent=1))
+
+
+if __name__ == "__main__":
+    main()
