@@ -438,8 +438,16 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # and the session-4 prologue kernel 9.8-10.2 us in the same runs; call3/explore14.json (one row block per
     # program, epilogue inputs loaded where used): 8.04-8.11 us at 1 / 6 rows, 16.1-16.2 at 48 (bn 128: 8.1-8.2,
     # 19.2-19.4; stream bn 64 split 8: 8.9-9.1, 17.3-17.5)
+    # Session 16 (call 5, `bench/explore/session16e.sh`): bn 32 (one rotary half a tile, mma.sync), 384 programs of
+    # 32 KB with 124 registers, so all 16 weight loads a thread are in flight before the wait (the bn 64 plan's
+    # 72-register programs interleave their 32 loads with the shared-memory stores: ~9 in flight). In the step
+    # (explore26, alternated twice): the prologue 6.24-6.27 against 7.42 us a layer at 1 row; the step 962.2-962.3
+    # against 977.4 us at 1 row, 1033.2-1033.7 against 1052.8-1055.0 at 6, 1133.8-1134.1 against 1149.8-1151.0 at 16,
+    # but 2276.4-2280.0 against 2209.2-2213.4 at 48 (a bn 32 / bn 64 choice by width would move the arithmetic:
+    # mma.sync against wgmma). Per kernel (PDL-chained) 7.81 / 8.11 / 17.50 against 7.84 / 7.98 / 16.02 us at
+    # 1 / 6 / 48 rows. Before, bn 64 split 8:
     ('qkv', 1536, 2048): dict(
-        block_k=128, split=8, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
+        block_k=128, split=8, chunks_per_split=2, bn=32, preload=True, warps=4, stages=1, pf_k=0),
     # Qwen3-30B-A3B out_proj with its RMSNorm epilogue (MoE layers): the default stream plan (bn 64, split 8), preloaded
     # at 1 row block (1-16 rows). Per kernel (the tuner, `preload_bn64_maxsplit`; session 12 call 3 and session 16
     # call 1): 8.97-9.14 against 10.74 us at 1 row, 9.31-9.33 against 10.88-10.89 at 6. In the step (session 16 call
@@ -911,29 +919,6 @@ def preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN: tl.constexpr, B
         rk = k_begin + c * BK + tl.arange(0, BK)
         ws = ws + (_load_w_chunk(w_ptr, stride_wn, rn, nmask, rk, k_end, EVEN_N, EVEN_K, UPCAST, HALF_ROWS),)
     return ws
-
-
-@triton.jit
-def hold_tiles(ws, z, CPS: tl.constexpr, UPCAST: tl.constexpr):
-    """The preloaded tiles `ws`, each OR-ed bitwise with z (an int32 zero the compiler cannot see through, loaded
-    after `gdc_wait`): the same bits, but nothing may use them before the wait. Without it Triton stages each
-    group of loads into shared memory for the MMA before the wait, so a program has only ~9 of its 32 16-byte loads
-    a thread in flight at once (the rest wait for registers); with it all are in flight before the wait and staged
-    after it (session 16)."""
-    out = ()
-    for c in tl.static_range(CPS):
-        w = ws[c]
-        if UPCAST:
-            out = out + ((w.to(tl.int32, bitcast=True) | z).to(w.dtype, bitcast=True),)
-        else:
-            out = out + ((w.to(tl.int16, bitcast=True) | z.to(tl.int16)).to(w.dtype, bitcast=True),)
-    return out
-
-
-def hold_preload() -> bool:
-    """Session 16's experiment switch: $LOWLAT_PRELOAD_HOLD=1 makes the preload GEMVs (attention prologue, residual /
-    out_proj) hold their weight tiles in registers across `gdc_wait` (`hold_tiles`). The bits are the same."""
-    return os.environ.get("LOWLAT_PRELOAD_HOLD", "0") == "1"
 
 
 @triton.jit

@@ -59,7 +59,7 @@ from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
                                          interpreting, pdl_supported, to_bf16)
-from lowlat.kernels._gemv import (hold_preload, hold_tiles, MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, row_blocks, rstd_of,
                                   store_partial, store_split_ss, sum_partials, sum_split_ss)
 from lowlat.reference.rope import rope_inv_freq
@@ -257,7 +257,7 @@ def _attn_prologue_kernel(
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
         HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NVR_FROM_PTR: tl.constexpr, EARLY: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, HOLD: tl.constexpr = False):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     # grid (tile, split, row block): each program one block of 16 rows (NUM_MB is the launch's row-block
     # count, for the workspace layout; the GEMV helpers run with one block at rows m0..m0+15)
     pid_n = tl.program_id(0)
@@ -278,10 +278,6 @@ def _attn_prologue_kernel(
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    if PRELOAD and HOLD:        # a zero from a load after the wait (positions are >= 0): see `hold_tiles`
-        zz = (tl.load(pos_ptr) >> 62).to(tl.int32)
-        lws = hold_tiles(lws, zz, CPS, UPCAST)
-        hws = hold_tiles(hws, zz, CPS, UPCAST)
     rm = m0 + tl.arange(0, 16)
     if NVR_FROM_PTR:
         nvr = tl.load(nvr_ptr)
@@ -430,7 +426,7 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         m, plan.n, hidden, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps),
         out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
-        EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, HOLD=hold_preload(),
+        EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl,
         **{**launch_constexprs(plan.at(nmb), 1), "NUM_MB": nmb})     # one row block per program: stages of 1 block
     return out_q
 

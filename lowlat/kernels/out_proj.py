@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import (MAX_ROWS, hold_preload, hold_tiles, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, row_blocks, rstd_of, store_partial, sum_partials, to_bf16)
 
@@ -92,7 +92,7 @@ def _residual_gemv_kernel(
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, HOLD: tl.constexpr = False):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
     """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -106,8 +106,6 @@ def _residual_gemv_kernel(
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    if PRELOAD and HOLD:        # a zero from a load after the wait (a split-K counter is in 0..SPLIT-1): `hold_tiles`
-        ws = hold_tiles(ws, (tl.load(cnt_ptr + pid_n) >> 30).to(tl.int32), CPS, UPCAST)
     # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
     # a tile is written only after all its splits arrived, so an in-place residual is safe)
     r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
@@ -189,7 +187,7 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         m, n, k, plan.n_tiles, float(eps),
         NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(plan.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
-        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, HOLD=hold_preload(), **launch_constexprs(plan, nmb))
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
 
 
 def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor, eps: float,
