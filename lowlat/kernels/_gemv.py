@@ -117,6 +117,13 @@ rounds (explore8_h200.json); the plan is now pf 128, and the per-kernel section 
 for the same plan; the cause of that 1-2 point gap between the two methods is not known. SmolLM2's LM
 head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76% of copy bandwidth, was 72-73%).
 
+Session 16 (bench/results/session16/): a preload's tiles are staged to shared memory right after their loads,
+before `gdc_wait`, so ptxas keeps only as many loads in flight as its registers allow (the Llama prologue's bn 64
+programs: 72 registers, ~9 of a thread's 32 loads); narrower programs with all loads in flight were faster there
+(bn 32, see TUNED_PLANS), holding every tile in registers across the wait slower (255 / 128 registers: two programs
+an SM). Streaming the whole slice from L2 after the wait (prefetched before it, bn 16, split 1 / 2) was slower than
+the preload on every shape tried. A plan's weight stream may depend on the row-block count (`by_row_blocks`).
+
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one; the tuner knows the residual, gate_up and lm_head
 kinds, and the "qkv" entries come from session 5's A/B scripts, bench/explore/README.md) are recorded
