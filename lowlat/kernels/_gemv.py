@@ -120,8 +120,8 @@ head gained from a prefetch too: pf 64, 17.7-18.0 us vs 18.5-18.8 (75-76% of cop
 Session 16 (bench/results/session16/): a preload's tiles are staged to shared memory right after their loads,
 before `gdc_wait`, so ptxas keeps only as many loads in flight as its registers allow (the Llama prologue's bn 64
 programs: 72 registers, ~9 of a thread's 32 loads); narrower programs with all loads in flight were faster there
-(bn 32, see TUNED_PLANS), holding every tile in registers across the wait slower (255 / 128 registers: two programs
-an SM). Streaming the whole slice from L2 after the wait (prefetched before it, bn 16, split 1 / 2) was slower than
+in the step but not per kernel (bn 32, see TUNED_PLANS), holding every tile in registers across the wait slower
+(255 / 128 registers: two programs an SM). Streaming the whole slice from L2 after the wait (prefetched before it, bn 16, split 1 / 2) was slower than
 the preload on every shape tried. A plan's weight stream may depend on the row-block count (`by_row_blocks`).
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
@@ -446,8 +446,8 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # program, epilogue inputs loaded where used): 8.04-8.11 us at 1 / 6 rows, 16.1-16.2 at 48 (bn 128: 8.1-8.2,
     # 19.2-19.4; stream bn 64 split 8: 8.9-9.1, 17.3-17.5)
     # Session 16 (call 5, `bench/explore/session16e.sh`): bn 32 (one rotary half a tile, mma.sync), 384 programs of
-    # 32 KB with 124 registers, so all 16 weight loads a thread are in flight before the wait (the bn 64 plan's
-    # 72-register programs interleave their 32 loads with the shared-memory stores: ~9 in flight). In the step
+    # 32 KB with 124 registers (all 16 weight loads a thread in flight before the wait; the bn 64 plan's 72-register
+    # programs interleave their 32 loads with the shared-memory stores: ~9 in flight). In the step
     # (explore26, alternated twice): the prologue 6.24-6.27 against 7.42 us a layer at 1 row; the step 962.2-962.3
     # against 977.4 us at 1 row, 1033.2-1033.7 against 1052.8-1055.0 at 6, 1133.8-1134.1 against 1149.8-1151.0 at 16,
     # but 2276.4-2280.0 against 2209.2-2213.4 at 48 (a bn 32 / bn 64 choice by width would move the arithmetic:
