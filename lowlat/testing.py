@@ -97,3 +97,19 @@ def pad_step(step: StepBatch, width: int) -> StepBatch:
 
     return StepBatch(ext(step.input_ids), ext(step.positions), ext(step.out_cache_loc), ext(step.req_indices),
                      step.seq_lens, step.page_table, step.num_valid_rows)
+
+
+def spy_weight_streams(monkeypatch, module) -> list[bool]:
+    """Record, in the returned list, whether each GEMV launch of `module` (a launcher module of lowlat.kernels) runs
+    its weights preloaded: `module.launch_constexprs` is wrapped (pytest's `monkeypatch`) to note each launch's
+    PRELOAD constexpr. For tests of width-dependent plans (`GemvPlan.by_row_blocks`)."""
+    from lowlat.kernels._gemv import launch_constexprs
+
+    seen: list[bool] = []
+
+    def spy(plan, nmb):
+        lc = launch_constexprs(plan, nmb)
+        seen.append(lc["PRELOAD"])
+        return lc
+    monkeypatch.setattr(module, "launch_constexprs", spy)
+    return seen

@@ -300,7 +300,7 @@ def main() -> None:
         fm._ffn = ffn
     if a.plan_o:
         import dataclasses
-        fm.plan_o = dataclasses.replace(fm.plan_o, **json.loads(a.plan_o))
+        fm.plan_o = dataclasses.replace(fm.plan_o, **{"by_row_blocks": (), **json.loads(a.plan_o)})
     out = dict(attn_feed=a.attn_feed, model=a.model, warm=a.warm, rows=a.rows, variant=a.variant, plan_o=str(fm.plan_o))
     out["order"] = order
     for j, rows in enumerate(order):

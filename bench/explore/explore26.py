@@ -21,7 +21,8 @@ adds one split at a time whatever the chunk; call 1-3's intermediate summed a ch
 --prologue-pdl off (session 15): the attention prologue launched WITHOUT PDL, so its programs start only once the
 previous down projection has finished (with PDL they start as down releases them and load their first weights
 while down still streams). Tells how much of down's in-step cost is the next prologue's early loads.
---plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check), for
+--plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
+`by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
 no arithmetic (`_gemv.GemvPlan`); split does and bn may, so compare logits only for the former.
 
@@ -89,7 +90,7 @@ def main() -> None:
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
-        fm.plan_down = dataclasses.replace(fm.plan_down, **json.loads(a.plan_d))
+        fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, prologue_pdl=a.prologue_pdl,
                plan_down=str(fm.plan_down), widths={})

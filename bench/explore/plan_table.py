@@ -37,7 +37,7 @@ def entry(spec: str) -> dict:
         if f not in FIELDS:
             raise SystemExit(f"{f!r} is not one of {FIELDS}")
         fields[f] = bool(int(v)) if f == "preload" else int(v)
-    plan = dataclasses.replace(plan, **fields)
+    plan = dataclasses.replace(plan, by_row_blocks=(), **fields)
     split, cps = _gemv._split_for(-(-k // plan.block_k), plan.split)
     plan = _gemv._check_plan(dataclasses.replace(plan, split=split, chunks_per_split=cps), pair)
     return dict(kind=kind, n=n, k=k, plan={f: getattr(plan, f) for f in FIELDS + ("chunks_per_split",)})

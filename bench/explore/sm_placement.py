@@ -316,7 +316,7 @@ def run_step(a) -> dict:
     kv = random_kv(cfg, cfg.num_layers, max(order), 512, dev)
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
     if a.plan_o:
-        fm.plan_o = dataclasses.replace(fm.plan_o, **json.loads(a.plan_o))
+        fm.plan_o = dataclasses.replace(fm.plan_o, **{"by_row_blocks": (), **json.loads(a.plan_o)})
     out = dict(mode="step", model=a.model, order=order, attn_trigger=a.attn_trigger,
                gate_up_trigger=a.gate_up_trigger, plan_o=str(fm.plan_o),
                widths={})
@@ -349,7 +349,7 @@ def run_gemv(a) -> dict:
     case = _GemvCase(a.kind, a.n, a.k, 1e-5, dev)
     plan = plan_gemv(a.n, a.k, kind=a.kind)
     if a.plan:
-        plan = dataclasses.replace(plan, **json.loads(a.plan))
+        plan = dataclasses.replace(plan, **{"by_row_blocks": (), **json.loads(a.plan)})
     case.check(plan)                              # the instrumented launches compute what the reference does
     chain = max(a.chain, case.nc)                 # at least every weight copy once (cold L2)
     g = capture_graph(lambda i: case.launch(plan, a.rows, i), chain)

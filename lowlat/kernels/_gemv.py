@@ -230,7 +230,11 @@ class GemvPlan:
     by_row_blocks: tuple = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "by_row_blocks", _row_block_fields(self.by_row_blocks))
+        # normal form; fields equal to this plan's own values and counts left with none are dropped, so plans that
+        # launch alike compare equal
+        norm = ((nmb, tuple((f, v) for f, v in fields if getattr(self, f) != v))
+                for nmb, fields in _row_block_fields(self.by_row_blocks))
+        object.__setattr__(self, "by_row_blocks", tuple((nmb, fields) for nmb, fields in norm if fields))
 
     def at(self, nmb: int) -> GemvPlan:
         """The plan a launch of nmb row blocks runs: this one with its `by_row_blocks` fields for nmb (if any)
@@ -287,19 +291,27 @@ class GemvPlan:
 
 
 def _row_block_fields(spec) -> tuple:
-    """`GemvPlan.by_row_blocks` in its normal form (sorted tuples) from a dict or pairs (JSON gives lists)."""
-    items = spec.items() if isinstance(spec, dict) else spec
+    """`GemvPlan.by_row_blocks` in its normal form (sorted tuples) from a dict or pairs (JSON gives lists, or an object
+    with string keys). Raises StepContractError naming the offending part of `spec`."""
+    try:
+        items = [(nmb, dict(f.items() if isinstance(f, dict) else f))
+                 for nmb, f in (spec.items() if isinstance(spec, dict) else spec)]
+    except (TypeError, ValueError) as e:
+        raise StepContractError(f"by_row_blocks={spec!r} must map row-block counts to {{field: value}}") from e
     out = []
     for nmb, fields in items:
-        nmb = int(nmb)
-        if not 1 <= nmb <= 3:
-            raise StepContractError(f"by_row_blocks: {nmb} row blocks (a launch has 1..3)")
-        fields = dict(fields.items() if isinstance(fields, dict) else fields)
-        bad = sorted(set(fields) - set(ROW_BLOCK_FIELDS))
+        if isinstance(nmb, str) and nmb.isdigit():                   # a JSON object's key
+            nmb = int(nmb)
+        if isinstance(nmb, bool) or not isinstance(nmb, int) or not 1 <= nmb <= 3:
+            raise StepContractError(f"by_row_blocks: {nmb!r} row blocks (a launch has 1..3)")
+        bad = sorted(map(str, set(fields) - set(ROW_BLOCK_FIELDS)))
         if bad:
             raise StepContractError(f"by_row_blocks[{nmb}] sets {bad}: only {ROW_BLOCK_FIELDS} may depend on the "
                                     "row-block count (the others move the arithmetic)")
-        fields = {f: bool(v) if f == "preload" else int(v) for f, v in fields.items()}
+        for f, v in fields.items():
+            if not (isinstance(v, bool) if f == "preload" else isinstance(v, int) and not isinstance(v, bool)):
+                raise StepContractError(f"by_row_blocks[{nmb}][{f!r}]={v!r}: must be "
+                                        f"{'a bool' if f == 'preload' else 'an int'}")
         out.append((nmb, tuple(sorted(fields.items()))))
     if len({n for n, _ in out}) != len(out):
         raise StepContractError(f"by_row_blocks names a row-block count twice: {spec!r}")
@@ -308,7 +320,10 @@ def _row_block_fields(spec) -> tuple:
 
 def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
     for nmb, _ in p.by_row_blocks:
-        _check_plan(p.at(nmb), pair)
+        try:
+            _check_plan(p.at(nmb), pair)
+        except StepContractError as e:
+            raise StepContractError(f"by_row_blocks[{nmb}]: {e}") from None
     if p.bn not in (16, 32, 64, 128):
         raise StepContractError(f"bn={p.bn} must be 16, 32, 64 or 128")
     if p.block_k < 16 or not _pow2(p.block_k):
@@ -450,9 +465,9 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # programs interleave their 32 loads with the shared-memory stores: ~9 in flight). In the step
     # (explore26, alternated twice): the prologue 6.24-6.27 against 7.42 us a layer at 1 row; the step 962.2-962.3
     # against 977.4 us at 1 row, 1033.2-1033.7 against 1052.8-1055.0 at 6, 1133.8-1134.1 against 1149.8-1151.0 at 16,
-    # but 2276.4-2280.0 against 2209.2-2213.4 at 48 (a bn 32 / bn 64 choice by width would move the arithmetic:
-    # mma.sync against wgmma). Per kernel (PDL-chained) 7.81 / 8.11 / 17.50 against 7.84 / 7.98 / 16.02 us at
-    # 1 / 6 / 48 rows. Before, bn 64 split 8:
+    # but 2276.4-2280.0 against 2209.2-2213.4 at 48 (bn may not depend on the width: whether mma.sync (bn 32) and
+    # wgmma (bn 64) give the same bits is untested; the 48-row logits checksums of both were equal). Per kernel
+    # (PDL-chained) 7.81 / 8.11 / 17.50 against 7.84 / 7.98 / 16.02 us at 1 / 6 / 48 rows. Before, bn 64 split 8:
     ('qkv', 1536, 2048): dict(
         block_k=128, split=8, chunks_per_split=2, bn=32, preload=True, warps=4, stages=1, pf_k=0),
     # Qwen3-30B-A3B out_proj with its RMSNorm epilogue (MoE layers): the default stream plan (bn 64, split 8), preloaded

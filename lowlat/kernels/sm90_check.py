@@ -177,13 +177,13 @@ def compile_all(quick: bool = False) -> list[dict]:
         w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
         ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
         for nmb in row_blocks:
-            lc = {**launch_constexprs(ws.plan.at(nmb), 1), "NUM_MB": nmb}
+            p = ws.plan.at(nmb)                                    # the plan a launch of nmb row blocks runs
+            lc = {**launch_constexprs(p, 1), "NUM_MB": nmb}
             warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
             const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
                          NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)
             t = time.time()
             c = _compile(_attn_prologue_kernel, pro_sig, const, num_warps=warps, num_stages=stages, pdl=True)
-            p = ws.plan
             out.append(_report(f"{name}/attn_prologue/{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}"
                                f"/mb{nmb}", c, time.time() - t, preload=p.preload, programs=p.n_tiles * p.split * nmb))
     return out

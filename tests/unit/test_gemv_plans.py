@@ -276,3 +276,60 @@ def test_width_dependent_weight_stream_keeps_rows_bitwise(kind, n, k, stream_at)
     p = replace(base, by_row_blocks={other: dict(preload=True, stages=1, pf_k=0)})
     assert p.at(stream_at).preload is False and p.at(other).preload is True
     _GemvCase(kind, n, k, 1e-5, "cpu", copies=1).check(p, rows=20, small=3)
+
+
+@pytest.mark.parametrize("kind, module", [("residual", "out_proj"), ("out_proj", "out_proj"), ("gate_up", "mlp"),
+                                          ("lm_head", "lm_head")])
+def test_launchers_run_the_plan_of_their_row_block_count(kind, module, monkeypatch):
+    """Every GEMV launcher launches a width-dependent plan (`by_row_blocks`: preload at 2 row blocks only) with the
+    weight stream of its launch's row-block count: 3 / 20 / 40 rows run stream / preload / stream."""
+    import importlib
+
+    from lowlat.testing import spy_weight_streams
+
+    seen = spy_weight_streams(monkeypatch, importlib.import_module(f"lowlat.kernels.{module}"))
+    n, k = (80, 64) if kind == "gate_up" else (96, 80)
+    base = plan_gemv(n, k, kind=kind, preload=False, bn=16, block_k=16, split=1 if kind == "lm_head" else 2,
+                     stages=3, pf_k=32)
+    p = replace(base, by_row_blocks={2: dict(preload=True, stages=1, pf_k=0)})
+    case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+    for rows in (3, 20, 40):
+        case.launch(p, rows, 0)
+    assert seen == [False, True, False]
+
+
+def test_row_block_fields_normal_form_and_typed_refusals():
+    """ROW_BLOCK_FIELDS holds no field that moves the arithmetic; overrides equal to the plan's own values (and counts
+    left with none) are dropped, so plans that launch alike compare equal; JSON object keys ("2") are read; bad
+    specs raise StepContractError naming what is wrong (never a bare TypeError / ValueError, never a coercion)."""
+    assert not set(_gemv.ROW_BLOCK_FIELDS) & {"n", "k", "block_k", "split", "chunks_per_split", "bn", "warps"}
+    base = plan_gemv(96, 80, kind="residual", preload=False, bn=16, block_k=16, split=2, stages=3, pf_k=32)
+    assert replace(base, by_row_blocks={1: {}, 3: dict(preload=False, stages=3)}) == base
+    assert replace(base, by_row_blocks={"2": dict(preload=True)}).by_row_blocks == ((2, (("preload", True),)),)
+    for bad, match in [(5, "must map"), ([1, 2], "must map"), ({2: 5}, "must map"), ({"x": {}}, "'x' row blocks"),
+                       ({0.5: {}}, "0.5 row blocks"), ({True: {}}, "True row blocks"),
+                       ({2: dict(preload="false")}, "must be a bool"), ({2: dict(stages=2.7)}, "must be an int"),
+                       ({2: dict(pf_k=True)}, "must be an int")]:
+        with pytest.raises(StepContractError, match=re.escape(match)):
+            replace(base, by_row_blocks=bad)
+    with pytest.raises(StepContractError, match=re.escape("by_row_blocks[3]: stages=1 must be >= 2")):
+        plan_gemv(96, 80, kind="residual", table={("residual", 96, 80): dict(
+            block_k=16, split=2, chunks_per_split=3, bn=16, preload=False, warps=4, stages=3, pf_k=32,
+            by_row_blocks={3: dict(stages=1)})})
+
+
+def test_tuner_keeps_a_width_dependent_plan_that_ties_at_the_timed_widths():
+    """`lowlat.bench.pick_tuned`: the fastest candidate, except that a candidate with `by_row_blocks` that launches the
+    same plans as the winner at every row-block count the tuner timed is kept instead (Qwen3's out_proj: the table
+    preloads at 1 row block only, `preload_bn64_maxsplit` preloads everywhere; at 1 and 6 rows they are the same
+    launches and tie up to noise); a width-dependent candidate that differs at a timed width does not win that way."""
+    from lowlat.bench import pick_tuned
+
+    table = plan_gemv(2048, 4096, kind="out_proj")
+    everywhere = table.at(1)
+    stream = table.at(3)
+    timed = [(21.8, "default", stream, {1: 10.8, 6: 11.0}), (18.2, "preload_bn64_maxsplit", everywhere, {1: 9.0, 6: 9.2}),
+             (18.3, "tuned", table, {1: 9.1, 6: 9.2})]
+    assert pick_tuned(timed, (1, 6)) == ("tuned", table, {1: 9.1, 6: 9.2})
+    assert pick_tuned(timed[:2], (1, 6))[1] == everywhere
+    assert pick_tuned(timed, (1, 48))[1] == everywhere        # 48 rows: the table streams, the winner preloads
