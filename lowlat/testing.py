@@ -99,17 +99,17 @@ def pad_step(step: StepBatch, width: int) -> StepBatch:
                      step.seq_lens, step.page_table, step.num_valid_rows)
 
 
-def spy_weight_streams(monkeypatch, module) -> list[bool]:
-    """Record, in the returned list, whether each GEMV launch of `module` (a launcher module of lowlat.kernels) runs
-    its weights preloaded: `module.launch_constexprs` is wrapped (pytest's `monkeypatch`) to note each launch's
-    PRELOAD constexpr. For tests of width-dependent plans (`GemvPlan.by_row_blocks`)."""
+def spy_launch_constexprs(monkeypatch, module) -> list[dict]:
+    """Record, in the returned list, the tiling constexprs and launch options of each GEMV launch of `module` (a
+    launcher module of lowlat.kernels): `module.launch_constexprs` is wrapped (pytest's `monkeypatch`). For tests of
+    width-dependent plans (`GemvPlan.by_row_blocks`)."""
     from lowlat.kernels._gemv import launch_constexprs
 
-    seen: list[bool] = []
+    seen: list[dict] = []
 
-    def spy(plan, nmb):
-        lc = launch_constexprs(plan, nmb)
-        seen.append(lc["PRELOAD"])
+    def spy(plan, nmb, **kw):
+        lc = launch_constexprs(plan, nmb, **kw)
+        seen.append(lc)
         return lc
     monkeypatch.setattr(module, "launch_constexprs", spy)
     return seen

@@ -5,14 +5,13 @@ benches: every `plan_gemv` without forced fields then reads it).
     python bench/explore/plan_table.py [--flat] OUT.json 'residual:2048:2048=bn=16,split=1,stages=8,pf_k=2048,preload=0' ...
 
 Each entry KIND:N:K=FIELD=VALUE,... starts from the plan `plan_gemv` gives now for (KIND, N, K) (the table's or the
-default) and replaces the named fields; chunks_per_split is recounted from block_k and split; the entry has no
-`by_row_blocks` (one weight stream at every width). The plan is checked (`_check_plan`) before it is written.
+default) and replaces the named fields; `plan_gemv` with every field forced recounts chunks_per_split and checks
+the plan; the entry has no `by_row_blocks` (one weight stream at every width).
 --flat: every entry of the table without its `by_row_blocks` (the table as it was before session 16's width-dependent
 weight streams).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,17 +28,14 @@ def entry(spec: str) -> dict:
     key, _, body = spec.partition("=")
     kind, n, k = key.split(":")
     n, k = int(n), int(k)
-    pair = kind in _gemv.PAIR_KINDS
-    plan = _gemv.plan_gemv(n, k, kind=kind)
-    fields = {}
+    base = _gemv.plan_gemv(n, k, kind=kind)
+    fields = {f: getattr(base, f) for f in FIELDS}
     for item in filter(None, body.split(",")):
         f, _, v = item.partition("=")
         if f not in FIELDS:
             raise SystemExit(f"{f!r} is not one of {FIELDS}")
         fields[f] = bool(int(v)) if f == "preload" else int(v)
-    plan = dataclasses.replace(plan, by_row_blocks=(), **fields)
-    split, cps = _gemv._split_for(-(-k // plan.block_k), plan.split)
-    plan = _gemv._check_plan(dataclasses.replace(plan, split=split, chunks_per_split=cps), pair)
+    plan = _gemv.plan_gemv(n, k, kind=kind, **fields)          # every field forced: recounted and checked
     return dict(kind=kind, n=n, k=k, plan={f: getattr(plan, f) for f in FIELDS + ("chunks_per_split",)})
 
 

@@ -6,9 +6,7 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 echo "== GPU tests (${SECONDS}s)"
-timeout 240 python3 -m pytest -q -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 \
-  tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
-grep -E "passed|failed|FAILED|Error" /tmp/gpu-tests.log | cut -c1-300 | tail -15
+gpu_tests 240
 echo "== lowlat bench step Llama (${SECONDS}s)"
 timeout 80 python3 -m lowlat.bench --sections copy,step,profile --models Llama-3.2-1B --rows 1,6,8,16,48 \
   --out "$OUT/step_llama_s16.json" > /tmp/bench.log 2>&1; echo "bench rc $?"

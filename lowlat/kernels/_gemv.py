@@ -121,8 +121,8 @@ Session 16 (bench/results/session16/): a preload's tiles are staged to shared me
 before `gdc_wait`, so ptxas keeps only as many loads in flight as its registers allow (the Llama prologue's bn 64
 programs: 72 registers, ~9 of a thread's 32 loads); narrower programs with all loads in flight were faster there
 in the step but not per kernel (bn 32, see TUNED_PLANS), holding every tile in registers across the wait slower
-(255 / 128 registers: two programs an SM). Streaming the whole slice from L2 after the wait (prefetched before it, bn 16, split 1 / 2) was slower than
-the preload on every shape tried. A plan's weight stream may depend on the row-block count (`by_row_blocks`).
+(255 / 128 registers: two programs an SM). Streaming the whole slice from L2 after the wait (prefetched before
+it, bn 16, split 1 / 2) was slower than the preload on every shape tried. A plan's weight stream may depend on the row-block count (`by_row_blocks`).
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one; the tuner knows the residual, gate_up and lm_head
@@ -602,8 +602,9 @@ def candidate_plans(kind: str, n: int, k: int) -> list[tuple[str, GemvPlan]]:
             6, triton.cdiv(k, default_block_k(k)) + 1), pf_k=1024, **kw))
         # session 16: the whole slice into L2 before the wait, no split-K (split 1) or one arrival (split 2)
         for sp in (1, 2):
-            add(f"stream_bn16_split{sp}_pfall", lambda sp=sp: plan_gemv(n, k, preload=False, bn=16, split=sp, stages=min(
-                8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=k, **kw))
+            add(f"stream_bn16_split{sp}_pfall", lambda sp=sp: plan_gemv(
+                n, k, preload=False, bn=16, split=sp, stages=min(8, triton.cdiv(k, default_block_k(k)) + 1), pf_k=k,
+                **kw))
     elif kind == "lm_head":
         add("stream_bn64_pf0", lambda: plan_gemv(n, k, preload=False, bn=64, pf_k=0, **kw))
         add("stream_bn128_w8_pf0", lambda: plan_gemv(n, k, preload=False, bn=128, warps=8, pf_k=0, **kw))
@@ -738,13 +739,16 @@ def check_plan_for(plan: GemvPlan, n: int, k: int, what: str) -> None:
         raise StepContractError(f"plan is for N={plan.n}, K={plan.k}; {what} is N={n}, K={k}")
 
 
-def launch_constexprs(plan: GemvPlan, nmb: int) -> dict:
-    """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at nmb row blocks
-    (`plan.at(nmb)`'s: the weight stream may depend on the row-block count, the arithmetic never does)."""
+def launch_constexprs(plan: GemvPlan, nmb: int, *, program_row_blocks: int | None = None) -> dict:
+    """Tiling constexprs and launch options every GEMV kernel here takes for `plan` at a launch of nmb row blocks
+    (`plan.at(nmb)`'s: the weight stream may depend on the row-block count, the arithmetic never does).
+    program_row_blocks: row blocks one program computes, which set the stream loop's depth (default nmb; the
+    attention prologue's programs take one row block each)."""
     plan = plan.at(nmb)
+    stage_blocks = nmb if program_row_blocks is None else program_row_blocks
     return dict(SPLIT=plan.split, CPS=plan.chunks_per_split, BN=plan.bn, BK=plan.block_k, NUM_MB=nmb,
                 EVEN_N=plan.even_n, EVEN_K=plan.even_k, PF_K=plan.prefetch_k, PRELOAD=plan.preload,
-                num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(nmb))
+                num_warps=plan.warps, num_stages=1 if plan.preload else plan.stages_for(stage_blocks))
 
 
 def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Tensor:

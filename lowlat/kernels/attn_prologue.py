@@ -427,7 +427,7 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
         EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl,
-        **{**launch_constexprs(plan.at(nmb), 1), "NUM_MB": nmb})     # one row block per program: stages of 1 block
+        **launch_constexprs(plan, nmb, program_row_blocks=1))       # one row block per program
     return out_q
 
 

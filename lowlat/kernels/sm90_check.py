@@ -178,7 +178,7 @@ def compile_all(quick: bool = False) -> list[dict]:
         ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
         for nmb in row_blocks:
             p = ws.plan.at(nmb)                                    # the plan a launch of nmb row blocks runs
-            lc = {**launch_constexprs(p, 1), "NUM_MB": nmb}
+            lc = launch_constexprs(p, nmb, program_row_blocks=1)
             warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
             const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
                          NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)

@@ -160,21 +160,24 @@ def test_attn_prologue_plan_modes(device, hidden, heads, hkv, d, bias, qk_norm, 
 def test_prologue_launches_the_plan_of_its_row_block_count(device, monkeypatch):
     """A prologue plan whose weight stream depends on the width (`GemvPlan.by_row_blocks`: preload at 2 row blocks,
     stream at 1 and 3) is launched with the plan of the launch's row-block count (one row block per program, so
-    the count is the launch's, not the program's), and every width is within the policy of the reference."""
+    the count is the launch's, not the program's, while the stream loop is as deep as one block's), and every width
+    is within the policy of the reference."""
     import lowlat.kernels.attn_prologue as ap
-    from lowlat.testing import spy_weight_streams
+    from lowlat.testing import spy_launch_constexprs
 
-    seen = spy_weight_streams(monkeypatch, ap)
+    seen = spy_launch_constexprs(monkeypatch, ap)
     cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qkv_bias=True, qk_norm=True)
     for m in (3, 20, 40):
         rows = split_rows(m)
         lw, step, x, kc, vc = _case(cfg, ctxs=[(7 * i) % 11 for i in range(len(rows))], rows=rows, pad=0, seed=m,
                                     device=device)
-        base = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, block_k=16, split=2, preload=False, bn=32).plan
+        base = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, block_k=16, split=2, preload=False, bn=32,
+                                       stages=3).plan
         plan = dataclasses.replace(base, by_row_blocks={2: dict(preload=True, stages=1, pf_k=0)})
         _check_against_reference(cfg, lw, step, x, kc, vc,
                                  workspace=make_prologue_workspace(pack_qkv(lw), cfg.head_dim, plan=plan))
-    assert seen == [False, True, False]
+    assert [(lc["PRELOAD"], lc["NUM_MB"], lc["num_stages"]) for lc in seen] == [(False, 1, 3), (True, 2, 1),
+                                                                                  (False, 3, 3)]
 
 
 def test_early_inputs_rule():

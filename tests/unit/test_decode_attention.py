@@ -497,8 +497,8 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
 def test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots(device):
     """The race for real: a writer launch (standing in for the attention prologue) releases its dependents at
     once, spins 20 ms (far longer than the host takes to launch the attention, even with every xdist worker busy:
-    session 15's 2 ms let the control below fail once under `-n 8`), then writes q and the step's own KV slots (out_cache_loc); the attention, launched with
-    PDL and out_cache_loc, loads its first blocks meanwhile. Its output must equal, bitwise, the attention over
+    session 15's 2 ms let the control below fail once under `-n 8`), then writes q and the step's own KV slots
+    (out_cache_loc); the attention, launched with PDL and out_cache_loc, loads its first blocks meanwhile. Its output must equal, bitwise, the attention over
     what the writer wrote (contexts 0-2000: one split, several, a first block holding a verify row's own
     slots). With an out_cache_loc that names none of the written slots the output must differ: proof that the
     attention did start before the writer finished, so that the first check could fail."""
