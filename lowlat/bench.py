@@ -3,13 +3,15 @@
     lowlat bench --out bench/results/fused_step_h200.json            (or python -m lowlat.bench ...)
         [--models SmolLM2-135M,Llama-3.2-1B] [--rows 1,6,8,16,48] [--ctx 512]
         [--sections tune,copy,kernels,step,compiled,moe,profile] [--budget-s 600] [--tune-budget-s 120]
-        [--plans-out plans.json]
+        [--plans-out plans.json] [--tune-shapes residual:576x1536,...] [--tune-wide-rows 24,48]
 
 What is timed (CUDA events around CUDA-graph replays, median of many, after warm-up):
   tune      (first, when asked) every candidate tile plan of each GEMV shape of the models' fused
             step (`lowlat.kernels._gemv.candidate_plans`), checked against the reference at 48 rows
             and for row invariance, timed at rows 1 and 6 as the step runs it; the fastest correct
-            plan per shape is written to --plans-out and used by the rest of the run (the format of
+            plan per shape, with the weight stream (preload / stages / pf_k) re-chosen at the row-block
+            counts of --tune-wide-rows among the candidates of the same arithmetic (`by_row_blocks`),
+            is written to --plans-out and used by the rest of the run (the format of
             $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
   kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_write_h: with
             the RMSNorm epilogue writing h, as MoE layers run it), mlp (gate/up with the FFN norm
@@ -392,10 +394,12 @@ class _GemvCase:
 
 
 def pick_tuned(timed: list[tuple], rows_list) -> tuple:
-    """The tuner's choice among `timed` = [(total us, label, GemvPlan, {rows: us}), ...]: the fastest; but where a
-    candidate with `by_row_blocks` launches the same plans as that winner at every row-block count timed, that one
-    (its width-dependent weight stream was chosen in the step, at widths the tuner does not time, and the two tie
-    here up to noise). Returns (label, plan, {rows: us})."""
+    """The tuner's choice among `timed` = [(total us, label, GemvPlan, {rows: us}), ...] at the narrow widths
+    rows_list: the fastest; but where a candidate with `by_row_blocks` launches the same plans as that winner at every
+    row-block count timed, that one (its width-dependent weight stream was chosen in the step, at widths rows_list
+    does not cover, and the two tie here up to noise). `tune_gemv`'s wide stage then re-decides the weight stream of
+    the row-block counts it times (`compose_row_block_plan`) and keeps this plan's at the others (all of them when
+    the stage is off or out of time). Returns (label, plan, {rows: us})."""
     from lowlat.kernels._gemv import row_blocks
 
     _, label, plan, us = min(timed, key=lambda t: t[0])
@@ -406,16 +410,157 @@ def pick_tuned(timed: list[tuple], rows_list) -> tuple:
     return label, plan, us
 
 
+def _arithmetic(plan) -> tuple:
+    """The fields of a GemvPlan that decide its bits: all but ROW_BLOCK_FIELDS and by_row_blocks, as (field, value)."""
+    from dataclasses import asdict
+
+    from lowlat.kernels._gemv import ROW_BLOCK_FIELDS
+
+    return tuple((f, v) for f, v in asdict(plan).items() if f not in ROW_BLOCK_FIELDS and f != "by_row_blocks")
+
+
+def compose_row_block_plan(winner, wide_timed: dict):
+    """The narrow widths' winner (a GemvPlan) with its weight stream re-chosen per wider row-block count.
+
+    wide_timed: {row blocks (2 or 3): [(us, GemvPlan), ...]}, each plan's time (any unit, e.g. us summed over the
+    timed rows of that many row blocks) as launched at that count (`plan.at(nmb)`). For each count, among the plans
+    whose arithmetic there equals the winner's (`_arithmetic(plan.at(nmb)) == _arithmetic(winner.at(nmb))`; others
+    are ignored), the fastest one's ROW_BLOCK_FIELDS (preload, stages, pf_k) become the winner's override for that
+    count, if it is strictly faster than the winner's own stream there (a tie keeps it; so does a count with no
+    timing of the winner's own stream: nothing to compare with); any other field the winner overrides at that count
+    stays. Counts not in wide_timed keep the winner's `by_row_blocks`. Returns a GemvPlan in normal form (overrides equal to its base fields dropped), equal to
+    `winner` when no other stream won. Pure: no GPU, no timing."""
+    from dataclasses import replace
+
+    from lowlat.kernels._gemv import ROW_BLOCK_FIELDS
+
+    fields = {nmb: dict(f) for nmb, f in winner.by_row_blocks}
+    for nmb, timed in wide_timed.items():
+        base = winner.at(nmb)
+        same = [(us, p.at(nmb)) for us, p in timed if _arithmetic(p.at(nmb)) == _arithmetic(base)]
+        base_us = min((us for us, p in same if p == base), default=None)
+        if base_us is None:
+            continue
+        us, best = min(same, key=lambda t: t[0])
+        if us < base_us:
+            fields[nmb] = {**fields.get(nmb, {}), **{f: getattr(best, f) for f in ROW_BLOCK_FIELDS}}
+    return replace(winner, by_row_blocks=fields)
+
+
+def _tune_row_blocks(case, timed: list[tuple], winner, rec: _Recorder, budget: Budget, where: str, record,
+                     rows_list, wide_rows) -> tuple:
+    """The tuner's wide stage for one shape: times, at each row count of wide_rows whose row-block count rows_list
+    does not cover, every candidate of `timed` (`pick_tuned`'s list) that launches the winner's arithmetic there
+    (each distinct launched plan once), records each time with record(rows, label, plan, us), composes the plan
+    (`compose_row_block_plan`) and checks it (`_GemvCase.check`: every row-block count runs). Returns (plan,
+    {rows: {label: us}}): the composed plan, or the winner when it equals it, fails its check (`rec.error`) or the
+    budget runs short (`rec.skip`; the stage's timings are then dropped). A candidate whose timing raises is recorded
+    with `rec.error` and left out."""
+    from lowlat.kernels._gemv import row_blocks
+
+    narrow = {row_blocks(r) for r in rows_list}
+    counts: dict[int, list[int]] = {}
+    for r in wide_rows:
+        if row_blocks(r) not in narrow:
+            counts.setdefault(row_blocks(r), []).append(r)
+    wide_timed: dict[int, list] = {}
+    wide_us: dict[int, dict] = {}
+    for nmb, rows in sorted(counts.items()):
+        launched = []
+        for _, label, cand, _ in timed:
+            p = cand.at(nmb)
+            if _arithmetic(p) != _arithmetic(winner.at(nmb)) or p in launched:
+                continue
+            launched.append(p)
+            if budget.left() < 8:
+                rec.skip(f"{where}/rows={','.join(map(str, wide_rows))}", "time budget (narrow winner kept)")
+                return winner, {}
+            try:
+                us = {r: graph_time_us(lambda i, r=r: case.launch(cand, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
+                      for r in rows}
+            except Exception as e:                                          # noqa: BLE001 - candidate dropped
+                rec.error(f"{where}/{label}/rows={','.join(map(str, rows))}", e)
+                continue
+            wide_timed.setdefault(nmb, []).append((sum(us.values()), cand))
+            for r, t in us.items():
+                wide_us.setdefault(r, {})[label] = round(t, 2)
+                record(r, label, cand, t)
+    plan = compose_row_block_plan(winner, wide_timed)
+    if plan == winner:
+        return winner, wide_us
+    if budget.left() < 8:
+        rec.skip(f"{where}/by_row_blocks", "time budget (narrow winner kept)")
+        return winner, wide_us
+    try:
+        case.check(plan)
+    except Exception as e:                                                  # noqa: BLE001 - winner kept
+        rec.error(f"{where}/by_row_blocks", e)
+        return winner, wide_us
+    return plan, wide_us
+
+
+def _tune_shape(case, candidates, rec: _Recorder, budget: Budget, where: str, bw: float, info: dict, *,
+                rows_list=(1, 6), wide_rows=(24, 48)) -> dict | None:
+    """Tune one GEMV shape: check (`_GemvCase.check`) and time every (label, plan) of `candidates` at rows_list, pick
+    (`pick_tuned`), then re-choose the weight stream at the wider row-block counts of wide_rows (`_tune_row_blocks`;
+    () skips it). Every time is recorded (section "tune", info's fields: model, op, n, k). Returns the table entry
+    {kind, n, k, label, model, plan (describe(), by_row_blocks included), us and default_us at rows_list ({rows: us}),
+    wide_us ({rows: {label: us}})}, or None when no candidate passed."""
+    def record(r, label, plan, t):
+        nbytes = case.wbytes + _nbytes(*(case.inputs(r).get(name) for name in ("x", "out", "h")))
+        rec.add(section="tune", **info, rows=r, variant=label, us=t, bytes=nbytes,
+                floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe())
+
+    timed = []
+    for label, plan in candidates:
+        if budget.left() < 8:
+            rec.skip(f"{where}/{label}", "time budget")
+            break
+        try:
+            case.check(plan)
+            us = {r: graph_time_us(lambda i, r=r: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
+                  for r in rows_list}
+        except Exception as e:                                              # noqa: BLE001 - candidate dropped
+            rec.error(f"{where}/{label}", e)
+            continue
+        timed.append((sum(us.values()), label, plan, us))
+        for r, t in us.items():
+            record(r, label, plan, t)
+    if not timed:
+        return None
+    label, winner, us = pick_tuned(timed, rows_list)
+    plan, wide_us = _tune_row_blocks(case, timed, winner, rec, budget, where, record, rows_list, wide_rows)
+    if plan != winner:
+        label += "+by_row_blocks"
+    entry = dict(kind=info["op"], n=info["n"], k=info["k"], label=label, model=info["model"], plan=plan.describe(),
+                 us={str(r): round(t, 2) for r, t in us.items()},
+                 default_us={str(r): round(t, 2) for r, t in timed[0][3].items()} if timed[0][1] == "default"
+                 else None, wide_us={str(r): t for r, t in wide_us.items()})
+    print(f"  [tune] {where}: {label} {entry['us']} (default {entry['default_us']}) wide {entry['wide_us']} "
+          f"by_row_blocks {plan.by_row_blocks or '-'}", flush=True)
+    return entry
+
+
 def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str | None, *,
-              rows_list=(1, 6), only: set | None = None) -> list[dict]:
+              rows_list=(1, 6), wide_rows=(24, 48), only: set | None = None) -> list[dict]:
     """Time every candidate plan (`lowlat.kernels._gemv.candidate_plans`) of each GEMV shape of the
     first model's fused step and of the later models' GEMVs with more than 8 MB of weights, as the
-    step runs them (PDL-chained launches over rotating weight copies, rows 1 and 6); keep the fastest
-    (sum over rows_list) among those that pass `_GemvCase.check`.
+    step runs them (PDL-chained launches over rotating weight copies); keep the fastest (us summed over
+    rows_list, default 1 and 6 rows: one row block) among those that pass `_GemvCase.check` (`pick_tuned`).
+    Then, for each row-block count of wide_rows (default 24 and 48 rows: 2 and 3 row blocks; () or counts
+    rows_list covers: none) time the candidates that launch the winner's arithmetic there and let the fastest
+    weight stream (preload / stages / pf_k) override the winner's at that count (`GemvPlan.by_row_blocks`,
+    `compose_row_block_plan`), if the composed plan passes `_GemvCase.check` (else the winner, the error recorded).
+    These are per-kernel times: the step can rank streams differently (session 17: SmolLM2's down, the proposed
+    2-row-block stream was 13 us a step slower at 24 rows than the committed preload), so time a proposal in the
+    step before committing it (`bench/explore/explore26.py` with a `bench/explore/plan_table.py` table).
+    The candidates only vary the weight stream: bn by width (`_gemv.BN_BY_ROW_BLOCKS_KINDS`) is not proposed.
+    Every time goes to rec (section "tune", per rows). Stops starting candidates when budget.left() < 8 s (a shape
+    needs 15 s to start; a wide stage cut short keeps the narrow winner).
     only: a set of (kind, N, K) to tune (None: all of the above; others keep their current plans).
-    Writes the chosen plans as JSON (the format of $LOWLAT_GEMV_PLANS / `plans_from_json`), followed
-    by the current table's entries of the shapes not tuned, to plans_out and points
-    $LOWLAT_GEMV_PLANS at it, so later sections of this run use them."""
+    Writes the chosen plans as JSON (the format of $LOWLAT_GEMV_PLANS / `plans_from_json`, by_row_blocks
+    included), followed by the current table's entries of the shapes not tuned, to plans_out and points
+    $LOWLAT_GEMV_PLANS at it, so later sections of this run use them. Returns the chosen entries (`_tune_shape`)."""
     import torch
 
     from lowlat.config import preset
@@ -446,31 +591,10 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str
         except Exception as e:                                              # noqa: BLE001
             rec.error(where, e)
             continue
-        timed = []
-        for label, plan in candidate_plans(kind, n, k):
-            if budget.left() < 8:
-                rec.skip(f"{where}/{label}", "time budget")
-                break
-            try:
-                case.check(plan)
-                us = {r: graph_time_us(lambda i, r=r: case.launch(plan, r, i), max(case.nc, MIN_LAUNCHES), iters=11)
-                      for r in rows_list}
-            except Exception as e:                                          # noqa: BLE001 - candidate dropped
-                rec.error(f"{where}/{label}", e)
-                continue
-            timed.append((sum(us.values()), label, plan, us))
-            for r, t in us.items():
-                nbytes = case.wbytes + _nbytes(*(case.inputs(r).get(t) for t in ("x", "out", "h")))
-                rec.add(section="tune", model=model, op=kind, n=n, k=k, rows=r, variant=label, us=t, bytes=nbytes,
-                        floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe())
-        if timed:
-            label, plan, us = pick_tuned(timed, rows_list)
-            entry = dict(kind=kind, n=n, k=k, label=label, model=model, plan=plan.describe(),
-                         us={str(r): round(t, 2) for r, t in us.items()},
-                         default_us={str(r): round(t, 2) for r, t in timed[0][3].items()} if timed[0][1] == "default"
-                         else None)
+        entry = _tune_shape(case, candidate_plans(kind, n, k), rec, budget, where, bw,
+                            dict(model=model, op=kind, n=n, k=k), rows_list=rows_list, wide_rows=wide_rows)
+        if entry is not None:
             chosen.append(entry)
-            print(f"  [tune] {where}: {label} {entry['us']} (default {entry['default_us']})", flush=True)
         del case
         torch.cuda.empty_cache()
     rec.doc["tuned_plans"] = chosen
@@ -858,7 +982,7 @@ def run(args: argparse.Namespace) -> int:
         tb = Budget(min(args.tune_budget_s, budget.left()))
         try:
             tune_gemv(models, dev, bw, rec, tb, args.plans_out or (args.out + ".plans.json" if args.out else None),
-                      only=_parse_shapes(args.tune_shapes))
+                      only=_parse_shapes(args.tune_shapes), wide_rows=_parse_rows(args.tune_wide_rows))
         except Exception as e:                                              # noqa: BLE001 - recorded
             rec.error("tune", e)
         torch.cuda.empty_cache()
@@ -939,6 +1063,22 @@ def _parse_shapes(text: str | None) -> set | None:
     return out
 
 
+def _parse_rows(text: str | None) -> tuple[int, ...]:
+    """--tune-wide-rows "24,48" -> (24, 48); () when empty. Raises SystemExit for a count outside 1..48."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        try:
+            r = int(item)
+        except ValueError:
+            r = 0
+        if not 1 <= r <= 48:
+            raise SystemExit(f"--tune-wide-rows: {item.strip()!r} is not a row count in 1..48")
+        out.append(r)
+    return tuple(out)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="JSON path (rewritten after every entry)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated presets")
@@ -951,6 +1091,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSON path for the tuned GEMV plans (default <out>.plans.json); the rest of the run uses them")
     p.add_argument("--tune-shapes", default=None,
                    help="tune only these GEMV shapes, KIND:NxK comma-separated (e.g. lm_head:49152x576)")
+    p.add_argument("--tune-wide-rows", default="24,48",
+                   help="row counts at which the tuner re-chooses each winner's weight stream per row-block count "
+                        "(by_row_blocks; counts of 1-16 rows are the narrow timing's); empty: off")
 
 
 def add_subparser(sub) -> None:

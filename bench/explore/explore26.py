@@ -21,6 +21,8 @@ adds one split at a time whatever the chunk; call 1-3's intermediate summed a ch
 --prologue-pdl off (session 15): the attention prologue launched WITHOUT PDL, so its programs start only once the
 previous down projection has finished (with PDL they start as down releases them and load their first weights
 while down still streams). Tells how much of down's in-step cost is the next prologue's early loads.
+--prologue-maxnreg N (session 17): the prologue's launches capped at N registers a thread (more of its programs fit
+beside the previous launch's).
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -54,6 +56,7 @@ def main() -> None:
     p.add_argument("--pre-kv", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--chunk", type=int, default=None, help="decode attention's COMBINE_CHUNK (power of two)")
     p.add_argument("--prologue-pdl", default="on", choices=["on", "off"])
+    p.add_argument("--prologue-maxnreg", type=int, default=0, help="register cap of the prologue's launches (0: none)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -81,6 +84,11 @@ def main() -> None:
         def no_pdl(*args, use_pdl=False, **kw):
             return plain_pro(*args, use_pdl=False, **kw)
         ap.attn_prologue = no_pdl
+    if a.prologue_maxnreg:              # session 17: the attention prologue launched with maxnreg
+        from lowlat.kernels import attn_prologue as ap
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from explore27 import capped
+        ap._attn_prologue_kernel = capped(ap._attn_prologue_kernel, a.prologue_maxnreg)
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
     cfg = preset(a.model)
@@ -92,7 +100,7 @@ def main() -> None:
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
-               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, prologue_pdl=a.prologue_pdl,
+               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, prologue_pdl=a.prologue_pdl, prologue_maxnreg=a.prologue_maxnreg,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)

@@ -6,7 +6,9 @@ benches: every `plan_gemv` without forced fields then reads it).
 
 Each entry KIND:N:K=FIELD=VALUE,... starts from the plan `plan_gemv` gives now for (KIND, N, K) (the table's or the
 default) and replaces the named fields; `plan_gemv` with every field forced recounts chunks_per_split and checks
-the plan; the entry has no `by_row_blocks` (one weight stream at every width).
+the plan; the entry has no `by_row_blocks` (one weight stream at every width) unless groups @B:FIELD=VALUE,... follow
+(session 17): the fields of row-block count B (1-3; `_gemv.ROW_BLOCK_FIELDS` only), e.g.
+'qkv:1536:2048=bn=32@3:preload=0,stages=2,pf_k=256'.
 --flat: every entry of the table without its `by_row_blocks` (the table as it was before session 16's width-dependent
 weight streams).
 """
@@ -26,6 +28,7 @@ FIELDS = ("block_k", "split", "bn", "preload", "warps", "stages", "pf_k")
 def entry(spec: str) -> dict:
     """'KIND:N:K=f=v,...' -> one table entry {"kind", "n", "k", "plan"}."""
     key, _, body = spec.partition("=")
+    body, *groups = body.split("@")
     kind, n, k = key.split(":")
     n, k = int(n), int(k)
     base = _gemv.plan_gemv(n, k, kind=kind)
@@ -36,7 +39,18 @@ def entry(spec: str) -> dict:
             raise SystemExit(f"{f!r} is not one of {FIELDS}")
         fields[f] = bool(int(v)) if f == "preload" else int(v)
     plan = _gemv.plan_gemv(n, k, kind=kind, **fields)          # every field forced: recounted and checked
-    return dict(kind=kind, n=n, k=k, plan={f: getattr(plan, f) for f in FIELDS + ("chunks_per_split",)})
+    out = {f: getattr(plan, f) for f in FIELDS + ("chunks_per_split",)}
+    if groups:
+        rb = {}
+        for g in groups:
+            nmb, _, items = g.partition(":")
+            rb[int(nmb)] = {f: (bool(int(v)) if f == "preload" else int(v))
+                            for f, _, v in (i.partition("=") for i in items.split(",") if i)}
+        checked = _gemv.GemvPlan(n=n, k=k, **out, by_row_blocks=rb)   # refuses fields outside ROW_BLOCK_FIELDS
+        for nmb in rb:
+            _gemv.plan_gemv(n, k, kind=kind, **{f: getattr(checked.at(nmb), f) for f in FIELDS})
+        out["by_row_blocks"] = {str(b): dict(f) for b, f in checked.by_row_blocks}
+    return dict(kind=kind, n=n, k=k, plan=out)
 
 
 def main() -> None:

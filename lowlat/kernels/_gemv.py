@@ -122,7 +122,15 @@ before `gdc_wait`, so ptxas keeps only as many loads in flight as its registers 
 programs: 72 registers, ~9 of a thread's 32 loads); narrower programs with all loads in flight were faster there
 in the step but not per kernel (bn 32, see TUNED_PLANS), holding every tile in registers across the wait slower
 (255 / 128 registers: two programs an SM). Streaming the whole slice from L2 after the wait (prefetched before
-it, bn 16, split 1 / 2) was slower than the preload on every shape tried. A plan's weight stream may depend on the row-block count (`by_row_blocks`).
+it, bn 16, split 1 / 2) was slower than the preload on every shape tried. A plan's weight stream may depend on
+the row-block count (`by_row_blocks`).
+
+Session 17 (bench/results/session17/): for the residual and qkv kinds bn may depend on the row-block count too
+(`BN_BY_ROW_BLOCKS_KINDS`: mma.sync and wgmma gave a row the same bits), and a stream loop 3 stages deep at 2-3
+row blocks (`stages_for`) cost Llama-3.2-1B's gate/up 34 against 25 us a layer at 24 rows in the step. The tuner
+proposes `by_row_blocks` streams from per-kernel timings at 24 / 48 rows; the step can disagree (SmolLM2's down:
+the tuner's 2-row-block stream was 13 us a step slower at 24 rows than the committed preload), so check a proposal
+in the step (`bench/explore/explore26.py` with a `plan_table.py` table) before committing it.
 
 Plans measured on an H200 (`python -m lowlat.bench --sections tune`, which times the candidates of
 `candidate_plans` and keeps the fastest correct one; the tuner knows the residual, gate_up and lm_head
@@ -178,6 +186,15 @@ PAIR_KINDS = ("gate_up", "qkv")
 #: streamed, never what is summed in which order (tiles, split-K order and MMA instruction are block_k / split /
 #: bn's; warps may change the MMA's layout, so it is not one of them). A row's bits are then the same at every width.
 ROW_BLOCK_FIELDS = ("preload", "stages", "pf_k")
+#: Kinds whose plans may also set bn per row-block count (session 17). bn moves no summation either: block_k,
+#: split and the K order of the k16 products are the same, only the tile height and with it the MMA instruction
+#: change (mma.sync for bn 16 / 32, wgmma for 64 / 128 in the "swap AB" form). On the H200 the two gave the same
+#: bits in every comparison made (bench/results/session17/call1: the Llama prologue at bn 32 / 64 / 128 and the
+#: residual GEMV at bn 16-128, 1-48 rows, 144 of 144 equal), and the GPU row-invariance tests check the committed
+#: entries. Not for the kinds whose epilogue reduces over a tile (out_proj's row statistics are summed per tile,
+#: the QK-norm over a head's tile rows) or that nothing measured (gate_up, lm_head): their launchers refuse such a
+#: plan (`refuse_bn_by_width`).
+BN_BY_ROW_BLOCKS_KINDS = ("residual", "qkv")
 
 
 def interpreting() -> bool:
@@ -214,7 +231,9 @@ class GemvPlan:
     by_row_blocks: ((row blocks, ((field, value), ...)), ...), the ROW_BLOCK_FIELDS a launch of that many row
     blocks (1..3; M = 1-16, 17-32, 33-48 rows) runs with instead (`at`); a dict {row blocks: {field: value}}
     is accepted and normalised. Session 16 measured two shapes where the best weight stream depends on the
-    width (TUNED_PLANS). Raises StepContractError for a field outside ROW_BLOCK_FIELDS or a count outside 1..3.
+    width (TUNED_PLANS). bn may be overridden too, for the kinds of BN_BY_ROW_BLOCKS_KINDS only (`bn_by_width`;
+    `plan_gemv` and the launchers refuse it elsewhere). Raises StepContractError for a field outside
+    ROW_BLOCK_FIELDS + ("bn",) or a count outside 1..3.
     """
 
     n: int
@@ -243,6 +262,11 @@ class GemvPlan:
             return self
         fields = dict(self.by_row_blocks).get(nmb, ())
         return replace(self, by_row_blocks=(), **dict(fields))
+
+    @property
+    def bn_by_width(self) -> bool:
+        """True when `by_row_blocks` changes bn at some row-block count (allowed for BN_BY_ROW_BLOCKS_KINDS)."""
+        return any(f == "bn" for _, fields in self.by_row_blocks for f, _ in fields)
 
     @property
     def n_tiles(self) -> int:
@@ -304,10 +328,10 @@ def _row_block_fields(spec) -> tuple:
             nmb = int(nmb)
         if isinstance(nmb, bool) or not isinstance(nmb, int) or not 1 <= nmb <= 3:
             raise StepContractError(f"by_row_blocks: {nmb!r} row blocks (a launch has 1..3)")
-        bad = sorted(map(str, set(fields) - set(ROW_BLOCK_FIELDS)))
+        bad = sorted(map(str, set(fields) - set(ROW_BLOCK_FIELDS + ("bn",))))
         if bad:
-            raise StepContractError(f"by_row_blocks[{nmb}] sets {bad}: only {ROW_BLOCK_FIELDS} may depend on the "
-                                    "row-block count (the others move the arithmetic)")
+            raise StepContractError(f"by_row_blocks[{nmb}] sets {bad}: only {ROW_BLOCK_FIELDS} and bn may depend on "
+                                    "the row-block count (the others move the arithmetic)")
         for f, v in fields.items():
             if not (isinstance(v, bool) if f == "preload" else isinstance(v, int) and not isinstance(v, bool)):
                 raise StepContractError(f"by_row_blocks[{nmb}][{f!r}]={v!r}: must be "
@@ -316,6 +340,14 @@ def _row_block_fields(spec) -> tuple:
     if len({n for n, _ in out}) != len(out):
         raise StepContractError(f"by_row_blocks names a row-block count twice: {spec!r}")
     return tuple(sorted(out))
+
+
+def refuse_bn_by_width(plan: GemvPlan, what: str) -> None:
+    """Raise StepContractError if `plan` changes bn with the row-block count: `what` (a launch whose epilogue reduces
+    over a tile, or a kind not measured) would then give a row different bits at different widths."""
+    if plan.bn_by_width:
+        raise StepContractError(f"{what} cannot take a plan whose bn depends on the row-block count (by_row_blocks="
+                                f"{plan.by_row_blocks}); only the kinds {BN_BY_ROW_BLOCKS_KINDS} may")
 
 
 def _check_plan(p: GemvPlan, pair: bool) -> GemvPlan:
@@ -441,8 +473,14 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     ('lm_head', 128256, 2048): dict(
         block_k=64, split=1, chunks_per_split=32, bn=64, preload=False, warps=4, stages=6, pf_k=0),
     # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
+    # Session 17: 6 stages at 2-3 row blocks (5 in flight, `stages_for`; 3 before): in the step (call 6, explore26,
+    # alternated twice) gate/up 25.1 against 33.6 us a layer at 24 rows, 29.8 against 44.6 at 48; the step 1456.7-
+    # 1458.3 against 1596.3-1597.3 us at 24 rows, 1528.2-1528.8 against 1666.0-1672.6 at 32, 1955.3-1957.5 against
+    # 2196.2-2197.3 at 48, equal at 1-16 (per kernel, call 5: 25.0 / 30.0 against 25.9 / 30.7 us at 24 / 48 rows;
+    # 21.7 against 21.3 at 1 row, hence 4 stages there). Same bits (call 5, explore28 --bits).
     ('gate_up', 8192, 2048): dict(
-        block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0),
+        block_k=64, split=2, chunks_per_split=16, bn=128, preload=False, warps=8, stages=4, pf_k=0,
+        by_row_blocks={2: dict(stages=6), 3: dict(stages=6)}),
     # Llama-3.2-1B: w_bn64_bk128_s4_st4_pf128 (round six, session 4, 2026-12-01): 11.44 / 11.63 / 11.78 us at
     # 1 row and 11.50 / 11.70 / 11.80 at 6 rows in three interleaved rounds against pf 256's 11.71 / 12.03 /
     # 12.00 and 11.73 / 12.00 / 12.23 (pf 64: 11.48 / 11.55 / 11.70 and 11.71 / 11.70 / 11.78; bench/results/
@@ -453,8 +491,23 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # 11.68 / 12.04 in a second run (tune5b_down_h200.json): 69.0-69.3% of copy bandwidth at 1 row. Before:
     # the split-8 default, fastest of 13 candidates in perf2_step_h200.json (11.79 us) and of 17 in round four
     # (12.00 us).
+    # Session 17: 6 stages (was 4). Per kernel (call 5, explore28, twice) 11.00-11.06 / 12.34-12.37 / 14.10-14.12
+    # against 11.28-11.29 / 13.79-13.86 / 15.34-15.41 us at 1 / 24 / 48 rows (72.6-73.0% of copy bandwidth at 1 row);
+    # in the step (call 6, alternated twice) down 12.77-12.80 against 13.92 us a layer at 1 row (the next prologue
+    # +0.5 us), the step 955.1-955.9 against 970.7-971.7 us at 1 row, 1029.5 against 1040.5-1040.7 at 6, 1125.8-
+    # 1126.7 against 1140.4-1140.5 at 16, 1516.8-1518.8 against 1596.3-1597.3 at 24, 2147.1-2147.4 against 2196.2-
+    # 2197.3 at 48. Same bits (call 5 --bits).
     ('residual', 2048, 8192): dict(
-        block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=4, pf_k=128),
+        block_k=128, split=4, chunks_per_split=16, bn=64, preload=False, warps=4, stages=6, pf_k=128),
+    # Llama-3.2-1B out_proj: the default plan (preload bn 64, split 8) at 1 row block; session 17: bn 32 at 2 row blocks
+    # (mma.sync: the same bits as bn 64's wgmma, `BN_BY_ROW_BLOCKS_KINDS`) and streamed (4 stages, pf_k 256) at 3.
+    # Per kernel (call 5) 6.68-6.71 against 7.55-7.69 us at 24 rows, 8.83-8.86 against 9.61-9.82 at 48; in the step
+    # (call 6, alternated twice) out_proj 6.59 against 7.39-7.45 us a layer at 24 rows, 9.70-9.73 against 10.91-10.94
+    # at 48; the step 1551.7-1553.6 against 1596.3-1597.3 us at 24 rows, 1629.7-1630.2 against 1666.0-1672.6 at 32,
+    # 2167.6-2168.0 against 2196.2-2197.3 at 48, equal at 1-16.
+    ('residual', 2048, 2048): dict(
+        block_k=128, split=8, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0,
+        by_row_blocks={2: dict(bn=32), 3: dict(preload=False, stages=4, pf_k=256)}),
     # Llama-3.2-1B attention prologue (session 5, bench/results/session5/): preload bn 64, split 8 (192 programs of
     # 64 KB). call1/explore12.json: 7.87 / 8.07 us at 1 row against the default plan (stream, split 4) 10.4-10.8 us
     # and the session-4 prologue kernel 9.8-10.2 us in the same runs; call3/explore14.json (one row block per
@@ -468,8 +521,14 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # but 2276.4-2280.0 against 2209.2-2213.4 at 48 (bn may not depend on the width: whether mma.sync (bn 32) and
     # wgmma (bn 64) give the same bits is untested; the 48-row logits checksums of both were equal). Per kernel
     # (PDL-chained) 7.81 / 8.11 / 17.50 against 7.84 / 7.98 / 16.02 us at 1 / 6 / 48 rows. Before, bn 64 split 8:
+    # see above. Session 17: bn 64 again at 2-3 row blocks (17-48 rows). bn 32 and bn 64 gave the same bits in every
+    # comparison (call 1, explore27 --bits: 1 / 6 / 17 / 48 rows, three seeds; see BN_BY_ROW_BLOCKS_KINDS), and in the
+    # step (call 1, explore26, widths 1-48) bn 32 cost 15.3 against 9.3 us a layer at 24 rows (1707.6 against
+    # 1598.1 us a step), 15.4 against 9.4 at 32 (1772.5 / 1674.5), 19.3 against 15.0 at 48 (2281.2 / 2212.2);
+    # streaming at 2-3 row blocks instead was slower still (22.5 / 30.1 us a layer at 24 / 48 rows).
     ('qkv', 1536, 2048): dict(
-        block_k=128, split=8, chunks_per_split=2, bn=32, preload=True, warps=4, stages=1, pf_k=0),
+        block_k=128, split=8, chunks_per_split=2, bn=32, preload=True, warps=4, stages=1, pf_k=0,
+        by_row_blocks={2: dict(bn=64), 3: dict(bn=64)}),
     # Qwen3-30B-A3B out_proj with its RMSNorm epilogue (MoE layers): the default stream plan (bn 64, split 8), preloaded
     # at 1 row block (1-16 rows). Per kernel (the tuner, `preload_bn64_maxsplit`; session 12 call 3 and session 16
     # call 1): 8.97-9.14 against 10.74 us at 1 row, 9.31-9.33 against 10.88-10.89 at 6. In the step (session 16 call
@@ -538,7 +597,10 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
     if not forced:
         entry = (tuned_table() if table is None else table).get((kind, n, k))
         if entry is not None:
-            return _check_plan(GemvPlan(n=n, k=k, **entry), pair)
+            plan = _check_plan(GemvPlan(n=n, k=k, **entry), pair)
+            if kind not in BN_BY_ROW_BLOCKS_KINDS:
+                refuse_bn_by_width(plan, f"the {kind} GEMV {n}x{k}")
+            return plan
         return default_plan(n, k, kind=kind, pair=pair)
     base = default_plan(n, k, kind=kind, pair=pair)
     pre = forced.get("preload", base.preload)

@@ -60,7 +60,7 @@ from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
                                          interpreting, pdl_supported, to_bf16)
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
-                                  prefetch_l2, preload_product, preload_weights, row_blocks, rstd_of,
+                                  prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of,
                                   store_partial, store_split_ss, sum_partials, sum_split_ss)
 from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import LayerWeights
@@ -403,10 +403,14 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     if workspace is None:
         workspace = make_prologue_workspace(qkv_weight, d)
     plan = workspace.plan
-    if (plan.n, plan.k) != (n // 2, hidden) or plan.bn % (d // 2) or workspace.gemv.max_n < plan.n or \
-            workspace.counters.device != dev:
+    nmb = row_blocks(m)
+    tiles = plan.at(nmb)               # the tiling of this launch (bn may depend on the row-block count)
+    if q_norm is not None:             # the QK-norm sums over a head's tile rows: bn may not depend on the width
+        refuse_bn_by_width(plan, "the attention prologue with QK-norm")
+    if (plan.n, plan.k) != (n // 2, hidden) or any(plan.at(b).bn % (d // 2) for b in (1, 2, 3)) or \
+            workspace.gemv.max_n < plan.n or workspace.counters.device != dev:
         raise StepContractError(
-            f"workspace (plan N={plan.n}, K={plan.k}, bn={plan.bn}; scratch for N <= {workspace.gemv.max_n} on "
+            f"workspace (plan N={plan.n}, K={plan.k}, bn={'/'.join(map(str, sorted({plan.at(b).bn for b in (1, 2, 3)})))}; scratch for N <= {workspace.gemv.max_n} on "
             f"{workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} rotary pairs), "
             f"H={hidden}, D={d} on {dev}")
     if check_values:
@@ -417,8 +421,7 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     pdl = bool(use_pdl) and pdl_supported(dev)
     gws = workspace.gemv
     dummy = attn_norm
-    nmb = row_blocks(m)
-    _attn_prologue_kernel[(*plan.grid, nmb)](
+    _attn_prologue_kernel[(*tiles.grid, nmb)](
         x, x.stride(0), qkv_weight, qkv_weight.stride(0), attn_norm, gws.partials, gws.split_ss, gws.counters,
         qkv_bias if qkv_bias is not None else dummy, q_norm if q_norm is not None else dummy,
         k_norm if k_norm is not None else dummy, positions, out_cache_loc,

@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
                                   gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, row_blocks, rstd_of, valid_rows_tensor)
+                                  preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of, valid_rows_tensor)
 
 
 @triton.jit
@@ -175,6 +175,7 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     if (plan.n, plan.k, plan.split) != (v, h, 1):
         raise StepContractError(f"plan is for N={plan.n}, K={plan.k}, split={plan.split}; lm_head needs "
                                 f"N={v}, K={h}, split=1")
+    refuse_bn_by_width(plan, "the LM head")
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
     _lm_head_kernel[(plan.n_tiles,)](

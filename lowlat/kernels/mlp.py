@@ -32,7 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, row_blocks, rstd_of, store_partial, store_split_ss,
+                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial, store_split_ss,
                                   sum_partials, sum_split_ss, to_bf16)
 from lowlat.kernels.out_proj import _launch_residual_gemv
 
@@ -204,6 +204,7 @@ def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan
     check_plan_for(plan, i, h, "gate/up (I, H)")
+    refuse_bn_by_width(plan, "the gate/up GEMV")
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
     _gate_up_kernel[plan.grid](

@@ -35,7 +35,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, row_blocks, rstd_of, store_partial, sum_partials, to_bf16)
+                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial, sum_partials,
+                                  to_bf16)
 
 
 @triton.jit
@@ -177,15 +178,18 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
     norm = norm_weight is not None
     nmb = row_blocks(m)
     ws.check(n, "residual GEMV")
+    if norm:                       # its row statistics are summed per tile: bn may not depend on the width
+        refuse_bn_by_width(plan, "out_proj with its RMSNorm epilogue")
+    tiles = plan.at(nmb)           # the tiling of this launch (bn may depend on the row-block count)
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
     dummy = out
-    _residual_gemv_kernel[plan.grid](
+    _residual_gemv_kernel[tiles.grid](
         a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
         norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
         rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
-        m, n, k, plan.n_tiles, float(eps),
-        NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(plan.n_tiles), 2),
+        m, n, k, tiles.n_tiles, float(eps),
+        NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
         USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
 

@@ -89,12 +89,23 @@ def _report(name: str, c, t: float, *, preload: bool, programs: int | None = Non
     info = {"kernel": name, "compile_s": round(t, 2), "shared_bytes": c.metadata.shared, "registers": regs,
             "tensor_cores": "wgmma" in ptx or "mma.sync" in ptx, "wgmma": "wgmma" in ptx,
             "cp_async": "cp.async" in ptx, "griddepcontrol": wait >= 0, "prefetch": "prefetch.global.L2" in ptx,
-            "local_memory": ".local" in ptx or bool(stack),
+            "local_memory": ".local" in ptx or bool(stack), "local_array": ".local" in ptx, "spill_bytes": stack,
             "loads_before_wait": (0 <= first_ld < wait) if preload and wait >= 0 else None,
             "programs": programs,
             "programs_per_sm": programs_per_sm(regs, c.metadata.shared, c.metadata.num_warps) if regs else None}
     print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
     return info
+
+
+#: ptxas stack bytes a thread that `spills` tolerates: a register or two. Session 17: Llama-3.2-1B's out_proj at 2 row
+#: blocks (preload bn 32) compiles to 128 registers and 8 bytes of stack, and was measured faster in the step than
+#: the plans without (bench/results/session17/call6); a larger spill, or a local array in the PTX, is a finding.
+SPILL_BYTES_OK = 8
+
+
+def spills(report: dict) -> bool:
+    """True when a `_report` shows a local array in the PTX or more than SPILL_BYTES_OK bytes of ptxas stack."""
+    return report["local_array"] or (report["spill_bytes"] or 0) > SPILL_BYTES_OK
 
 
 def _sig(*pairs) -> dict:
@@ -191,7 +202,7 @@ def compile_all(quick: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     res = compile_all(quick="--quick" in sys.argv)
-    bad = [r["kernel"] for r in res if not r["tensor_cores"] or r["local_memory"] or r["loads_before_wait"] is False]
-    print(f"{len(res)} kernels compiled for sm_90; without tensor cores, spilling, or preloading after the "
-          f"PDL wait: {bad or 'none'}")
+    bad = [r["kernel"] for r in res if not r["tensor_cores"] or spills(r) or r["loads_before_wait"] is False]
+    print(f"{len(res)} kernels compiled for sm_90; without tensor cores, spilling (more than {SPILL_BYTES_OK} bytes a "
+          f"thread, or a local array), or preloading after the PDL wait: {bad or 'none'}")
     sys.exit(1 if bad else 0)

@@ -180,6 +180,32 @@ def test_prologue_launches_the_plan_of_its_row_block_count(device, monkeypatch):
                                                                                   (False, 3, 3)]
 
 
+def test_prologue_bn_by_width_launches_its_own_grid_and_refuses_qk_norm(device):
+    """A prologue plan whose bn depends on the row-block count (session 17: Llama-3.2-1B's runs bn 32 at 1 row block,
+    bn 64 at 2-3) is launched with each width's own tiling: bn 64 in the plan, bn 16 (one head of D 32 a tile, 8
+    tiles) at 1 row block and bn 32 at 2; 3 / 20 / 40 rows are each within the policy of the reference with every
+    output written (poisoned first: the base plan's 2 tiles would leave most heads unwritten at 3 and 20 rows). With QK-norm
+    (its sums run over a head's tile rows) the same plan raises StepContractError and writes nothing."""
+    for qk_norm in (False, True):
+        cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qkv_bias=True, qk_norm=qk_norm)
+        for m in (3, 20, 40):
+            rows = split_rows(m)
+            lw, step, x, kc, vc = _case(cfg, ctxs=[(3 * i) % 11 for i in range(len(rows))], rows=rows, pad=0, seed=m,
+                                        device=device)
+            base = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, block_k=16, split=2, preload=False, bn=64,
+                                           stages=3).plan
+            plan = dataclasses.replace(base, by_row_blocks={1: dict(bn=16), 2: dict(bn=32)})
+            assert [plan.at(b).n_tiles for b in (1, 2, 3)] == [8, 4, 2]
+            ws = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, plan=plan)
+            if not qk_norm:
+                _check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws)
+                continue
+            kc0 = kc.clone()
+            with pytest.raises(StepContractError, match="prologue with QK-norm cannot take a plan whose bn"):
+                _run_kernel(cfg, lw, step, x, kc, vc, table=rope_table(cfg, MAX_POS, device), workspace=ws)
+            assert torch.equal(kc.nan_to_num(), kc0.nan_to_num())
+
+
 def test_early_inputs_rule():
     """The default: epilogue inputs loaded early only for launches of fewer (tile, split) programs than
     EARLY_INPUTS_PROGRAMS (SmolLM2's 40 programs: early; Llama-3.2-1B's 384 and Qwen3-30B-A3B's 320: not)."""
@@ -464,6 +490,12 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
         check_bitwise("attn_prologue", one[0], q_all[i], output="q_row_invariance")
         check_bitwise("attn_prologue", kc[loc[i]], kc_all[loc[i]], output="k_row_invariance")
         check_bitwise("attn_prologue", vc[loc[i]], vc_all[loc[i]], output="v_row_invariance")
+    for m in (6, 17, 33):       # 1-3 row blocks: a plan's weight stream and bn may depend on the count (Llama's bn)
+        kc, vc = kc0.clone(), vc0.clone()
+        part = _run_kernel(cfg, lw, _rows(step, m), x[:m], kc, vc, table=table, workspace=ws)
+        check_bitwise("attn_prologue", part, q_all[:m], output=f"q_first_{m}_rows")
+        check_bitwise("attn_prologue", kc[loc[:m]], kc_all[loc[:m]], output=f"k_first_{m}_rows")
+        check_bitwise("attn_prologue", vc[loc[:m]], vc_all[loc[:m]], output=f"v_first_{m}_rows")
     # CUDA graph: static buffers, num_valid_rows read in-kernel
     nvr = torch.tensor([n], dtype=torch.int32, device=device)
     kc, vc = kc0.clone(), vc0.clone()

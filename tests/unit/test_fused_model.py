@@ -13,6 +13,7 @@ MoE layer: graph == eager bitwise, logits within the policy.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -257,16 +258,29 @@ def test_gpu_graph_replay_equals_eager_bitwise(device):
 
 
 @pytest.mark.gpu
-def test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise(device, monkeypatch):
+@pytest.mark.parametrize("prologue", ["tuned", "late_writer"])
+def test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise(device, monkeypatch, tmp_path, prologue):
     """FusedModel's decode attention loads its first KV block before the PDL wait by default where its grid fits
     (`pre_kv=None`: SmolLM2 at 1-8 rows). The graphed step's logits and KV caches at widths 1, 2, 6, 8, 48 are
     bitwise those of a model whose attention never does (pre_kv=False), and the early path really ran.
-    It does not catch an attention that skips the re-load of the step's own slots after its wait (session 16 ran that
-    mutation on the H200 and this passed: in the SmolLM2 step no early load read a slot before the prologue wrote it;
-    why was not measured); `test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots` is the test that does."""
+    The compared step is a pure graph replay with the step's own KV slots set to NaN first, so an attention that
+    skipped the re-load of those slots after its wait would read NaN. Until session 17 the compared run was the
+    first on its cache (an eager run, where the host enqueues each launch after the previous one ran, so no early load
+    could beat the prologue, then the capture, then a replay reading the slots the eager run had written) and the
+    test passed that mutation (session 16, H200). Now both cases fail it, each run alone (session 17, call 4, twice).
+    "late_writer" runs a prologue plan that stores its K / V late (split 1, block_k 16, streamed: 15 programs, 36
+    dependent chunk loads each after the wait), so the early loads beat its stores whatever the tuned plan's speed.
+    `test_decode_attention_pre_kv_under_pdl_reads_a_late_writers_slots` tests the attention alone."""
+    from lowlat.kernels import _gemv
     from lowlat.kernels import decode_attention as da
 
+    if prologue == "late_writer":
+        slow = _gemv.plan_gemv(480, 576, kind="qkv", bn=32, split=1, block_k=16, preload=False, stages=2, pf_k=0)
+        table = tmp_path / "plans.json"
+        table.write_text(json.dumps([dict(kind="qkv", n=480, k=576, plan=slow.describe())]))
+        monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(table))
     cfg, w = _smollm2_random(device)
+    assert cfg.q_size + 2 * cfg.num_kv_heads * cfg.head_dim == 2 * 480 and cfg.hidden_size == 576
     widths = (1, 2, 6, 8, 48)
     early = []
     fits = da.pre_kv_fits
@@ -287,8 +301,12 @@ def test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise(device, mo
         runs[name] = []
         for rows in widths:
             case, ks, vs = decode_case(cfg, rows, rows, device)
-            fm.forward(case.step, fresh_pool(ks, vs))                                          # captures
-            logits = fm.forward(case.step, SimpleNamespace(k_caches=ks, v_caches=vs)).clone()   # a pure replay
+            pool = SimpleNamespace(k_caches=ks, v_caches=vs)
+            fm.forward(case.step, pool)         # a new cache: an eager run, the capture and a replay
+            loc = case.step.out_cache_loc[: case.step.num_valid_rows].long()
+            for t in (*ks, *vs):                # the step's own slots stale again (NaN), as before the eager run
+                t[loc] = float("nan")
+            logits = fm.forward(case.step, pool).clone()      # a pure replay: every launch queued at once
             runs[name].append((logits, ks[0].nan_to_num(7.0), vs[-1].nan_to_num(7.0)))
         if name == "default":
             assert any(early) and not all(early), early     # on at the small widths, off at 48

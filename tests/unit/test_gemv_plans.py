@@ -246,15 +246,25 @@ def test_by_row_blocks_moves_the_weight_stream_only_and_survives_json():
 
 
 def test_committed_width_dependent_plans():
-    """The two entries of TUNED_PLANS whose weight stream depends on the width (session 16): SmolLM2's down
-    projection preloads at 2 row blocks only, Qwen3-30B-A3B's out_proj at 1 row block only; every entry is valid."""
+    """The entries of TUNED_PLANS whose plan depends on the width: SmolLM2's down projection preloads at 2 row blocks
+    only, Qwen3-30B-A3B's out_proj at 1 row block only (session 16); Llama-3.2-1B's prologue runs bn 32 at 1 row
+    block and bn 64 at 2-3, its out_proj bn 32 at 2 row blocks and a stream at 3, its gate/up 6 stages at 2-3
+    (session 17). Only residual and qkv entries change bn. Every entry is valid."""
     for (kind, n, k) in _gemv.TUNED_PLANS:
-        plan_gemv(n, k, kind=kind)                                    # checked, by_row_blocks included
+        plan = plan_gemv(n, k, kind=kind)                             # checked, by_row_blocks included
+        assert not plan.bn_by_width or kind in _gemv.BN_BY_ROW_BLOCKS_KINDS
     down = plan_gemv(576, 1536, kind="residual")
     assert [down.at(b).preload for b in (1, 2, 3)] == [False, True, False]
     qwen = plan_gemv(2048, 4096, kind="out_proj")
     assert [qwen.at(b).preload for b in (1, 2, 3)] == [True, False, False]
     assert qwen.at(3) == default_plan(2048, 4096, kind="out_proj")   # the default tiling, streamed
+    prologue = plan_gemv(1536, 2048, kind="qkv")
+    assert [(prologue.at(b).bn, prologue.at(b).preload) for b in (1, 2, 3)] == [(32, True), (64, True), (64, True)]
+    out = plan_gemv(2048, 2048, kind="residual")
+    assert out.at(1) == default_plan(2048, 2048, kind="residual")
+    assert [(out.at(b).bn, out.at(b).preload) for b in (1, 2, 3)] == [(64, True), (32, True), (64, False)]
+    gate_up = plan_gemv(8192, 2048, kind="gate_up")
+    assert [gate_up.at(b).stages for b in (1, 2, 3)] == [4, 6, 6] and not gate_up.bn_by_width
 
 
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
@@ -333,3 +343,47 @@ def test_tuner_keeps_a_width_dependent_plan_that_ties_at_the_timed_widths():
     assert pick_tuned(timed, (1, 6)) == ("tuned", table, {1: 9.1, 6: 9.2})
     assert pick_tuned(timed[:2], (1, 6))[1] == everywhere
     assert pick_tuned(timed, (1, 48))[1] == everywhere        # 48 rows: the table streams, the winner preloads
+
+
+def test_bn_may_depend_on_the_width_for_residual_and_qkv_only():
+    """Session 17: bn may be set per row-block count (`by_row_blocks` {b: {"bn": ...}}, `GemvPlan.bn_by_width`) for the
+    kinds of BN_BY_ROW_BLOCKS_KINDS (residual, qkv: bn changes the MMA instruction, not the summation order; equal
+    bits on the H200). `plan_gemv` refuses a table entry doing so for another kind, and the launchers whose
+    epilogue reduces over a tile or that nothing measured (out_proj with its norm, gate/up, LM head) refuse such a
+    plan with a StepContractError, their outputs untouched."""
+    import torch
+
+    from lowlat.numerics import poison
+
+    assert _gemv.BN_BY_ROW_BLOCKS_KINDS == ("residual", "qkv")
+    base = plan_gemv(96, 80, kind="residual", preload=False, bn=64, block_k=16, split=2, stages=3, pf_k=32)
+    p = replace(base, by_row_blocks={1: dict(bn=16)})
+    assert p.bn_by_width and not base.bn_by_width and not replace(base, by_row_blocks={1: dict(stages=2)}).bn_by_width
+    assert p.at(1).bn == 16 and p.at(1).n_tiles == 6 and p.at(3) == base
+    fields = {f: getattr(p, f) for f in ("block_k", "split", "chunks_per_split", "bn", "preload", "warps", "stages",
+                                         "pf_k", "by_row_blocks")}
+    assert plan_gemv(96, 80, kind="residual", table={("residual", 96, 80): fields}) == p
+    for kind in ("out_proj", "gate_up", "lm_head"):
+        with pytest.raises(StepContractError, match=f"the {kind} GEMV 96x80 cannot take a plan whose bn"):
+            plan_gemv(96, 80, kind=kind, table={(kind, 96, 80): {**fields, "split": 1 if kind == "lm_head" else 2}})
+    for kind, n, k in (("out_proj", 96, 80), ("gate_up", 80, 64), ("lm_head", 200, 256)):
+        q = replace(plan_gemv(n, k, kind=kind, preload=False, bn=64, block_k=16, split=1 if kind == "lm_head" else 2,
+                              stages=3, pf_k=32), by_row_blocks={1: dict(bn=16)})
+        case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+        d = case.inputs(3)
+        outs = [d[name] for name in ("out", "h", "rstd") if name in d]
+        for t in outs:
+            poison(t)
+        with pytest.raises(StepContractError, match="cannot take a plan whose bn depends on the row-block count"):
+            case.launch(q, 3, 0)
+        assert all(bool(torch.isnan(t).all()) for t in outs), kind
+
+
+def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
+    """A residual plan of bn 64 that runs bn 16 at 1 row block and bn 32 at 2 is launched with each width's own grid
+    (6 / 3 / 2 tiles of 96 columns: the base plan's 2 tiles would leave most columns of 3 rows unwritten, which the
+    poisoned outputs show) and passes the tuner's gate: the policy at 40 rows, 3 and 20 rows bitwise equal to it."""
+    base = plan_gemv(96, 80, kind="residual", preload=False, bn=64, block_k=16, split=2, stages=3, pf_k=32)
+    p = replace(base, by_row_blocks={1: dict(bn=16), 2: dict(bn=32, preload=True, stages=1, pf_k=0)})
+    assert [p.at(b).n_tiles for b in (1, 2, 3)] == [6, 3, 2]
+    _GemvCase("residual", 96, 80, 1e-5, "cpu", copies=1).check(p, rows=40, small=(3, 20))

@@ -222,24 +222,37 @@ def test_out_proj_gpu_bitwise_deterministic_and_row_invariant(device, model):
         check_bitwise("out_proj", a, b[perm], output=f"{name}_row_permuted")
 
 
+def bn_by_width_plan(n: int, k: int):
+    """The committed residual plan of (N, K) with bn 16 / 64 / 128 at 1 / 2 / 3 row blocks (mma.sync at 1 row block,
+    wgmma at 2-3: `_gemv.BN_BY_ROW_BLOCKS_KINDS`), checked as a table entry."""
+    base = plan_gemv(n, k, kind="residual")
+    fields = dict(block_k=base.block_k, split=base.split, chunks_per_split=base.chunks_per_split, bn=base.bn,
+                  preload=False, warps=base.warps, stages=max(base.stages, 2), pf_k=base.pf_k,
+                  by_row_blocks={1: dict(bn=16), 2: dict(bn=64), 3: dict(bn=128)})
+    return plan_gemv(n, k, kind="residual", table={("residual", n, k): fields})
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("bn_by_width", [False, True])
 @pytest.mark.parametrize("model", [*GPU_SHAPES, "Llama-3.2-1B-down"])
-def test_residual_gemv_gpu_bitwise_deterministic_row_invariant_and_within_policy(device, model):
+def test_residual_gemv_gpu_bitwise_deterministic_row_invariant_and_within_policy(device, model, bn_by_width):
     """The fused step's output projection and the MLP's down projection (kind "residual" plans: the
-    Llama-3.2-1B down projection [2048, 8192] runs the tuned split-K plan; PDL, in place)."""
+    Llama-3.2-1B down projection [2048, 8192] runs the tuned split-K plan; PDL, in place). bn_by_width: the same
+    with bn 16 / 64 / 128 at 1 / 2 / 3 row blocks (session 17: mma.sync and wgmma give a row the same bits)."""
     h, k = {**GPU_SHAPES, "Llama-3.2-1B-down": (2048, 8192)}[model]
     attn, wo, x, _ = make_inputs(48, h, k, 17, device)
     ws = GemvWorkspace.create(h, device)
+    plan = bn_by_width_plan(h, k) if bn_by_width else None
 
     def run(a, r):
-        return residual_gemv(a, wo, r, out=poison(torch.empty_like(r)), workspace=ws, use_pdl=True)
+        return residual_gemv(a, wo, r, out=poison(torch.empty_like(r)), workspace=ws, plan=plan, use_pdl=True)
 
     full = run(attn, x).clone()
     check_accuracy("residual_gemv", full, x.double() + attn.double() @ wo.double().T,
                    x + torch.nn.functional.linear(attn, wo))
     check_bitwise("residual_gemv", run(attn, x), full, output="rerun")
     xi = x.clone()
-    residual_gemv(attn, wo, xi, out=xi, workspace=ws, use_pdl=True)        # in place, as the step runs it
+    residual_gemv(attn, wo, xi, out=xi, workspace=ws, plan=plan, use_pdl=True)      # in place, as the step runs it
     check_bitwise("residual_gemv", xi, full, output="in_place")
     for m in (1, 6, 16, 17, 33):
         check_bitwise("residual_gemv", run(attn[:m].contiguous(), x[:m].contiguous()), full[:m], output=f"m{m}")

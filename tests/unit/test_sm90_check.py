@@ -1,5 +1,6 @@
 """`lowlat.kernels.sm90_check.programs_per_sm`: how many programs of a kernel one sm_90 SM holds at once (what
-bounds how far an early-launched PDL grid can pack onto a few SMs, session 12)."""
+bounds how far an early-launched PDL grid can pack onto a few SMs, session 12); `spills`: which compile reports the
+check flags as spilling (session 17)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def test_programs_per_sm_takes_the_tightest_limit(registers, shared, warps, expe
 def test_programs_per_sm_refuses_nonsense():
     with pytest.raises(ValueError, match="registers=0"):
         programs_per_sm(0, 1024, 4)
+
+
+def test_spills_tolerates_a_register_or_two_of_ptxas_stack_only():
+    """`spills`: a local array in the PTX, or more than SPILL_BYTES_OK bytes of ptxas stack a thread, is a finding;
+    up to SPILL_BYTES_OK bytes (session 17: Llama's out_proj at 2 row blocks, 8 bytes, measured faster) is not; an
+    unknown stack (no cuobjdump) counts as none."""
+    from lowlat.kernels.sm90_check import SPILL_BYTES_OK, spills
+
+    assert SPILL_BYTES_OK == 8
+    for local_array, stack, bad in ((False, 0, False), (False, 8, False), (False, 16, True), (True, 0, True),
+                                    (False, None, False), (True, None, True)):
+        assert spills(dict(local_array=local_array, spill_bytes=stack)) is bad, (local_array, stack)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 17 call 3. (1) The early-KV mutation (no re-load of the step's own slots) against each FusedModel early-KV
+# case ALONE (call 2 ran three tests at once on the GPU, -n 3, and the tuned case failed too, unlike session 16's
+# -n 2 run), twice each; then both unmutated. (2) The tuner's wide stage (24 / 48 rows -> by_row_blocks) on the two
+# shapes whose width-dependent streams were found by hand: SmolLM2's down (residual 576x1536: preload at 2 row
+# blocks) and Qwen3-30B-A3B's out_proj (2048x4096: preload at 1 row block only); then the out_proj / MLP GPU tests
+# with the SmolLM2 table it wrote.
+cd "$(dirname "$0")/../.."
+source bench/device/common.sh
+exec > >(tee "$OUT/all.log") 2>&1
+PYT="python3 -m pytest -q -p no:cacheprovider --timeout 200"
+EARLY=tests/unit/test_fused_model.py::test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise
+cp lowlat/kernels/decode_attention.py /tmp/da.py
+python3 - <<'PY'
+p = "lowlat/kernels/decode_attention.py"; s = open(p).read(); old, new = "axis=1) > 0)", "axis=1) > 1)"
+assert s.count(old) == 1, old
+open(p, "w").write(s.replace(old, new))
+PY
+for rep in 1 2; do for case in late_writer tuned; do
+  echo "== mutated, $case alone, rep $rep (${SECONDS}s)"
+  timeout 100 $PYT "$EARLY[$case]" 2>&1 | tail -1
+done; done
+cp /tmp/da.py lowlat/kernels/decode_attention.py
+echo "== unmutated (${SECONDS}s)"
+timeout 100 $PYT "$EARLY" 2>&1 | tail -1
+for spec in "SmolLM2-135M residual:576x1536 smol" "Qwen3-30B-A3B out_proj:2048x4096 qwen"; do
+  set -- $spec
+  (( SECONDS > 430 )) && { echo "skip tune $1: ${SECONDS}s used"; continue; }
+  echo "== tune $1 $2 (${SECONDS}s)"
+  timeout 120 python3 -m lowlat.bench --sections tune --models $1 --tune-shapes $2 --tune-budget-s 90 --budget-s 100 \
+    --out "$OUT/tune_$3.json" --plans-out "$OUT/plans_$3.json" > /tmp/tune.log 2>&1; echo "tune rc $?"
+  grep -v -i warn /tmp/tune.log | grep -E "\[tune\]|rror" | cut -c1-600 | tail -6
+  python3 -c "import json; print([e for e in json.load(open('$OUT/plans_$3.json')) if e['kind']+':'+str(e['n'])+'x'+str(e['k'])=='$2'])"
+done
+echo "== GPU tests with the tuned SmolLM2 table (${SECONDS}s)"
+(( SECONDS < 500 )) && LOWLAT_GEMV_PLANS=$OUT/plans_smol.json timeout 90 $PYT -n 4 -m gpu tests/unit/test_out_proj.py \
+  tests/unit/test_mlp_kernel.py 2>&1 | tail -1
+echo "done at ${SECONDS}s"
