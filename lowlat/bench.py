@@ -346,7 +346,9 @@ class _GemvCase:
         """Within the numerics policy at `rows` rows (float64 oracle, bf16 baseline), and for each count in
         `small` the first rows bitwise equal to a launch of that many rows (row invariance across row-block
         counts: by default 1 and 2 row blocks against 3, so a plan whose weight stream depends on the row-block
-        count, `GemvPlan.by_row_blocks`, runs every variant)."""
+        count, `GemvPlan.by_row_blocks`, runs every variant). Every output is poisoned (NaN) before each launch, so an
+        output a plan leaves unwritten fails even where an earlier check of this case wrote it (the tuner checks every
+        candidate on one case). Raises AssertionError (`lowlat.numerics`) on a violation."""
         import torch
         import torch.nn.functional as F
 
@@ -387,6 +389,9 @@ class _GemvCase:
             ds["x"].copy_(x[:m])
             if self.kind in ("residual", "out_proj"):
                 ds["res"].copy_(d["res"][:m])
+            for name in ("out", "h", "rstd"):      # a previous candidate's outputs must not fill a gap in this one's
+                if name in ds:
+                    poison(ds[name])
             part = self.launch(plan, m, 0)
             check_bitwise(self.kind, part, got[:m], output=f"rows_{m}_vs_{rows}")
         if got.is_cuda:
@@ -428,8 +433,8 @@ def compose_row_block_plan(winner, wide_timed: dict):
     are ignored), the fastest one's ROW_BLOCK_FIELDS (preload, stages, pf_k) become the winner's override for that
     count, if it is strictly faster than the winner's own stream there (a tie keeps it; so does a count with no
     timing of the winner's own stream: nothing to compare with); any other field the winner overrides at that count
-    stays. Counts not in wide_timed keep the winner's `by_row_blocks`. Returns a GemvPlan in normal form (overrides equal to its base fields dropped), equal to
-    `winner` when no other stream won. Pure: no GPU, no timing."""
+    stays. Counts not in wide_timed keep the winner's `by_row_blocks`. Returns a GemvPlan in normal form (overrides
+    equal to its base fields dropped), equal to `winner` when no other stream won. Pure: no GPU, no timing."""
     from dataclasses import replace
 
     from lowlat.kernels._gemv import ROW_BLOCK_FIELDS
@@ -503,13 +508,17 @@ def _tune_shape(case, candidates, rec: _Recorder, budget: Budget, where: str, bw
                 rows_list=(1, 6), wide_rows=(24, 48)) -> dict | None:
     """Tune one GEMV shape: check (`_GemvCase.check`) and time every (label, plan) of `candidates` at rows_list, pick
     (`pick_tuned`), then re-choose the weight stream at the wider row-block counts of wide_rows (`_tune_row_blocks`;
-    () skips it). Every time is recorded (section "tune", info's fields: model, op, n, k). Returns the table entry
-    {kind, n, k, label, model, plan (describe(), by_row_blocks included), us and default_us at rows_list ({rows: us}),
-    wide_us ({rows: {label: us}})}, or None when no candidate passed."""
+    () skips it). Every time is recorded (section "tune", info's fields: model, op, n, k; plan: the candidate's
+    describe(), launched: that of the plan its launch at those rows ran, `plan.at(row blocks)`: bn, n_tiles and
+    programs may depend on the width). Returns the table entry {kind, n, k, label, model, plan (describe(),
+    by_row_blocks included), us and default_us at rows_list ({rows: us}), wide_us ({rows: {label: us}})}, or None
+    when no candidate passed."""
+    from lowlat.kernels._gemv import row_blocks
+
     def record(r, label, plan, t):
         nbytes = case.wbytes + _nbytes(*(case.inputs(r).get(name) for name in ("x", "out", "h")))
         rec.add(section="tune", **info, rows=r, variant=label, us=t, bytes=nbytes,
-                floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe())
+                floor_us=nbytes / (bw * 1e9) * 1e6, plan=plan.describe(), launched=plan.at(row_blocks(r)).describe())
 
     timed = []
     for label, plan in candidates:

@@ -7,7 +7,8 @@ change bn with the width unless they do: `_gemv.BN_BY_ROW_BLOCKS_KINDS`).
 
     python bench/explore/explore28.py --rows 1 24 48 --plans 'bn=64' 'stages=6' ...
 
-Each --plans spec is FIELD=VALUE,... replacing fields of the committed plan (`plan_gemv` with every field forced).
+Each --plans spec is FIELD=VALUE,... replacing fields of the committed plan (`plan_gemv` with every field forced:
+the variant has no `by_row_blocks`, one weight stream and bn at every width, where the committed plan keeps its own).
 Prints one line per (plan, rows); --bits compares each plan's 48-row output with the committed plan's, bitwise.
 """
 from __future__ import annotations

@@ -7,8 +7,10 @@ benches: every `plan_gemv` without forced fields then reads it).
 Each entry KIND:N:K=FIELD=VALUE,... starts from the plan `plan_gemv` gives now for (KIND, N, K) (the table's or the
 default) and replaces the named fields; `plan_gemv` with every field forced recounts chunks_per_split and checks
 the plan; the entry has no `by_row_blocks` (one weight stream at every width) unless groups @B:FIELD=VALUE,... follow
-(session 17): the fields of row-block count B (1-3; `_gemv.ROW_BLOCK_FIELDS` only), e.g.
-'qkv:1536:2048=bn=32@3:preload=0,stages=2,pf_k=256'.
+(session 17): the fields of row-block count B (1-3; `_gemv.ROW_BLOCK_FIELDS`, and bn for the kinds of
+`_gemv.BN_BY_ROW_BLOCKS_KINDS`), e.g. 'qkv:1536:2048=bn=32@3:preload=0,stages=2,pf_k=256' or
+'residual:2048:2048=bn=64@2:bn=32'. The entry is checked as `plan_gemv` checks a table entry (every width's plan,
+bn by width refused for the other kinds).
 --flat: every entry of the table without its `by_row_blocks` (the table as it was before session 16's width-dependent
 weight streams).
 """
@@ -46,9 +48,10 @@ def entry(spec: str) -> dict:
             nmb, _, items = g.partition(":")
             rb[int(nmb)] = {f: (bool(int(v)) if f == "preload" else int(v))
                             for f, _, v in (i.partition("=") for i in items.split(",") if i)}
-        checked = _gemv.GemvPlan(n=n, k=k, **out, by_row_blocks=rb)   # refuses fields outside ROW_BLOCK_FIELDS
+        checked = _gemv.GemvPlan(n=n, k=k, **out, by_row_blocks=rb)   # refuses fields outside ROW_BLOCK_FIELDS + bn
         for nmb in rb:
             _gemv.plan_gemv(n, k, kind=kind, **{f: getattr(checked.at(nmb), f) for f in FIELDS})
+        _gemv.plan_gemv(n, k, kind=kind, table={(kind, n, k): dict(out, by_row_blocks=checked.by_row_blocks)})
         out["by_row_blocks"] = {str(b): dict(f) for b, f in checked.by_row_blocks}
     return dict(kind=kind, n=n, k=k, plan=out)
 

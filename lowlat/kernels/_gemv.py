@@ -190,10 +190,10 @@ ROW_BLOCK_FIELDS = ("preload", "stages", "pf_k")
 #: split and the K order of the k16 products are the same, only the tile height and with it the MMA instruction
 #: change (mma.sync for bn 16 / 32, wgmma for 64 / 128 in the "swap AB" form). On the H200 the two gave the same
 #: bits in every comparison made (bench/results/session17/call1: the Llama prologue at bn 32 / 64 / 128 and the
-#: residual GEMV at bn 16-128, 1-48 rows, 144 of 144 equal), and the GPU row-invariance tests check the committed
-#: entries. Not for the kinds whose epilogue reduces over a tile (out_proj's row statistics are summed per tile,
-#: the QK-norm over a head's tile rows) or that nothing measured (gate_up, lm_head): their launchers refuse such a
-#: plan (`refuse_bn_by_width`).
+#: residual GEMV at bn 16-128, 1-48 rows, 96 of 96 comparisons across bn equal; call5: gate/up, down, out_proj at 48
+#: rows), and the GPU row-invariance tests check the committed entries. Not for the kinds whose epilogue reduces
+#: over a tile (out_proj's row statistics are summed per tile, the QK-norm over a head's tile rows) or that nothing
+#: measured (gate_up, lm_head): their launchers refuse such a plan (`refuse_bn_by_width`).
 BN_BY_ROW_BLOCKS_KINDS = ("residual", "qkv")
 
 

@@ -16,9 +16,10 @@ The grid is (tiles of BN output rows, `split` slices of K, blocks of 16 rows): B
 48 rows run three times the programs (looping over the row blocks in one program, as the other GEMVs
 of `_gemv` do, took SmolLM2's prologue 8.0 us at 48 rows against 4.4 this way). The plan (preload or
 stream mode, bn, block_k, split, PDL prefetch) is `plan_gemv(NP, H, kind="qkv")`, the tuned table
-included. With split > 1 the partial tiles and the per-row sums of x^2 are reduced in split order by
-the last program to arrive (deterministic whatever the arrival order, see `_gemv`), which then runs
-the epilogue on its [BN, 16] tiles:
+included; its weight stream and bn may depend on the launch's row-block count (`GemvPlan.by_row_blocks`; bn
+only without QK-norm, `_gemv.BN_BY_ROW_BLOCKS_KINDS`). With split > 1 the partial tiles and the per-row sums of
+x^2 are reduced in split order by the last program to arrive (deterministic whatever the arrival order, see
+`_gemv`), which then runs the epilogue on its [BN, 16] tiles:
 
     rstd = 1 / sqrt(sum x^2 / H + eps);  y = rstd * (lo | hi) (+ bias)       (RMSNorm folded after the dot)
     q, k heads: y = q_norm|k_norm * y / sqrt(mean over the head of y^2 + eps)      (QK_NORM)
@@ -60,8 +61,8 @@ from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
                                          interpreting, pdl_supported, to_bf16)
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
-                                  prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of,
-                                  store_partial, store_split_ss, sum_partials, sum_split_ss)
+                                  prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks,
+                                  rstd_of, store_partial, store_split_ss, sum_partials, sum_split_ss)
 from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import LayerWeights
 
@@ -93,7 +94,9 @@ def rope_table(cfg: ModelConfig, max_pos: int, device: torch.device | str = "cpu
 def prologue_plan(qkv_weight: torch.Tensor, head_dim: int, **fields) -> GemvPlan:
     """The GEMV plan of the prologue for `qkv_weight` [N, H]: `plan_gemv(N / 2, H, kind="qkv", **fields)`
     (fields: block_k, split, bn, preload, warps, stages, pf_k, forced as in `plan_gemv`), with bn raised
-    to D/2 where it is narrower, so that a tile holds whole heads (QK-norm reduces over a head)."""
+    to D/2 where it is narrower, so that a tile holds whole heads (QK-norm reduces over a head). Raises
+    StepContractError for D > 256, or for a table plan whose bn at some row-block count (`by_row_blocks`) is
+    narrower than D/2 (`attn_prologue` would refuse it at that width)."""
     n, hidden = qkv_weight.shape
     half = head_dim // 2
     if half > 128:
@@ -101,6 +104,11 @@ def prologue_plan(qkv_weight: torch.Tensor, head_dim: int, **fields) -> GemvPlan
     plan = plan_gemv(n // 2, hidden, kind="qkv", **fields)
     if plan.bn < half:
         plan = plan_gemv(n // 2, hidden, kind="qkv", **{**fields, "bn": half})
+    narrow = [(b, plan.at(b).bn) for b in (1, 2, 3) if plan.at(b).bn < half]
+    if narrow:
+        raise StepContractError(f"the qkv plan {n // 2}x{hidden} runs bn {narrow[0][1]} at {narrow[0][0]} row blocks "
+                                f"(by_row_blocks={plan.by_row_blocks}): narrower than D/2={half}, a tile must hold "
+                                "whole heads")
     return plan
 
 
@@ -118,8 +126,8 @@ class PrologueWorkspace:
     more registers) or at their point of use. Measured (session 5, bench/results/session5/call3/
     explore14.json, 1 / 6 rows): early pays where the grid is smaller than the GPU (SmolLM2, 40
     programs: 3.7 vs 4.9 us) and costs where it is not (Llama-3.2-1B, 192: 8.5 vs 8.0 us; Qwen3-30B-A3B,
-    320, QK-norm: 14.0 vs 10.1 us), hence the default `n_tiles * split < EARLY_INPUTS_PROGRAMS`. The
-    results are the same bits either way (only the loads move)."""
+    320, QK-norm: 14.0 vs 10.1 us), hence the default `n_tiles * split < EARLY_INPUTS_PROGRAMS` (of `plan.at(1)`).
+    The results are the same bits either way (only the loads move)."""
 
     plan: GemvPlan
     gemv: GemvWorkspace
@@ -134,10 +142,11 @@ def make_prologue_workspace(qkv_weight: torch.Tensor, head_dim: int, *, plan: Ge
                             early_inputs: bool | None = None, **fields) -> PrologueWorkspace:
     """Workspace for `qkv_weight` [N, H] (`pack_qkv`) on its device, for 1..48 rows. plan: a
     `prologue_plan` (default: `prologue_plan(qkv_weight, head_dim, **fields)`); early_inputs: see
-    `PrologueWorkspace` (default: its rule)."""
+    `PrologueWorkspace` (default: its rule, on the plan a launch of one row block runs, where it was measured)."""
     plan = prologue_plan(qkv_weight, head_dim, **fields) if plan is None else plan
     if early_inputs is None:
-        early_inputs = plan.n_tiles * plan.split < EARLY_INPUTS_PROGRAMS
+        one = plan.at(1)                # bn may depend on the row-block count
+        early_inputs = one.n_tiles * one.split < EARLY_INPUTS_PROGRAMS
     return PrologueWorkspace(plan=plan, gemv=GemvWorkspace.create(plan.n, qkv_weight.device),
                              early_inputs=bool(early_inputs))
 
@@ -407,11 +416,13 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     tiles = plan.at(nmb)               # the tiling of this launch (bn may depend on the row-block count)
     if q_norm is not None:             # the QK-norm sums over a head's tile rows: bn may not depend on the width
         refuse_bn_by_width(plan, "the attention prologue with QK-norm")
-    if (plan.n, plan.k) != (n // 2, hidden) or any(plan.at(b).bn % (d // 2) for b in (1, 2, 3)) or \
+    bns = sorted({plan.at(b).bn for b in (1, 2, 3)})                 # bn of each row-block count
+    if (plan.n, plan.k) != (n // 2, hidden) or any(bn % (d // 2) for bn in bns) or \
             workspace.gemv.max_n < plan.n or workspace.counters.device != dev:
         raise StepContractError(
-            f"workspace (plan N={plan.n}, K={plan.k}, bn={'/'.join(map(str, sorted({plan.at(b).bn for b in (1, 2, 3)})))}; scratch for N <= {workspace.gemv.max_n} on "
-            f"{workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} rotary pairs), "
+            f"workspace (plan N={plan.n}, K={plan.k}, bn={'/'.join(map(str, bns))}; scratch for N <= "
+            f"{workspace.gemv.max_n} on {workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} "
+            "rotary pairs, each bn a multiple of D/2), "
             f"H={hidden}, D={d} on {dev}")
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),

@@ -44,7 +44,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
                                   gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of, valid_rows_tensor)
+                                  preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of,
+                                  valid_rows_tensor)
 
 
 @triton.jit

@@ -32,8 +32,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial, store_split_ss,
-                                  sum_partials, sum_split_ss, to_bf16)
+                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
+                                  store_split_ss, sum_partials, sum_split_ss, to_bf16)
 from lowlat.kernels.out_proj import _launch_residual_gemv
 
 

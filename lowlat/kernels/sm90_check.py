@@ -1,8 +1,9 @@
 """Compile lowlat's GEMV kernels (the attention prologue included) for sm_90 without a GPU (Triton's
 bundled ptxas), and report what the machine code uses: tensor cores (wgmma or mma.sync), cp.async
-pipelining, griddepcontrol (PDL), L2 prefetches, registers, spills (local memory in the PTX or a ptxas
-stack frame), shared memory, and whether a preload kernel issues its weight loads before the PDL wait; plus the
-launch's program count and how many of its programs fit on one SM (`programs_per_sm`).
+pipelining, griddepcontrol (PDL), L2 prefetches, registers, spills (a local array in the PTX, or a ptxas stack
+frame of more than SPILL_BYTES_OK bytes a thread: `spills`), shared memory, and whether a preload kernel issues
+its weight loads before the PDL wait; plus the launch's program count and how many of its programs fit on one SM
+(`programs_per_sm`).
 
     python -m lowlat.kernels.sm90_check [--quick]   # needs TRITON_INTERPRET unset (the compiled path)
 

@@ -184,8 +184,8 @@ def test_prologue_bn_by_width_launches_its_own_grid_and_refuses_qk_norm(device):
     """A prologue plan whose bn depends on the row-block count (session 17: Llama-3.2-1B's runs bn 32 at 1 row block,
     bn 64 at 2-3) is launched with each width's own tiling: bn 64 in the plan, bn 16 (one head of D 32 a tile, 8
     tiles) at 1 row block and bn 32 at 2; 3 / 20 / 40 rows are each within the policy of the reference with every
-    output written (poisoned first: the base plan's 2 tiles would leave most heads unwritten at 3 and 20 rows). With QK-norm
-    (its sums run over a head's tile rows) the same plan raises StepContractError and writes nothing."""
+    output written (poisoned first: the base plan's 2 tiles would leave most heads unwritten at 3 and 20 rows). With
+    QK-norm (its sums run over a head's tile rows) the same plan raises StepContractError and writes no K / V."""
     for qk_norm in (False, True):
         cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qkv_bias=True, qk_norm=qk_norm)
         for m in (3, 20, 40):
@@ -200,10 +200,53 @@ def test_prologue_bn_by_width_launches_its_own_grid_and_refuses_qk_norm(device):
             if not qk_norm:
                 _check_against_reference(cfg, lw, step, x, kc, vc, workspace=ws)
                 continue
-            kc0 = kc.clone()
+            kc0, vc0 = kc.clone(), vc.clone()
             with pytest.raises(StepContractError, match="prologue with QK-norm cannot take a plan whose bn"):
                 _run_kernel(cfg, lw, step, x, kc, vc, table=rope_table(cfg, MAX_POS, device), workspace=ws)
-            assert torch.equal(kc.nan_to_num(), kc0.nan_to_num())
+            assert torch.equal(kc.nan_to_num(), kc0.nan_to_num()) and torch.equal(vc.nan_to_num(), vc0.nan_to_num())
+
+
+def test_prologue_refuses_a_bn_by_width_narrower_than_half_a_head(device, monkeypatch):
+    """A tile must hold whole heads at every width: a plan whose bn at some row-block count is not a multiple of D/2
+    (bn 16 at 1 row block, D 64) is refused by `attn_prologue` with a StepContractError naming its bns, before any
+    write (q, K and V left poisoned), and by `prologue_plan` when a table entry sets it (naming the count)."""
+    from lowlat.kernels import _gemv
+    from lowlat.kernels.attn_prologue import prologue_plan
+
+    cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=64, qkv_bias=False, qk_norm=False)
+    lw, step, x, kc, vc = _case(cfg, ctxs=[2, 5], rows=[1, 1], pad=1, seed=3, device=device)
+    w = pack_qkv(lw)
+    base = make_prologue_workspace(w, cfg.head_dim, block_k=16, split=2, preload=False, bn=64, stages=3).plan
+    plan = dataclasses.replace(base, by_row_blocks={1: dict(bn=16)})
+    ws = make_prologue_workspace(w, cfg.head_dim, plan=plan)
+    kc0, vc0 = kc.clone(), vc.clone()
+    out_q = poison(torch.empty((x.shape[0], cfg.num_heads, cfg.head_dim), dtype=torch.bfloat16, device=device))
+    with pytest.raises(StepContractError, match=re.escape("bn=16/64;")):
+        attn_prologue(x, w, None, lw.attn_norm, None, None, step.positions, step.out_cache_loc, step.num_valid_rows,
+                      kc, vc, rope_table(cfg, MAX_POS, device), cfg=cfg, out_q=out_q, workspace=ws)
+    assert bool(out_q.isnan().all())
+    assert torch.equal(kc.nan_to_num(), kc0.nan_to_num()) and torch.equal(vc.nan_to_num(), vc0.nan_to_num())
+    monkeypatch.delenv("LOWLAT_GEMV_PLANS", raising=False)
+    fields = {f: getattr(plan, f) for f in ("block_k", "split", "chunks_per_split", "bn", "preload", "warps",
+                                            "stages", "pf_k", "by_row_blocks")}
+    monkeypatch.setitem(_gemv.TUNED_PLANS, ("qkv", plan.n, plan.k), fields)
+    with pytest.raises(StepContractError, match="runs bn 16 at 1 row blocks .*narrower than D/2=32"):
+        prologue_plan(w, cfg.head_dim)
+
+
+def test_early_inputs_rule_counts_the_programs_of_one_row_block():
+    """With bn depending on the width, the rule counts the (tile, split) programs of a launch of one row block (where
+    it was measured): Llama-3.2-1B's QKV at bn 32, split 4 is 192 programs (late), but 48 (early) with bn 128 at 1 row
+    block."""
+    from lowlat.kernels.attn_prologue import EARLY_INPUTS_PROGRAMS
+
+    cfg = preset("Llama-3.2-1B")
+    w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16)
+    base = plan_gemv(w.shape[0] // 2, w.shape[1], kind="qkv", bn=32, split=4, preload=False)
+    wide = dataclasses.replace(base, by_row_blocks={1: dict(bn=128)})
+    assert base.n_tiles * base.split == 192 >= EARLY_INPUTS_PROGRAMS > wide.at(1).n_tiles * wide.split == 48
+    assert not make_prologue_workspace(w, cfg.head_dim, plan=base).early_inputs
+    assert make_prologue_workspace(w, cfg.head_dim, plan=wide).early_inputs
 
 
 def test_early_inputs_rule():

@@ -382,8 +382,12 @@ def test_bn_may_depend_on_the_width_for_residual_and_qkv_only():
 def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
     """A residual plan of bn 64 that runs bn 16 at 1 row block and bn 32 at 2 is launched with each width's own grid
     (6 / 3 / 2 tiles of 96 columns: the base plan's 2 tiles would leave most columns of 3 rows unwritten, which the
-    poisoned outputs show) and passes the tuner's gate: the policy at 40 rows, 3 and 20 rows bitwise equal to it."""
+    poisoned outputs show) and passes the tuner's gate: the policy at 40 rows, 3 and 20 rows bitwise equal to it.
+    The base plan is checked first on the same case, as the tuner checks every candidate on one: its correct 3- and
+    20-row outputs must not hide columns the bn-by-width plan leaves unwritten (`_GemvCase.check` poisons them)."""
     base = plan_gemv(96, 80, kind="residual", preload=False, bn=64, block_k=16, split=2, stages=3, pf_k=32)
     p = replace(base, by_row_blocks={1: dict(bn=16), 2: dict(bn=32, preload=True, stages=1, pf_k=0)})
     assert [p.at(b).n_tiles for b in (1, 2, 3)] == [6, 3, 2]
-    _GemvCase("residual", 96, 80, 1e-5, "cpu", copies=1).check(p, rows=40, small=(3, 20))
+    case = _GemvCase("residual", 96, 80, 1e-5, "cpu", copies=1)
+    case.check(base, rows=40, small=(3, 20))
+    case.check(p, rows=40, small=(3, 20))

@@ -223,8 +223,9 @@ def test_out_proj_gpu_bitwise_deterministic_and_row_invariant(device, model):
 
 
 def bn_by_width_plan(n: int, k: int):
-    """The committed residual plan of (N, K) with bn 16 / 64 / 128 at 1 / 2 / 3 row blocks (mma.sync at 1 row block,
-    wgmma at 2-3: `_gemv.BN_BY_ROW_BLOCKS_KINDS`), checked as a table entry."""
+    """The committed residual plan's tiling of (N, K) (block_k, split, warps), streamed (its stages, at least 2), with
+    bn 16 / 64 / 128 at 1 / 2 / 3 row blocks (mma.sync at 1 row block, wgmma at 2-3: `_gemv.BN_BY_ROW_BLOCKS_KINDS`)
+    and none of its own `by_row_blocks`, checked as a table entry."""
     base = plan_gemv(n, k, kind="residual")
     fields = dict(block_k=base.block_k, split=base.split, chunks_per_split=base.chunks_per_split, bn=base.bn,
                   preload=False, warps=base.warps, stages=max(base.stages, 2), pf_k=base.pf_k,

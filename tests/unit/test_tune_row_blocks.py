@@ -101,9 +101,9 @@ def fake_us(plan, rows):
 
 @pytest.fixture
 def tuner(monkeypatch):
-    """(case, timed launches [(launched plan, rows)], checked plans, recorder, run(budget) -> entry) for the
-    tiny residual shape, candidates stream / preload / bn 32, with `graph_time_us` replaced by `fake_us` of the
-    plan its launch ran (the launch runs once, under the interpreter)."""
+    """(case, timed launches [(launched plan, rows)], checked plans, recorder, run(budget, wide_rows, candidates) ->
+    entry) for the tiny residual shape, candidates stream / preload / bn 32 by default, with `graph_time_us` replaced
+    by `fake_us` of the plan its launch ran (the launch runs once, under the interpreter)."""
     case = _GemvCase("residual", N, K, 1e-5, "cpu", copies=1)
     launches, timed, checked = [], [], []
     launch, check = case.launch, case.check
@@ -125,8 +125,8 @@ def tuner(monkeypatch):
     monkeypatch.setattr(bench, "graph_time_us", fake_time)
     rec = bench._Recorder(None, {})
 
-    def run(budget=None, wide_rows=(24, 48)):
-        return bench._tune_shape(case, [("stream", STREAM), ("preload", PRE), ("bn32", OTHER)], rec,
+    def run(budget=None, wide_rows=(24, 48), candidates=(("stream", STREAM), ("preload", PRE), ("bn32", OTHER))):
+        return bench._tune_shape(case, list(candidates), rec,
                                  budget or Budget(3600), "tiny", 1000.0, dict(model="tiny", op="residual", n=N, k=K),
                                  rows_list=(1, 6), wide_rows=wide_rows)
     return case, timed, checked, rec, run
@@ -179,3 +179,21 @@ def test_tuner_skips_the_wide_stage_when_the_budget_runs_short(tuner):
         timed.clear()
         entry = run(wide_rows=wide_rows)
         assert len(timed) == 6 and entry["label"] == "stream" and entry["wide_us"] == {}
+
+
+def test_a_bn_by_width_winner_keeps_its_bn_and_every_row_records_the_launched_plan(tuner):
+    """A candidate that launches the stream plan at 1 row block and bn 32 at 3 (`by_row_blocks` bn, allowed for the
+    residual kind) ties with the stream at 1 and 6 rows, so `pick_tuned` keeps it; at 48 rows only plans of its own
+    arithmetic there (bn 32) are compared, which is itself: the entry is that plan, bn by width included, and it
+    survives JSON. Each recorded row names the candidate (`plan`) and what its launch ran (`launched`: bn 32, 3 tiles
+    at 48 rows, where the candidate's base is bn 16, 6 tiles)."""
+    case, timed, _, rec, run = tuner
+    by_bn = replace(STREAM, by_row_blocks={3: dict(bn=32)})
+    entry = run(wide_rows=(48,), candidates=(("stream", STREAM), ("by_bn", by_bn)))
+    assert entry["label"] == "by_bn" and entry["wide_us"] == {"48": {"by_bn": 1.0}}
+    assert plan_gemv(N, K, kind="residual", table=plans_from_json(json.loads(json.dumps([entry])))) == by_bn
+    assert [(p.bn, r) for p, r in timed] == [(16, 1), (16, 6), (16, 1), (16, 6), (32, 48)]
+    rows = [(r["variant"], r["rows"], r["plan"]["n_tiles"], r["launched"]["bn"], r["launched"]["n_tiles"])
+            for r in rec.doc["results"]]
+    assert rows == [("stream", 1, 6, 16, 6), ("stream", 6, 6, 16, 6), ("by_bn", 1, 6, 16, 6), ("by_bn", 6, 6, 16, 6),
+                    ("by_bn", 48, 6, 32, 3)]
