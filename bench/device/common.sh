@@ -22,3 +22,16 @@ gpu_tests() {
     tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
   grep -E "passed|failed|FAILED|Error" /tmp/gpu-tests.log | cut -c1-300 | tail -15
 }
+# a mutation check's edit: FILE with OLD replaced by NEW (OLD must occur exactly once), a copy kept for unmutate
+# (session 17's scripts): mutate FILE OLD NEW; ...; unmutate
+mutate() {
+  cp "$1" /tmp/mutate.bak && MUTATED=$1
+  python3 - "$@" <<'PY'
+import sys
+p, old, new = sys.argv[1:4]
+s = open(p).read()
+assert s.count(old) == 1, f"{old!r} occurs {s.count(old)} times in {p}"
+open(p, "w").write(s.replace(old, new))
+PY
+}
+unmutate() { cp /tmp/mutate.bak "$MUTATED"; }

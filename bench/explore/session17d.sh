@@ -9,17 +9,12 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 PYT="python3 -m pytest -q -p no:cacheprovider --timeout 200"
 EARLY=tests/unit/test_fused_model.py::test_gpu_default_early_kv_step_equals_the_plain_attention_bitwise
-cp lowlat/kernels/decode_attention.py /tmp/da.py
-python3 - <<'PY'
-p = "lowlat/kernels/decode_attention.py"; s = open(p).read(); old, new = "axis=1) > 0)", "axis=1) > 1)"
-assert s.count(old) == 1, old
-open(p, "w").write(s.replace(old, new))
-PY
+mutate lowlat/kernels/decode_attention.py "axis=1) > 0)" "axis=1) > 1)"
 for rep in 1 2; do for case in late_writer tuned; do
   echo "== mutated, $case alone, rep $rep (${SECONDS}s)"
   timeout 100 $PYT "$EARLY[$case]" 2>&1 | grep -E "AssertionError|passed|failed" | cut -c1-250 | tail -2
 done; done
-cp /tmp/da.py lowlat/kernels/decode_attention.py
+unmutate
 echo "== unmutated: test_fused_model GPU tests (${SECONDS}s)"
 timeout 200 $PYT -n 4 -m "gpu and not real_model" tests/unit/test_fused_model.py 2>&1 | tail -1
 T=/tmp/plans; mkdir -p $T

@@ -193,7 +193,8 @@ ROW_BLOCK_FIELDS = ("preload", "stages", "pf_k")
 #: residual GEMV at bn 16-128, 1-48 rows, 96 of 96 comparisons across bn equal; call5: gate/up, down, out_proj at 48
 #: rows), and the GPU row-invariance tests check the committed entries. Not for the kinds whose epilogue reduces
 #: over a tile (out_proj's row statistics are summed per tile, the QK-norm over a head's tile rows) or that nothing
-#: measured (gate_up, lm_head): their launchers refuse such a plan (`refuse_bn_by_width`).
+#: measured (gate_up, lm_head): `refuse_bn_by_width`, the one gate of table entries and launchers, refuses such a plan.
+#: Every launcher launches the grid of `plan.at(nmb)`.
 BN_BY_ROW_BLOCKS_KINDS = ("residual", "qkv")
 
 
@@ -342,10 +343,12 @@ def _row_block_fields(spec) -> tuple:
     return tuple(sorted(out))
 
 
-def refuse_bn_by_width(plan: GemvPlan, what: str) -> None:
-    """Raise StepContractError if `plan` changes bn with the row-block count: `what` (a launch whose epilogue reduces
-    over a tile, or a kind not measured) would then give a row different bits at different widths."""
-    if plan.bn_by_width:
+def refuse_bn_by_width(plan: GemvPlan, kind: str | None, what: str) -> None:
+    """Raise StepContractError if `plan` changes bn with the row-block count and `kind` is not one of
+    BN_BY_ROW_BLOCKS_KINDS (None: a launch no kind covers, the QK-norm prologue): `what` (named in the error) would
+    then give a row different bits at different widths. The one gate for table entries (`plan_gemv`) and
+    launchers, so BN_BY_ROW_BLOCKS_KINDS alone says which kinds may."""
+    if plan.bn_by_width and kind not in BN_BY_ROW_BLOCKS_KINDS:
         raise StepContractError(f"{what} cannot take a plan whose bn depends on the row-block count (by_row_blocks="
                                 f"{plan.by_row_blocks}); only the kinds {BN_BY_ROW_BLOCKS_KINDS} may")
 
@@ -598,8 +601,7 @@ def plan_gemv(n: int, k: int, *, block_k: int | None = None, split: int | None =
         entry = (tuned_table() if table is None else table).get((kind, n, k))
         if entry is not None:
             plan = _check_plan(GemvPlan(n=n, k=k, **entry), pair)
-            if kind not in BN_BY_ROW_BLOCKS_KINDS:
-                refuse_bn_by_width(plan, f"the {kind} GEMV {n}x{k}")
+            refuse_bn_by_width(plan, kind, f"the {kind} GEMV {n}x{k}")
             return plan
         return default_plan(n, k, kind=kind, pair=pair)
     base = default_plan(n, k, kind=kind, pair=pair)

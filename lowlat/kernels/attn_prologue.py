@@ -414,8 +414,8 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     plan = workspace.plan
     nmb = row_blocks(m)
     tiles = plan.at(nmb)               # the tiling of this launch (bn may depend on the row-block count)
-    if q_norm is not None:             # the QK-norm sums over a head's tile rows: bn may not depend on the width
-        refuse_bn_by_width(plan, "the attention prologue with QK-norm")
+    # the QK-norm sums over a head's tile rows: with it bn may not depend on the width
+    refuse_bn_by_width(plan, "qkv" if q_norm is None else None, "the attention prologue with QK-norm")
     bns = sorted({plan.at(b).bn for b in (1, 2, 3)})                 # bn of each row-block count
     if (plan.n, plan.k) != (n // 2, hidden) or any(bn % (d // 2) for bn in bns) or \
             workspace.gemv.max_n < plan.n or workspace.counters.device != dev:

@@ -176,11 +176,13 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     if (plan.n, plan.k, plan.split) != (v, h, 1):
         raise StepContractError(f"plan is for N={plan.n}, K={plan.k}, split={plan.split}; lm_head needs "
                                 f"N={v}, K={h}, split=1")
-    refuse_bn_by_width(plan, "the LM head")
+    refuse_bn_by_width(plan, "lm_head", "the LM head")
+    nmb = row_blocks(m)
+    tiles = plan.at(nmb)               # the tiling of this launch (bn may depend on the row-block count)
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
-    _lm_head_kernel[(plan.n_tiles,)](
+    _lm_head_kernel[(tiles.n_tiles,)](
         x, x.stride(0), weight, weight.stride(0), final_norm, nvalid, logits_out, logits_out.stride(0), tokens_out,
-        ws.keys, ws.counters, m, v, h, plan.n_tiles, float(eps),
-        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, row_blocks(m)))
+        ws.keys, ws.counters, m, v, h, tiles.n_tiles, float(eps),
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
     return LMHeadResult(logits_out, tokens_out)

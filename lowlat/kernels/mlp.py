@@ -204,14 +204,15 @@ def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan
     check_plan_for(plan, i, h, "gate/up (I, H)")
-    refuse_bn_by_width(plan, "the gate/up GEMV")
+    refuse_bn_by_width(plan, "gate_up", "the gate/up GEMV")
+    nmb = row_blocks(m)
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
-    _gate_up_kernel[plan.grid](
+    _gate_up_kernel[plan.at(nmb).grid](
         x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
         rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters,
         m, i, h, float(eps) if norm == 2 else 0.0,
-        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, row_blocks(m)))
+        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
     return out
 
 

@@ -178,8 +178,8 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
     norm = norm_weight is not None
     nmb = row_blocks(m)
     ws.check(n, "residual GEMV")
-    if norm:                       # its row statistics are summed per tile: bn may not depend on the width
-        refuse_bn_by_width(plan, "out_proj with its RMSNorm epilogue")
+    refuse_bn_by_width(plan, "out_proj" if norm else "residual",   # out_proj sums its row statistics per tile
+                       "out_proj with its RMSNorm epilogue")
     tiles = plan.at(nmb)           # the tiling of this launch (bn may depend on the row-block count)
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
