@@ -12,6 +12,8 @@ For SmolLM2-135M and Llama-3.2-1B heads (lowlat.config.preset), contexts 512 and
   ref_compile  torch.compile(paged_attention, dynamic=True) (graph break at that sync), no graph
 Bytes: the K and V rows each row attends to + q + out + page-table entries; floor = bytes / copy
 bandwidth. Slots of a request are contiguous (a fresh allocation). JSON to --out.
+--split-groups G ... (session 18): time the fused variants at each of these `split_groups` (programs per (row, KV
+head); 0 = the default rule, `default_split_groups`); each result records the value launched.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
 """
@@ -29,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
                                  time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
-from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace  # noqa: E402
+from lowlat.kernels.decode_attention import (decode_attention, default_split_groups,  # noqa: E402
+                                             make_decode_workspace)
 from lowlat.reference.attention import paged_attention  # noqa: E402
 
 MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
@@ -51,6 +54,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=600.0, help="skip reference variants past this")
     ap.add_argument("--variants", nargs="*", default=None,
                     help="run only these (fused, fused_pdl, fused_pdl_pre_kv, ref_eager, ref_compile)")
+    ap.add_argument("--split-groups", nargs="*", type=int, default=[0],
+                    help="the fused variants' split_groups (0: the default rule)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -61,7 +66,8 @@ def main() -> None:
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(paged_attention, dynamic=True)
-    configs = [(name, ctx, m) for name in args.models for ctx in args.ctxs for m in args.rows]
+    configs = [(name, ctx, m, g) for name in args.models for ctx in args.ctxs for m in args.rows
+               for g in args.split_groups]
     # phases: every fused measurement first, then the references while the budget lasts
     phases = [("fused", False), ("fused_pdl", False), ("fused_pdl_pre_kv", False), ("ref_eager", True),
               ("ref_compile", True)]
@@ -69,11 +75,16 @@ def main() -> None:
         phases = [ph for ph in phases if ph[0] in args.variants]
     try:
         for variant, optional in phases:
-            for name, ctx, m in configs:
+            for name, ctx, m, groups in configs:
                 cfg = preset(name)
                 hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
                 nbytes = bytes_moved(hq, hkv, d, m, ctx)
                 base = {"model": name, "rows": m, "ctx": ctx, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
+                if not variant.startswith("fused"):
+                    if groups != args.split_groups[0]:
+                        continue                     # the references once per (model, ctx, rows)
+                else:
+                    base["split_groups"] = groups or default_split_groups(m, hkv)
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
@@ -94,7 +105,8 @@ def main() -> None:
                     locs = [pt[:, ctx].contiguous() if variant == "fused_pdl_pre_kv" else None for pt in pts]
                     calls = [lambda i=i: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i],
                                                           out_cache_loc=locs[i], pre_kv=locs[i] is not None,
-                                                          workspace=ws, use_pdl=pdl)
+                                                          workspace=ws, use_pdl=pdl,
+                                                          split_groups=base["split_groups"])
                              for i in range(r)]
                 else:
                     fn = paged_attention if variant == "ref_eager" else compiled
@@ -102,7 +114,8 @@ def main() -> None:
                 graph = variant.startswith("fused")
                 t = time_variant(calls, base, variant, results, skipped, graph=graph, iters=30 if graph else 10)
                 if t is not None:
-                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} {variant:12s} {t['us_median']:9.2f} us "
+                    g = base.get("split_groups", "-")
+                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} g={g!s:>2} {variant:12s} {t['us_median']:9.2f} us "
                           f"{t['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del kc, vc, qs, outs, pts, calls
                 torch.cuda.empty_cache()

@@ -23,6 +23,10 @@ previous down projection has finished (with PDL they start as down releases them
 while down still streams). Tells how much of down's in-step cost is the next prologue's early loads.
 --prologue-maxnreg N (session 17): the prologue's launches capped at N registers a thread (more of its programs fit
 beside the previous launch's).
+--attn-target N [--attn-min-groups F] (session 18): the decode attention's split groups by the rule calls 1-3 timed
+(programs per (row, KV head) halved from num_splits while the grid exceeds N programs, not below F, default 1) in
+place of `default_split_groups`; 1000000 keeps one program per split at every width (as until session 17). Moves no
+arithmetic: the logits checksum is the same for every N.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -57,6 +61,8 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=None, help="decode attention's COMBINE_CHUNK (power of two)")
     p.add_argument("--prologue-pdl", default="on", choices=["on", "off"])
     p.add_argument("--prologue-maxnreg", type=int, default=0, help="register cap of the prologue's launches (0: none)")
+    p.add_argument("--attn-target", type=int, default=None, help="split groups: halve while the grid exceeds N")
+    p.add_argument("--attn-min-groups", type=int, default=1, help="with --attn-target: at least this many groups")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -71,6 +77,13 @@ def main() -> None:
     da.decode_attention.__kwdefaults__["pdl_trigger"] = a.attn_trigger     # FusedModel passes none
     if a.chunk:
         da.COMBINE_CHUNK = a.chunk
+    if a.attn_target:
+        def target_rule(rows, num_kv_heads, num_splits=da.MAX_SPLITS):
+            g = num_splits
+            while g > min(a.attn_min_groups, num_splits) and g * num_kv_heads * rows > a.attn_target:
+                g //= 2
+            return g
+        da.default_split_groups = target_rule
     if a.pre_kv != "auto":                  # FusedModel imports decode_attention from the module at each _run
         plain, force = da.decode_attention, a.pre_kv == "on"
 
@@ -100,7 +113,8 @@ def main() -> None:
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
-               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK, prologue_pdl=a.prologue_pdl, prologue_maxnreg=a.prologue_maxnreg,
+               pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
+               attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl, prologue_maxnreg=a.prologue_maxnreg,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -121,7 +135,8 @@ def summary(out: dict) -> str:
     """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
     then per width the step time and each launch role's cost (us)."""
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
-             f"chunk {out.get('chunk', 1)} prologue_pdl {out.get('prologue_pdl', 'on')} down "
+             f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} min {out.get('attn_min_groups', '-')} "
+             f"prologue_pdl {out.get('prologue_pdl', 'on')} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]

@@ -13,11 +13,19 @@ softmax over one contiguous range of the row's visible positions, BLOCK_N tokens
     l = l * 2^(m - m') + sum(p);  acc = acc * 2^(m - m') + p V
 The row's L = p + 1 visible tokens are cut into n_s = ceil(nb / ceil(nb / MAX_SPLITS)) splits of
 whole BLOCK_N blocks (nb = ceil(L / BLOCK_N)): the partition depends on the row's own length only,
-never on M or on the other rows. One split writes out = acc / l directly. Otherwise each split
-stores (m, l, acc) in fp32, bumps a per-(row, KV head) counter, and the last to arrive combines
-all splits in fixed order 0..n_s-1 (out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; the partials
-of COMBINE_CHUNK splits are loaded per round trip, then added one at a time) and resets the counter: one
-launch, bitwise deterministic whatever the arrival order, row invariant.
+never on M or on the other rows. One split writes out = acc / l directly. Otherwise each split's
+(m, l, acc) is stored in fp32 and one program combines all splits in fixed order 0..n_s-1
+(out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; the partials of COMBINE_CHUNK splits are loaded
+per round trip, then added one at a time): one launch, bitwise deterministic, row invariant.
+Split groups (session 18): a (row, KV head) has `split_groups` programs (grid dim 0); program g runs
+splits g, g + split_groups, ... one after another, each from scratch exactly as its own program would,
+and stores each partial. With one group the program then combines its own partials (after a CTA
+barrier); with more, each program bumps a per-(row, KV head) counter once and the last of the
+min(n_s, split_groups) to arrive combines and resets it. The sums are the same whatever the grouping,
+so `default_split_groups` may pick it from the grid: at 48 rows one program per split is 32 x Hkv x 48
+programs, most without work at short contexts. A grouped program runs all its blocks in ONE loop (the
+state restarts at a split's first block), so Triton pipelines the loads across split ends; grouped as a
+loop of splits (session 18, call 1), each one-block split waited for its own loads (~2.4 us a block).
 Page-table entries past a row's position and the KV slots they name are never read.
 
 PDL (`use_pdl`): without out_cache_loc the kernel waits (`gdc_wait`) before reading anything. With it
@@ -62,6 +70,26 @@ COMBINE_CHUNK = 4
 #: LOC_PAD 16) one SM holds, by head_dim: 80 registers at D <= 64 -> 6, 148 at D <= 128 -> 3 (sm_90 compile; a CPU
 #: test keeps these true; LOC_PAD 32 took 89 at D 64 -> 5, hence the row bound in `pre_kv_fits`)
 PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
+
+
+#: `default_split_groups`: one program per split unless that grid (num_splits x Hkv x M) exceeds WIDE_GRID programs,
+#: then WIDE_SPLIT_GROUPS programs per (row, KV head). Session 18 (bench/results/session18/, steps at ctx 512, two
+#: alternated runs each): Llama-3.2-1B (32 x 8 x M programs) with 4 groups took the step from 1453 to 1431 us at 32
+#: rows and from 1885 to 1833 at 48 (call 2); smaller grids gained or lost by the width and the model (Llama with
+#: 2-4 groups -12..-25 us at 16-24 rows; SmolLM2 +7 / +20 us at 6 / 24 rows with 16 / 4 groups, -21 at 32; call 3),
+#: so they keep one program per split. Per kernel at ctx 4096, 4 groups at 48 rows equal one per split (129.6
+#: against 130.6 us); 1-2 groups lost 6-11% at 24-48 rows.
+WIDE_GRID = 6144
+WIDE_SPLIT_GROUPS = 4
+
+
+def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPLITS) -> int:
+    """Programs per (row, KV head) by default: num_splits (one program per split), or min(WIDE_SPLIT_GROUPS,
+    num_splits) once num_splits x Hkv x M exceeds WIDE_GRID. A function of the launch's shape only (so CUDA graphs
+    capture it); it moves no arithmetic (a program's splits are each summed as their own program would)."""
+    if num_splits * num_kv_heads * rows > WIDE_GRID:
+        return min(WIDE_SPLIT_GROUPS, num_splits)
+    return num_splits
 
 
 def pre_kv_fits(programs: int, head_dim: int, group: int, rows: int, device: torch.device) -> bool:
@@ -174,15 +202,105 @@ def _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd, wso_p
 
 
 @triton.jit
+def _split_partial(qd, start, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                   stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, k0, v0, tmask0,
+                   G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, TILE0: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """(m, l, acc) of the split of positions start..end-1: the online softmax from scratch, a block at a time;
+    with TILE0 its first block comes from the K / V tiles given (loaded before the PDL wait)."""
+    m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+    first = start
+    if TILE0:
+        m_i, l_i, acc = _attend_tiles(qd, m_i, l_i, acc, k0, v0, tmask0, qk_scale, INTERP)
+        first = start + BLOCK_N
+    if INTERP:  # the interpreter (numpy >= 2.4) cannot take tensor bounds in range(): while
+        t0 = first
+        while t0 < end:
+            m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                                          stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N,
+                                          INTERP)
+            t0 += BLOCK_N
+    else:
+        for t0 in range(first, end, BLOCK_N):
+            m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                                          stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N,
+                                          INTERP)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j, row, Hq, heads, gmask, omask, dd,
+                   kc_ptr, vc_ptr, pt_ptr, wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                   stride_pt, GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """Block f of a grouped program's blocks: block i of its k-th split s = gi + k GROUPS. At a split's first block
+    the state restarts (-inf, 0, 0: exactly a fresh program's); after its last, its partial is stored (when the row
+    has more than one split)."""
+    k = f // per_split
+    i = f - k * per_split
+    s = gi + k * GROUPS
+    t0 = (s * per_split + i) * BLOCK_N
+    end = tl.minimum((s + 1) * per_split * BLOCK_N, length)
+    m_i = tl.where(i == 0, float("-inf"), m_i)
+    l_i = tl.where(i == 0, 0.0, l_i)
+    acc = tl.where(i == 0, 0.0, acc)
+    m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                                  stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N, INTERP)
+    if (nsplits > 1) & (t0 + BLOCK_N >= end):
+        _store_partial(wso_ptr, wsml_ptr, row.to(tl.int64) * Hq + heads, s, m_i, l_i, acc, gmask, omask, dd, D,
+                       MAX_SPLITS)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_partial(wso_ptr, wsml_ptr, hrow, s, m_i, l_i, acc, gmask, omask, dd, D: tl.constexpr,
+                   MAX_SPLITS: tl.constexpr):
+    """Split s's (m, l, acc) of the G heads of rows hrow into the workspace."""
+    wo = (hrow[:, None] * MAX_SPLITS + s) * D + dd[None, :]
+    tl.store(wso_ptr + wo, acc, mask=omask)
+    tl.store(wsml_ptr + (hrow * MAX_SPLITS + s) * 2, m_i, mask=gmask)
+    tl.store(wsml_ptr + (hrow * MAX_SPLITS + s) * 2 + 1, l_i, mask=gmask)
+
+
+@triton.jit
+def _combine_splits(nsplits, hrow, gmask, omask, dd, wso_ptr, wsml_ptr, G_PAD: tl.constexpr, D: tl.constexpr,
+                    MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr, INTERP: tl.constexpr):
+    """out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over splits 0..nsplits-1 in split order (bf16)."""
+    ss = tl.arange(0, MAX_SPLITS)
+    ml = (hrow[:, None] * MAX_SPLITS + ss[None, :]) * 2
+    m_all = tl.load(wsml_ptr + ml, mask=gmask[:, None] & (ss[None, :] < nsplits),
+                    other=float("-inf"), cache_modifier=".cg")
+    m_max = tl.max(m_all, axis=1)
+    m_max = tl.where(gmask, m_max, 0.0)
+    l_tot = tl.zeros([G_PAD], dtype=tl.float32)
+    o_tot = tl.zeros([G_PAD, D], dtype=tl.float32)
+    if INTERP:
+        c0 = 0
+        while c0 < nsplits:
+            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
+                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
+            c0 += CHUNK
+    else:
+        for c0 in range(0, nsplits, CHUNK):
+            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
+                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
+    l_tot = tl.where(gmask, l_tot, 1.0)
+    return to_bf16(o_tot / l_tot[:, None], INTERP)
+
+
+@triton.jit
 def _decode_attention_kernel(
         q_ptr, kc_ptr, vc_ptr, pt_ptr, req_ptr, pos_ptr, nvr_ptr, nvr_int, loc_ptr, o_ptr,
         wso_ptr, wsml_ptr, cnt_ptr,
         M, Hq, Hkv, qk_scale,
         stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, stride_om, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-        MAX_SPLITS: tl.constexpr, CHUNK: tl.constexpr, NVR_FROM_PTR: tl.constexpr, PRE_KV: tl.constexpr,
-        LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr, INTERP: tl.constexpr):
-    sp = tl.program_id(0)
+        MAX_SPLITS: tl.constexpr, GROUPS: tl.constexpr, CHUNK: tl.constexpr, NVR_FROM_PTR: tl.constexpr,
+        PRE_KV: tl.constexpr, LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr,
+        INTERP: tl.constexpr):
+    gi = tl.program_id(0)          # split group: splits gi, gi + GROUPS, gi + 2 GROUPS, ...
     j = tl.program_id(1)           # KV head
     row = tl.program_id(2)
     if USE_PDL and not PRE_KV:
@@ -207,13 +325,17 @@ def _decode_attention_kernel(
     nblocks = tl.cdiv(length, BLOCK_N)
     per_split = tl.cdiv(nblocks, MAX_SPLITS)
     nsplits = tl.cdiv(nblocks, per_split)
-    work = valid & (sp < nsplits)
+    work = valid & (gi < nsplits)
     req = tl.load(req_ptr + row).to(tl.int64)
-    start = sp * per_split * BLOCK_N
+    start = gi * per_split * BLOCK_N                  # this program's first split, gi
     end = tl.minimum(start + per_split * BLOCK_N, length)
+    k0 = 0                         # the first block's tiles when loaded before the wait (PRE_KV)
+    v0 = 0
+    tmask0 = 0
     if PRE_KV:
-        # the first block's K / V before the wait (under PDL); after it, those of its slots that the previous
-        # launch writes (this step's out_cache_loc) are loaded again: every other slot is older than it
+        # the first block of this program's first split (gi) before the wait (under PDL); after it, those of its
+        # slots that the previous launch writes (this step's out_cache_loc) are loaded again: every other slot is
+        # older than it
         slot0, tmask0, k0, v0 = _kv_tiles(start, end, work, req, j, kc_ptr, vc_ptr, pt_ptr, stride_kcs,
                                           stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N)
         li = tl.arange(0, LOC_PAD)
@@ -229,68 +351,66 @@ def _decode_attention_kernel(
                      other=v0)
 
     if row >= nvr:
-        if sp == 0:  # padding rows output 0 and read no KV, page table or q
+        if gi == 0:  # padding rows output 0 and read no KV, page table or q
             tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
     else:
-        if sp < nsplits:
+        if gi < nsplits:
             qv = tl.load(q_ptr + row.to(tl.int64) * stride_qm + heads[:, None] * stride_qh + dd[None, :],
                          mask=omask, other=0.0)
             qd = to_dot(qv, INTERP)
-            m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([G_PAD], dtype=tl.float32)
-            acc = tl.zeros([G_PAD, D], dtype=tl.float32)
-            first = start
-            if PRE_KV:
-                m_i, l_i, acc = _attend_tiles(qd, m_i, l_i, acc, k0, v0, tmask0, qk_scale, INTERP)
-                first = start + BLOCK_N
-            if INTERP:  # the interpreter (numpy >= 2.4) cannot take tensor bounds in range(): while
-                t0 = first
-                while t0 < end:
-                    m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
-                                                  qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                                                  stride_pt, D, BLOCK_N, INTERP)
-                    t0 += BLOCK_N
+            if GROUPS < MAX_SPLITS:
+                # every block of this program's splits in one loop (pipelined across split ends): the state is reset
+                # at a split's first block and stored after its last, so each split is summed as its own program would
+                nmine = tl.cdiv(nsplits - gi, GROUPS)                     # splits of this program
+                last_start = (gi + (nmine - 1) * GROUPS) * per_split * BLOCK_N
+                nb = (nmine - 1) * per_split + tl.minimum(per_split, tl.cdiv(length - last_start, BLOCK_N))
+                m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([G_PAD], dtype=tl.float32)
+                acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+                if INTERP:
+                    f = 0
+                    while f < nb:
+                        m_i, l_i, acc = _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j,
+                                                       row, Hq, heads, gmask, omask, dd, kc_ptr, vc_ptr, pt_ptr,
+                                                       wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs,
+                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, INTERP)
+                        f += 1
+                else:
+                    for f in range(0, nb):
+                        m_i, l_i, acc = _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j,
+                                                       row, Hq, heads, gmask, omask, dd, kc_ptr, vc_ptr, pt_ptr,
+                                                       wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs,
+                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, INTERP)
             else:
-                for t0 in range(first, end, BLOCK_N):
-                    m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr,
-                                                  qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
-                                                  stride_pt, D, BLOCK_N, INTERP)
+                m_i, l_i, acc = _split_partial(qd, start, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
+                                               stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, k0, v0,
+                                               tmask0, G_PAD, D, BLOCK_N, PRE_KV, INTERP)
             if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting
                 gdc_launch_dependents()
 
             if nsplits == 1:
                 tl.store(o_ptr + orow, to_bf16(acc / l_i[:, None], INTERP), mask=omask)
             else:
-                # partial (m, l, acc) of this split; the last split to arrive combines in split order
+                # the partial (m, l, acc) of its split (grouped: stored in the loop); the combining program sums all
+                # splits in split order
                 hrow = row.to(tl.int64) * Hq + heads                       # [G_PAD] (row, head) index
-                wo = (hrow[:, None] * MAX_SPLITS + sp) * D + dd[None, :]
-                tl.store(wso_ptr + wo, acc, mask=omask)
-                tl.store(wsml_ptr + (hrow * MAX_SPLITS + sp) * 2, m_i, mask=gmask)
-                tl.store(wsml_ptr + (hrow * MAX_SPLITS + sp) * 2 + 1, l_i, mask=gmask)
+                if GROUPS == MAX_SPLITS:
+                    _store_partial(wso_ptr, wsml_ptr, hrow, gi, m_i, l_i, acc, gmask, omask, dd, D, MAX_SPLITS)
                 tl.debug_barrier()
-                cnt = tl.atomic_add(cnt_ptr + row.to(tl.int64) * Hkv + j, 1, sem="acq_rel", scope="gpu")
-                if cnt == nsplits - 1:
-                    ss = tl.arange(0, MAX_SPLITS)
-                    ml = (hrow[:, None] * MAX_SPLITS + ss[None, :]) * 2
-                    m_all = tl.load(wsml_ptr + ml, mask=gmask[:, None] & (ss[None, :] < nsplits),
-                                    other=float("-inf"), cache_modifier=".cg")
-                    m_max = tl.max(m_all, axis=1)
-                    m_max = tl.where(gmask, m_max, 0.0)
-                    l_tot = tl.zeros([G_PAD], dtype=tl.float32)
-                    o_tot = tl.zeros([G_PAD, D], dtype=tl.float32)
-                    if INTERP:
-                        c0 = 0
-                        while c0 < nsplits:
-                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
-                                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
-                            c0 += CHUNK
-                    else:
-                        for c0 in range(0, nsplits, CHUNK):
-                            l_tot, o_tot = _fold_splits(l_tot, o_tot, c0, nsplits, m_max, hrow, gmask, omask, dd,
-                                                        wso_ptr, wsml_ptr, D, MAX_SPLITS, CHUNK)
-                    l_tot = tl.where(gmask, l_tot, 1.0)
-                    tl.store(o_ptr + orow, to_bf16(o_tot / l_tot[:, None], INTERP), mask=omask)
-                    tl.store(cnt_ptr + row.to(tl.int64) * Hkv + j, 0)
+                if GROUPS == 1:   # every split is this program's: its own stores, visible after the barrier
+                    out = _combine_splits(nsplits, hrow, gmask, omask, dd, wso_ptr, wsml_ptr, G_PAD, D, MAX_SPLITS,
+                                          CHUNK, INTERP)
+                    tl.store(o_ptr + orow, out, mask=omask)
+                else:
+                    arrivals = nsplits       # programs with work: min(nsplits, GROUPS) (a plain nsplits when GROUPS
+                    if GROUPS < MAX_SPLITS:  # is MAX_SPLITS keeps that kernel at its 80 registers, not 86)
+                        arrivals = tl.minimum(nsplits, GROUPS)
+                    cnt = tl.atomic_add(cnt_ptr + row.to(tl.int64) * Hkv + j, 1, sem="acq_rel", scope="gpu")
+                    if cnt == arrivals - 1:
+                        out = _combine_splits(nsplits, hrow, gmask, omask, dd, wso_ptr, wsml_ptr, G_PAD, D,
+                                              MAX_SPLITS, CHUNK, INTERP)
+                        tl.store(o_ptr + orow, out, mask=omask)
+                        tl.store(cnt_ptr + row.to(tl.int64) * Hkv + j, 0)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -298,7 +418,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out_cache_loc: torch.Tensor | None = None, pre_kv: bool | None = None,
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
-                     use_pdl: bool = False, pdl_trigger: str = "after_kv",
+                     split_groups: int | None = None, use_pdl: bool = False, pdl_trigger: str = "after_kv",
                      check_values: bool = False) -> torch.Tensor:
     """Causal GQA attention of M decode / verify rows over the paged KV cache (page size 1).
 
@@ -326,6 +446,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_splits, block_n  only when workspace is None: most splits per (row, KV head) (default 32)
                      and tokens per inner block (default 64)
         sm_scale     softmax scale, default 1/sqrt(D)
+        split_groups programs per (row, KV head): a power of two in 1..num_splits; program g runs the row's splits
+                     g, g + split_groups, g + 2 split_groups, ... one after another (same arithmetic, so the same
+                     bits, for every value). None: num_splits with pre_kv=True and out_cache_loc, else
+                     `default_split_groups` (by the grid: fewer programs only past WIDE_GRID). Fewer than num_splits: one loop over all of a program's blocks
+                     (Triton pipelines its loads across split ends), every load after the PDL wait (no pre_kv)
         use_pdl      programmatic dependent launch (sm_90; ignored when interpreting)
         pdl_trigger  with PDL, when a program releases the next launch: "after_kv" (default) once its
                      KV loop is done, before its stores / split combine (programs without work release
@@ -336,7 +461,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Returns: out [M, Hq, D] bf16; padding rows are 0.
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
     and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
-    Raises: StepContractError naming the offending tensor / value; ValueError for an unknown pdl_trigger.
+    Raises: StepContractError naming the offending tensor / value (split_groups too); ValueError for an unknown
+    pdl_trigger.
     """
     if pdl_trigger not in PDL_TRIGGERS:
         raise ValueError(f"pdl_trigger={pdl_trigger!r}; expected one of {PDL_TRIGGERS}")
@@ -378,13 +504,25 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _check_values(page_table, req_indices, positions, nvr_int if nvr_t is None else int(nvr_t.item()),
                       s_slots)
 
+    if split_groups is None:    # an explicit pre_kv=True keeps one program per split (the early path's grid)
+        early = bool(pre_kv) and out_cache_loc is not None
+        split_groups = workspace.num_splits if early else default_split_groups(m, hkv, workspace.num_splits)
+    elif (isinstance(split_groups, bool) or not isinstance(split_groups, int) or split_groups < 1
+          or split_groups > workspace.num_splits or split_groups & (split_groups - 1)):
+        raise StepContractError(f"split_groups={split_groups!r} must be a power of two in 1..{workspace.num_splits} "
+                                "(the workspace's num_splits)")
     group = hq // hkv
     scale = (d ** -0.5 if sm_scale is None else float(sm_scale)) * LOG2E
     interp = interpreting()
     pdl = bool(use_pdl) and pdl_supported(dev)
     extra = {"launch_pdl": True} if pdl else {}
-    grid = (workspace.num_splits, hkv, m)
-    programs = workspace.num_splits * hkv * m
+    grid = (split_groups, hkv, m)
+    programs = split_groups * hkv * m
+    if split_groups < workspace.num_splits:
+        if pre_kv:
+            raise StepContractError(f"pre_kv=True needs one program per split; split_groups={split_groups} < "
+                                    f"num_splits={workspace.num_splits} loads every block after the wait")
+        out_cache_loc = None
     if out_cache_loc is None:
         pre_kv = False
     elif pre_kv is None:
@@ -398,7 +536,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), out.stride(0), out.stride(1),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=workspace.block_n,
-        MAX_SPLITS=workspace.num_splits, CHUNK=min(COMBINE_CHUNK, workspace.num_splits),
+        MAX_SPLITS=workspace.num_splits, GROUPS=split_groups, CHUNK=min(COMBINE_CHUNK, workspace.num_splits),
         NVR_FROM_PTR=nvr_t is not None, PRE_KV=pre_kv, LOC_PAD=max(16, triton.next_power_of_2(m)) if pre_kv else 16,
         USE_PDL=pdl,
         TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization

@@ -265,6 +265,63 @@ def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait
         check_accuracy("decode_attention", outs["wrong_loc"], oracle, baseline)
 
 
+@pytest.mark.parametrize("pre_kv", [False, True])
+def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
+    """A program may run several splits of its (row, KV head) in one loop over their blocks (`split_groups` programs
+    each; with one it combines its own partials, with more the last of min(n_s, split_groups) to arrive does):
+    every grouping gives bitwise the output of one program per split (with or without the early first block),
+    within the policy, padding rows 0, counters reset. Rows of 1-10 splits (L = 1 .. 160 at 16-token blocks):
+    fewer splits than groups, as many, more, one split; 2 blocks a split for the longest row."""
+    step, q, kc, vc = _case(ctxs=[159, 70, 0, 33, 15, 100], rows=[1, 2, 1, 3, 1, 2], hq=6, hkv=2, d=16, pad=2,
+                            seed=31, device=device)
+    ws = make_decode_workspace(step.num_rows, 6, 2, 16, device, num_splits=8, block_n=16)
+    loc = step.out_cache_loc if pre_kv else None
+    one = _check(q, kc, vc, step, workspace=ws, split_groups=8, out_cache_loc=loc, pre_kv=pre_kv)
+    for groups in (4, 2, 1):
+        got = _check(q, kc, vc, step, workspace=ws, split_groups=groups, out_cache_loc=loc)
+        check_bitwise("decode_attention", got, one, output=f"split_groups_{groups}")
+        assert int(ws.counters.abs().sum()) == 0, f"split_groups={groups} left a counter set"
+    if pre_kv:
+        with pytest.raises(StepContractError, match="pre_kv=True needs one program per split"):
+            decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows,
+                             workspace=ws, split_groups=4, out_cache_loc=loc, pre_kv=True)
+
+
+def test_default_split_groups_groups_only_wide_grids(monkeypatch):
+    """One program per split unless num_splits x Hkv x M exceeds WIDE_GRID, then min(WIDE_SPLIT_GROUPS, num_splits);
+    the launch uses it when split_groups is None (grid dim 0, recorded by a stand-in)."""
+    from lowlat.kernels import decode_attention as da
+
+    assert (da.WIDE_GRID, da.WIDE_SPLIT_GROUPS) == (6144, 4)
+    assert [da.default_split_groups(m, 8) for m in (1, 6, 16, 24, 25, 32, 48)] == [32, 32, 32, 32, 4, 4, 4]
+    assert [da.default_split_groups(m, 3) for m in (1, 6, 48)] == [32, 32, 32]      # SmolLM2: never past it
+    assert da.default_split_groups(48, 64, 2) == 2 and da.default_split_groups(48, 64, 8) == 4
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((grid, kw["GROUPS"]))
+
+    base, _ = _error_cases()                                      # M=3, Hkv=2
+    monkeypatch.setattr(da, "_decode_attention_kernel", Recorder())
+    da.decode_attention(**base)
+    monkeypatch.setattr(da, "WIDE_GRID", 191)                   # M=3, Hkv=2: 32 x 2 x 3 = 192 programs
+    da.decode_attention(**base)
+    da.decode_attention(**base, split_groups=16)
+    da.decode_attention(**base, out_cache_loc=base["req_indices"].clone(), pre_kv=True)   # the early path's grid
+    assert seen == [((32, 2, 3), 32), ((4, 2, 3), 4), ((16, 2, 3), 16), ((32, 2, 3), 32)]
+
+
+@pytest.mark.parametrize("bad", [0, 3, 64, -2, True, 2.0])
+def test_decode_attention_bad_split_groups_raises_before_writing(bad):
+    base, _ = _error_cases()
+    out = poison(torch.empty_like(base["q"]))
+    before = out.clone()
+    with pytest.raises(StepContractError, match="split_groups"):
+        decode_attention(**base, out=out, split_groups=bad)
+    assert torch.equal(out.view(torch.int16), before.view(torch.int16))
+
+
 def test_decode_attention_rows_bitwise_invariant_small(device):
     """Each row's output is identical alone and among others (tiny shapes, several splits)."""
     step, q, kc, vc = _case(ctxs=[40, 3, 0], rows=[2, 1, 3], hq=6, hkv=2, d=16, pad=2, seed=5, device=device)
@@ -360,8 +417,8 @@ def _sm90_spec(*, after=True, pre_kv=False):
     """decode attention's compile spec as a PDL launch specialises it (SmolLM2's heads, up to 16 rows)."""
     from lowlat.kernels.decode_attention import COMBINE_CHUNK
 
-    return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=COMBINE_CHUNK, NVR_FROM_PTR=True,
-                               PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
+    return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, GROUPS=32, CHUNK=COMBINE_CHUNK,
+                               NVR_FROM_PTR=True, PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
             "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                              pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
                              wsml_ptr="*fp32", cnt_ptr="*i32"),
@@ -444,8 +501,8 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
 def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape, monkeypatch):
     """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
-    pdl_trigger, with and without out_cache_loc) == off; a CUDA-graph replay (num_valid_rows as a device tensor,
-    out_cache_loc given, as FusedModel launches it) == eager."""
+    pdl_trigger, with and without out_cache_loc) == off; every split_groups (1-32) == the default; a CUDA-graph
+    replay (num_valid_rows as a device tensor, out_cache_loc given, as FusedModel launches it) == eager."""
     hq, hkv, d = shape
     ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]
     rows = [1] * 20 + [3] * 5
@@ -466,6 +523,11 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
         check_bitwise("decode_attention", _kernel(q, kc, vc, step, workspace=ws, use_pdl=True), outs[0],
                       output=f"combine_chunk_{chunk}")
     monkeypatch.undo()
+    for groups in (32, 16, 4, 2, 1):              # nor does running several splits in one program (1-32 splits here)
+        for pdl, where, pre in ((False, None, None), (True, loc, groups == 32 or None), (True, None, None)):
+            got = _kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, out_cache_loc=where, pre_kv=pre,
+                          split_groups=groups)
+            check_bitwise("decode_attention", got, outs[0], output=f"split_groups_{groups}_pdl_{pdl}_pre_kv_{pre}")
     oracle, baseline = _reference(q, kc, vc, step, per_row=True)
     check_accuracy("decode_attention", outs[0], oracle, baseline)
     n = step.num_valid_rows

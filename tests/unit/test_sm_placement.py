@@ -90,8 +90,8 @@ def test_instrumented_copies_compile_for_sm90_with_the_record(tmp_path, monkeypa
     assert "%smid" in res["ptx"] and "%globaltimer" in res["ptx"]
     assert "griddepcontrol.launch_dependents" in res["ptx"]
     att_spec = {
-        "constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, CHUNK=8, NVR_FROM_PTR=True, PRE_KV=True,
-                           LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=True, INTERP=False),
+        "constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, GROUPS=32, CHUNK=8, NVR_FROM_PTR=True,
+                           PRE_KV=True, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=True, INTERP=False),
         "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                          pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
                          wsml_ptr="*fp32", cnt_ptr="*i32", _pl_tr="*i64"),
