@@ -472,9 +472,15 @@ TUNED_PLANS: dict[tuple[str, int, int], dict] = {
     # bench/results/perf2_step_h200.json)
     ('lm_head', 49152, 576): dict(
         block_k=64, split=1, chunks_per_split=9, bn=128, preload=False, warps=4, stages=4, pf_k=64),
-    # Llama-3.2-1B: stream_bn64_bk64_st6_pf0, 134.14 us at 1 row (default plan 159.12 us)
+    # Llama-3.2-1B: stream_bn64_bk64_st6_pf0, 134.14 us at 1 row (default plan 159.12 us). Session 18: bn 128 (one
+    # warpgroup, two m64 halves; the same bits as bn 64: bench/results/session18/call5, explore28 --bits at 48 rows,
+    # logits equal). Per kernel 123.7-123.8 / 142.6-142.8 / 168.3 us against 129.9-130.6 / 159.2-159.6 / 225.5-226.4 at
+    # 1 / 24 / 48 rows (each program reads its x tiles once per 128 columns, not 64: at 3 row blocks those reads were
+    # 0.75 of the weight bytes); in the step (explore26, alternated twice) 940.8-941.2 against 948.2-950.5 us at 1
+    # row, 1014.5-1015.1 / 1020.5-1021.7 at 6, 1350.4-1350.8 / 1367.2-1367.9 at 24, 1785.2-1787.9 / 1835.9-1841.2 at
+    # 48. Stages 8 at 2-3 row blocks were slower (179 against 159 us at 24 rows).
     ('lm_head', 128256, 2048): dict(
-        block_k=64, split=1, chunks_per_split=32, bn=64, preload=False, warps=4, stages=6, pf_k=0),
+        block_k=64, split=1, chunks_per_split=32, bn=128, preload=False, warps=4, stages=6, pf_k=0),
     # Llama-3.2-1B: stream_bn128_bk64_w8_pf0, 21.32 us at 1 row (default plan 27.62 us)
     # Session 17: 6 stages at 2-3 row blocks (5 in flight, `stages_for`; 3 before): in the step (call 6, explore26,
     # alternated twice) gate/up 25.1 against 33.6 us a layer at 24 rows, 29.8 against 44.6 at 48; the step 1456.7-

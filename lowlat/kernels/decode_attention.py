@@ -18,14 +18,14 @@ never on M or on the other rows. One split writes out = acc / l directly. Otherw
 (out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; the partials of COMBINE_CHUNK splits are loaded
 per round trip, then added one at a time): one launch, bitwise deterministic, row invariant.
 Split groups (session 18): a (row, KV head) has `split_groups` programs (grid dim 0); program g runs
-splits g, g + split_groups, ... one after another, each from scratch exactly as its own program would,
-and stores each partial. With one group the program then combines its own partials (after a CTA
-barrier); with more, each program bumps a per-(row, KV head) counter once and the last of the
-min(n_s, split_groups) to arrive combines and resets it. The sums are the same whatever the grouping,
-so `default_split_groups` may pick it from the grid: at 48 rows one program per split is 32 x Hkv x 48
-programs, most without work at short contexts. A grouped program runs all its blocks in ONE loop (the
-state restarts at a split's first block), so Triton pipelines the loads across split ends; grouped as a
-loop of splits (session 18, call 1), each one-block split waited for its own loads (~2.4 us a block).
+splits g, g + split_groups, ... in ONE loop over all their blocks: the state restarts (-inf, 0, 0) at a
+split's first block and the split's partial is stored after its last, so each split is summed exactly as
+its own program would, and Triton pipelines the loads across split ends (a loop of splits, session 18's
+call 1, left each one-block split waiting for its own loads: ~2.4 us a block). With one group the program
+then combines its own partials (after a CTA barrier); with more, each program bumps a per-(row, KV head)
+counter once and the last of the min(n_s, split_groups) to arrive combines and resets it. The sums are the
+same whatever the grouping, so `default_split_groups` may pick it from the grid: at 48 rows one program per
+split is 32 x Hkv x 48 programs, most without work at short contexts.
 Page-table entries past a row's position and the KV slots they name are never read.
 
 PDL (`use_pdl`): without out_cache_loc the kernel waits (`gdc_wait`) before reading anything. With it
