@@ -13,7 +13,8 @@ For SmolLM2-135M and Llama-3.2-1B heads (lowlat.config.preset), contexts 512 and
 Bytes: the K and V rows each row attends to + q + out + page-table entries; floor = bytes / copy
 bandwidth. Slots of a request are contiguous (a fresh allocation). JSON to --out.
 --split-groups G ... (session 18): time the fused variants at each of these `split_groups` (programs per (row, KV
-head); 0 = the default rule, `default_split_groups`); each result records the value launched.
+head); 0 = the default rule, `default_split_groups`); each result records the value launched. fused_pdl_pre_kv runs
+one program per split (the early path's grid) and is skipped at any other value.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
 """
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
                                  time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
-from lowlat.kernels.decode_attention import (decode_attention, default_split_groups,  # noqa: E402
+from lowlat.kernels.decode_attention import (MAX_SPLITS, decode_attention, default_split_groups,  # noqa: E402
                                              make_decode_workspace)
 from lowlat.reference.attention import paged_attention  # noqa: E402
 
@@ -83,6 +84,12 @@ def main() -> None:
                 if not variant.startswith("fused"):
                     if groups != args.split_groups[0]:
                         continue                     # the references once per (model, ctx, rows)
+                elif variant == "fused_pdl_pre_kv":          # the early path runs one program per split
+                    if groups not in (0, MAX_SPLITS):
+                        skipped.append({**base, "variant": variant, "split_groups": groups,
+                                        "why": "pre_kv needs one program per split"})
+                        continue
+                    base["split_groups"] = MAX_SPLITS
                 else:
                     base["split_groups"] = groups or default_split_groups(m, hkv)
                 if optional and budget.left() < 0:

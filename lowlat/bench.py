@@ -9,8 +9,9 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
   tune      (first, when asked) every candidate tile plan of each GEMV shape of the models' fused
             step (`lowlat.kernels._gemv.candidate_plans`), checked against the reference at 48 rows
             and for row invariance, timed at rows 1 and 6 as the step runs it; the fastest correct
-            plan per shape, with the weight stream (preload / stages / pf_k) re-chosen at the row-block
-            counts of --tune-wide-rows among the candidates of the same arithmetic (`by_row_blocks`),
+            plan per shape, with the weight stream (preload / stages / pf_k; and bn for the residual
+            kind, which it does not sum by) re-chosen at the row-block counts of --tune-wide-rows among
+            the candidates of the same arithmetic (`by_row_blocks`),
             is written to --plans-out and used by the rest of the run (the format of
             $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
   kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_write_h: with
@@ -415,40 +416,48 @@ def pick_tuned(timed: list[tuple], rows_list) -> tuple:
     return label, plan, us
 
 
-def _arithmetic(plan) -> tuple:
-    """The fields of a GemvPlan that decide its bits: all but ROW_BLOCK_FIELDS and by_row_blocks, as (field, value)."""
+def _width_fields(kind: str | None) -> tuple:
+    """The plan fields a `by_row_blocks` override may set for a kind: ROW_BLOCK_FIELDS, and bn for the kinds of
+    BN_BY_ROW_BLOCKS_KINDS (session 17: bn moves no summation there)."""
+    from lowlat.kernels._gemv import BN_BY_ROW_BLOCKS_KINDS, ROW_BLOCK_FIELDS
+
+    return ROW_BLOCK_FIELDS + (("bn",) if kind in BN_BY_ROW_BLOCKS_KINDS else ())
+
+
+def _arithmetic(plan, kind: str | None = None) -> tuple:
+    """The fields of a GemvPlan that decide its bits, as (field, value): all but by_row_blocks and the fields an
+    override may set for `kind` (`_width_fields`: the weight stream's, and bn for the residual / qkv kinds)."""
     from dataclasses import asdict
 
-    from lowlat.kernels._gemv import ROW_BLOCK_FIELDS
+    skip = _width_fields(kind)
+    return tuple((f, v) for f, v in asdict(plan).items() if f not in skip and f != "by_row_blocks")
 
-    return tuple((f, v) for f, v in asdict(plan).items() if f not in ROW_BLOCK_FIELDS and f != "by_row_blocks")
 
-
-def compose_row_block_plan(winner, wide_timed: dict):
-    """The narrow widths' winner (a GemvPlan) with its weight stream re-chosen per wider row-block count.
+def compose_row_block_plan(winner, wide_timed: dict, kind: str | None = None):
+    """The narrow widths' winner (a GemvPlan) with its weight stream (and, for the residual / qkv kinds, its bn)
+    re-chosen per wider row-block count.
 
     wide_timed: {row blocks (2 or 3): [(us, GemvPlan), ...]}, each plan's time (any unit, e.g. us summed over the
     timed rows of that many row blocks) as launched at that count (`plan.at(nmb)`). For each count, among the plans
-    whose arithmetic there equals the winner's (`_arithmetic(plan.at(nmb)) == _arithmetic(winner.at(nmb))`; others
-    are ignored), the fastest one's ROW_BLOCK_FIELDS (preload, stages, pf_k) become the winner's override for that
-    count, if it is strictly faster than the winner's own stream there (a tie keeps it; so does a count with no
-    timing of the winner's own stream: nothing to compare with); any other field the winner overrides at that count
-    stays. Counts not in wide_timed keep the winner's `by_row_blocks`. Returns a GemvPlan in normal form (overrides
-    equal to its base fields dropped), equal to `winner` when no other stream won. Pure: no GPU, no timing."""
+    whose arithmetic there equals the winner's (`_arithmetic(plan.at(nmb), kind) == _arithmetic(winner.at(nmb),
+    kind)`; others are ignored), the fastest one's `_width_fields(kind)` (preload, stages, pf_k; and bn for the
+    kinds of BN_BY_ROW_BLOCKS_KINDS, session 18) become the winner's override for that count, if it is strictly
+    faster than the winner's own launch there (a tie keeps it; so does a count with no timing of the winner's own
+    launch: nothing to compare with); any other field the winner overrides at that count stays. Counts not in
+    wide_timed keep the winner's `by_row_blocks`. Returns a GemvPlan in normal form (overrides equal to its base
+    fields dropped), equal to `winner` when nothing else won. Pure: no GPU, no timing."""
     from dataclasses import replace
-
-    from lowlat.kernels._gemv import ROW_BLOCK_FIELDS
 
     fields = {nmb: dict(f) for nmb, f in winner.by_row_blocks}
     for nmb, timed in wide_timed.items():
         base = winner.at(nmb)
-        same = [(us, p.at(nmb)) for us, p in timed if _arithmetic(p.at(nmb)) == _arithmetic(base)]
+        same = [(us, p.at(nmb)) for us, p in timed if _arithmetic(p.at(nmb), kind) == _arithmetic(base, kind)]
         base_us = min((us for us, p in same if p == base), default=None)
         if base_us is None:
             continue
         us, best = min(same, key=lambda t: t[0])
         if us < base_us:
-            fields[nmb] = {**fields.get(nmb, {}), **{f: getattr(best, f) for f in ROW_BLOCK_FIELDS}}
+            fields[nmb] = {**fields.get(nmb, {}), **{f: getattr(best, f) for f in _width_fields(kind)}}
     return replace(winner, by_row_blocks=fields)
 
 
@@ -474,7 +483,7 @@ def _tune_row_blocks(case, timed: list[tuple], winner, rec: _Recorder, budget: B
         launched = []
         for _, label, cand, _ in timed:
             p = cand.at(nmb)
-            if _arithmetic(p) != _arithmetic(winner.at(nmb)) or p in launched:
+            if _arithmetic(p, case.kind) != _arithmetic(winner.at(nmb), case.kind) or p in launched:
                 continue
             launched.append(p)
             if budget.left() < 8:
@@ -490,7 +499,7 @@ def _tune_row_blocks(case, timed: list[tuple], winner, rec: _Recorder, budget: B
             for r, t in us.items():
                 wide_us.setdefault(r, {})[label] = round(t, 2)
                 record(r, label, cand, t)
-    plan = compose_row_block_plan(winner, wide_timed)
+    plan = compose_row_block_plan(winner, wide_timed, case.kind)
     if plan == winner:
         return winner, wide_us
     if budget.left() < 8:

@@ -114,7 +114,8 @@ def main() -> None:
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
-               attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl, prologue_maxnreg=a.prologue_maxnreg,
+               attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
+               prologue_maxnreg=a.prologue_maxnreg,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -135,7 +136,8 @@ def summary(out: dict) -> str:
     """The run as the device scripts print it: a header (model, layers, trigger, down plan, logits checksum),
     then per width the step time and each launch role's cost (us)."""
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
-             f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} min {out.get('attn_min_groups', '-')} "
+             f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} "
+             f"min {out.get('attn_min_groups', '-')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

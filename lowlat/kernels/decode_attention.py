@@ -78,7 +78,7 @@ PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
 #: rows and from 1885 to 1833 at 48 (call 2); smaller grids gained or lost by the width and the model (Llama with
 #: 2-4 groups -12..-25 us at 16-24 rows; SmolLM2 +7 / +20 us at 6 / 24 rows with 16 / 4 groups, -21 at 32; call 3),
 #: so they keep one program per split. Per kernel at ctx 4096, 4 groups at 48 rows equal one per split (129.6
-#: against 130.6 us); 1-2 groups lost 6-11% at 24-48 rows.
+#: against 130.6 us); 2 groups lost 6-11% at 24-48 rows, 1 group 10-64%.
 WIDE_GRID = 6144
 WIDE_SPLIT_GROUPS = 4
 
@@ -447,15 +447,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      and tokens per inner block (default 64)
         sm_scale     softmax scale, default 1/sqrt(D)
         split_groups programs per (row, KV head): a power of two in 1..num_splits; program g runs the row's splits
-                     g, g + split_groups, g + 2 split_groups, ... one after another (same arithmetic, so the same
-                     bits, for every value). None: num_splits with pre_kv=True and out_cache_loc, else
-                     `default_split_groups` (by the grid: fewer programs only past WIDE_GRID). Fewer than num_splits: one loop over all of a program's blocks
-                     (Triton pipelines its loads across split ends), every load after the PDL wait (no pre_kv)
+                     g, g + split_groups, g + 2 split_groups, ... (same arithmetic, so the same bits, for every
+                     value). Fewer than num_splits: one loop over all of a program's blocks (Triton pipelines
+                     its loads across split ends), every load after the PDL wait (no pre_kv). None: num_splits
+                     with pre_kv=True and out_cache_loc, else `default_split_groups` (fewer programs only past
+                     WIDE_GRID)
         use_pdl      programmatic dependent launch (sm_90; ignored when interpreting)
         pdl_trigger  with PDL, when a program releases the next launch: "after_kv" (default) once its
-                     KV loop is done, before its stores / split combine (programs without work release
-                     by exiting), or "start" right after its `gdc_wait`. Same arithmetic either way; see
-                     the module docstring for why "after_kv". No effect without PDL (use_pdl False,
+                     KV loop is done, before its last stores / split combine (a grouped program has stored
+                     its earlier splits' partials in the loop; programs without work release by exiting),
+                     or "start" right after its `gdc_wait`. Same arithmetic either way; see the module
+                     docstring for why "after_kv". No effect without PDL (use_pdl False,
                      not sm_90, or under the interpreter).
         check_values also check req_indices / positions / visible page-table values (host sync)
     Returns: out [M, Hq, D] bf16; padding rows are 0.
@@ -519,7 +521,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = (split_groups, hkv, m)
     programs = split_groups * hkv * m
     if split_groups < workspace.num_splits:
-        if pre_kv:
+        if pre_kv and out_cache_loc is not None:     # (without out_cache_loc pre_kv has no effect, as before)
             raise StepContractError(f"pre_kv=True needs one program per split; split_groups={split_groups} < "
                                     f"num_splits={workspace.num_splits} loads every block after the wait")
         out_cache_loc = None

@@ -270,14 +270,19 @@ def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
     """A program may run several splits of its (row, KV head) in one loop over their blocks (`split_groups` programs
     each; with one it combines its own partials, with more the last of min(n_s, split_groups) to arrive does):
     every grouping gives bitwise the output of one program per split (with or without the early first block),
-    within the policy, padding rows 0, counters reset. Rows of 1-10 splits (L = 1 .. 160 at 16-token blocks):
-    fewer splits than groups, as many, more, one split; 2 blocks a split for the longest row."""
-    step, q, kc, vc = _case(ctxs=[159, 70, 0, 33, 15, 100], rows=[1, 2, 1, 3, 1, 2], hq=6, hkv=2, d=16, pad=2,
-                            seed=31, device=device)
+    within the policy, padding rows 0, counters reset. With num_splits 8 and 16-token blocks the rows have 1, 3, 5,
+    7 and 8 splits of one block, and 5 splits of 2 blocks (L = 160) or 2 blocks but a one-block last split (L = 141):
+    fewer splits than groups, as many, more. The split partials are set to NaN before every grouped launch, so a
+    partial the launch should store and does not cannot pass on a value an earlier launch left (review of
+    session 18)."""
+    step, q, kc, vc = _case(ctxs=[159, 70, 0, 33, 15, 100, 140, 127], rows=[1, 2, 1, 3, 1, 2, 1, 1], hq=6, hkv=2,
+                            d=16, pad=2, seed=31, device=device)
     ws = make_decode_workspace(step.num_rows, 6, 2, 16, device, num_splits=8, block_n=16)
     loc = step.out_cache_loc if pre_kv else None
     one = _check(q, kc, vc, step, workspace=ws, split_groups=8, out_cache_loc=loc, pre_kv=pre_kv)
     for groups in (4, 2, 1):
+        ws.partial_o.fill_(float("nan"))
+        ws.partial_ml.fill_(float("nan"))
         got = _check(q, kc, vc, step, workspace=ws, split_groups=groups, out_cache_loc=loc)
         check_bitwise("decode_attention", got, one, output=f"split_groups_{groups}")
         assert int(ws.counters.abs().sum()) == 0, f"split_groups={groups} left a counter set"
@@ -285,6 +290,9 @@ def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
         with pytest.raises(StepContractError, match="pre_kv=True needs one program per split"):
             decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows,
                              workspace=ws, split_groups=4, out_cache_loc=loc, pre_kv=True)
+    # without out_cache_loc pre_kv has no effect (as before split groups): no error at any grouping
+    check_bitwise("decode_attention", _kernel(q, kc, vc, step, workspace=ws, split_groups=2, pre_kv=True), one,
+                  output="pre_kv_without_out_cache_loc")
 
 
 def test_default_split_groups_groups_only_wide_grids(monkeypatch):
@@ -418,7 +426,8 @@ def _sm90_spec(*, after=True, pre_kv=False):
     from lowlat.kernels.decode_attention import COMBINE_CHUNK
 
     return {"constexprs": dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, GROUPS=32, CHUNK=COMBINE_CHUNK,
-                               NVR_FROM_PTR=True, PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after, INTERP=False),
+                               NVR_FROM_PTR=True, PRE_KV=pre_kv, LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=after,
+                               INTERP=False),
             "pointers": dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32",
                              pos_ptr="*i64", nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32",
                              wsml_ptr="*fp32", cnt_ptr="*i32"),
@@ -501,7 +510,7 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
 def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape, monkeypatch):
     """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
-    pdl_trigger, with and without out_cache_loc) == off; every split_groups (1-32) == the default; a CUDA-graph
+    pdl_trigger, with and without out_cache_loc) == off; split_groups 32 / 16 / 4 / 2 / 1 == the default; a CUDA-graph
     replay (num_valid_rows as a device tensor, out_cache_loc given, as FusedModel launches it) == eager."""
     hq, hkv, d = shape
     ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]

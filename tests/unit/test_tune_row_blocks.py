@@ -1,6 +1,7 @@
 """The tuner's wide stage (`lowlat.bench.compose_row_block_plan`, `_tune_row_blocks`): after the narrow widths pick a
 winner, the candidates of the same arithmetic are timed at 2 and 3 row blocks and the fastest weight stream (preload /
-stages / pf_k) becomes the winner's `by_row_blocks` override there. The composition is tested as a pure function on
+stages / pf_k; and bn for the residual / qkv kinds, session 18) becomes the winner's `by_row_blocks` override
+there. The composition is tested as a pure function on
 SmolLM2's down projection [576, 1536] (its default preload plan and the legacy / table stream plans tile alike); the
 stage itself end to end at a tiny shape under the interpreter, with the GPU timer replaced by a table of fake times
 (every timed launch still runs once) and the composed plan's `_GemvCase.check` run for real.
@@ -74,6 +75,19 @@ def test_a_width_dependent_winner_is_recomposed_at_the_timed_counts_only():
     assert got.at(2) == table.at(2) and got.at(3) == replace(base, preload=True, stages=1, pf_k=0)
 
 
+def test_bn_is_an_override_field_for_the_residual_kind_only():
+    """For the residual kind (`_gemv.BN_BY_ROW_BLOCKS_KINDS`) a faster plan that differs from the winner only in bn
+    and its stream wins a row-block count, bn included; for gate_up / lm_head (or no kind) it is other arithmetic."""
+    pre, legacy, _, _ = down_plans()
+    wide = replace(legacy, bn=32)
+    assert bench._arithmetic(wide, "residual") == bench._arithmetic(pre, "residual")
+    assert bench._arithmetic(wide) != bench._arithmetic(pre)
+    got = compose_row_block_plan(pre, {3: [(10.0, pre), (7.0, legacy), (5.0, wide)]}, "residual")
+    assert got.at(1) == pre and got.at(2) == pre and got.at(3) == wide and got.bn_by_width
+    assert compose_row_block_plan(pre, {3: [(10.0, pre), (7.0, legacy), (5.0, wide)]}, "gate_up").at(3) == legacy
+    assert compose_row_block_plan(pre, {3: [(10.0, pre), (5.0, wide)]}) == pre
+
+
 def test_tune_wide_rows_argument_parses():
     assert _parse_rows("24,48") == (24, 48) and _parse_rows(" 17 , 33,") == (17, 33)
     assert _parse_rows("") == () and _parse_rows(None) == ()
@@ -86,14 +100,16 @@ def test_tune_wide_rows_argument_parses():
 N, K = 96, 80
 STREAM = plan_gemv(N, K, kind="residual", preload=False, bn=16, block_k=16, split=2, stages=3, pf_k=32)
 PRE = replace(STREAM, preload=True, stages=1, pf_k=0)
-OTHER = plan_gemv(N, K, kind="residual", preload=False, bn=32, block_k=16, split=2, stages=3, pf_k=32)
+OTHER = plan_gemv(N, K, kind="residual", preload=False, bn=32, block_k=16, split=1, stages=3, pf_k=32)
+WIDER = plan_gemv(N, K, kind="residual", preload=False, bn=32, block_k=16, split=2, stages=4, pf_k=32)
 
 
 def fake_us(plan, rows):
     """us of a launched plan (no by_row_blocks) at rows: the stream wins at 1-16 and 17-32 rows, the preload at
-    33-48; the bn 32 plan (other arithmetic) is slowest narrow and fastest wide."""
+    33-48; the bn 32 plans (OTHER: split 1, other arithmetic; WIDER: the stream's tiling but bn 32) are slowest
+    narrow and fastest wide."""
     if plan.bn == 32:
-        return 3.0 if rows <= 16 else 1.0
+        return 3.0 if rows <= 16 else (1.0 if plan.split == 1 else 2.0)
     if rows <= 16:
         return 2.0 if plan.preload else 1.0
     return {24: (11.0, 10.0), 48: (5.0, 10.0)}[rows][0 if plan.preload else 1]
@@ -181,19 +197,35 @@ def test_tuner_skips_the_wide_stage_when_the_budget_runs_short(tuner):
         assert len(timed) == 6 and entry["label"] == "stream" and entry["wide_us"] == {}
 
 
+def test_tuner_proposes_a_wider_bn_of_the_winners_tiling_for_the_residual_kind(tuner):
+    """WIDER (the stream's block_k / split / warps, bn 32, 4 stages) is slower narrow, faster than the stream at 24
+    rows (2.0 against 10.0 us) and than the preload at 48 (2.0 against 5.0): for the residual kind its bn and stream
+    become the overrides at 2 and 3 row blocks; OTHER (split 1) is never timed wide. The composed plan passes
+    `_GemvCase.check` (bitwise 6 / 20 rows against 48 under the interpreter) and survives JSON."""
+    case, timed, checked, rec, run = tuner
+    entry = run(candidates=(("stream", STREAM), ("preload", PRE), ("bn32", OTHER), ("wider", WIDER)))
+    stream_of_wider = dict(bn=32, preload=False, stages=4, pf_k=32)
+    want = replace(STREAM, by_row_blocks={2: stream_of_wider, 3: stream_of_wider})
+    assert entry["label"] == "stream+by_row_blocks" and entry["wide_us"]["48"]["wider"] == 2.0
+    assert not any(p.split == 1 for p, r in timed if r > 16)
+    assert checked[-1] == want
+    assert plan_gemv(N, K, kind="residual", table=plans_from_json(json.loads(json.dumps([entry])))) == want
+
+
 def test_a_bn_by_width_winner_keeps_its_bn_and_every_row_records_the_launched_plan(tuner):
     """A candidate that launches the stream plan at 1 row block and bn 32 at 3 (`by_row_blocks` bn, allowed for the
-    residual kind) ties with the stream at 1 and 6 rows, so `pick_tuned` keeps it; at 48 rows only plans of its own
-    arithmetic there (bn 32) are compared, which is itself: the entry is that plan, bn by width included, and it
-    survives JSON. Each recorded row names the candidate (`plan`) and what its launch ran (`launched`: bn 32, 3 tiles
-    at 48 rows, where the candidate's base is bn 16, 6 tiles)."""
+    residual kind) ties with the stream at 1 and 6 rows, so `pick_tuned` keeps it; at 48 rows the plans of its
+    arithmetic there (for the residual kind bn is not part of it: the bn 16 stream too) are compared, and its own bn
+    32 launch is faster (2.0 against 10.0 us): the entry is that plan, bn by width included, and it survives JSON.
+    Each recorded row names the candidate (`plan`) and what its launch ran (`launched`: bn 32, 3 tiles at 48 rows,
+    where the candidate's base is bn 16, 6 tiles)."""
     case, timed, _, rec, run = tuner
     by_bn = replace(STREAM, by_row_blocks={3: dict(bn=32)})
     entry = run(wide_rows=(48,), candidates=(("stream", STREAM), ("by_bn", by_bn)))
-    assert entry["label"] == "by_bn" and entry["wide_us"] == {"48": {"by_bn": 1.0}}
+    assert entry["label"] == "by_bn" and entry["wide_us"] == {"48": {"stream": 10.0, "by_bn": 2.0}}
     assert plan_gemv(N, K, kind="residual", table=plans_from_json(json.loads(json.dumps([entry])))) == by_bn
-    assert [(p.bn, r) for p, r in timed] == [(16, 1), (16, 6), (16, 1), (16, 6), (32, 48)]
+    assert [(p.bn, r) for p, r in timed] == [(16, 1), (16, 6), (16, 1), (16, 6), (16, 48), (32, 48)]
     rows = [(r["variant"], r["rows"], r["plan"]["n_tiles"], r["launched"]["bn"], r["launched"]["n_tiles"])
             for r in rec.doc["results"]]
     assert rows == [("stream", 1, 6, 16, 6), ("stream", 6, 6, 16, 6), ("by_bn", 1, 6, 16, 6), ("by_bn", 6, 6, 16, 6),
-                    ("by_bn", 48, 6, 32, 3)]
+                    ("stream", 48, 6, 16, 6), ("by_bn", 48, 6, 32, 3)]
