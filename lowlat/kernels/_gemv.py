@@ -448,9 +448,14 @@ def legacy_plan(n: int, k: int, *, kind: str = "residual", pair: bool = False) -
 #: 2026-11-29 (bench/results/perf_step_h200.json, its "tuned_plans" and "tune" entries: every
 #: candidate's time); the GPU tests of out_proj / mlp / lm_head / fused_model passed with this table.
 TUNED_PLANS: dict[tuple[str, int, int], dict] = {
-    # SmolLM2-135M: stream_bn16_split1_deep, 2.08 us at 1 row (default plan 3.02 us)
+    # SmolLM2-135M: stream_bn16_split1_deep, 2.08 us at 1 row (default plan 3.02 us). Session 18 (call 7,
+    # `bench/explore/session18g.sh`, explore26 alternated twice): bn 64 at 3 row blocks (33-48 rows) took the step
+    # from 1221.2-1221.9 to 1133.8-1134.7 us at 48 rows (out_proj 3.93 against 5.57 us a layer): a bn 16 program
+    # re-reads the rows' x tiles per 16 columns, three times the weight bytes at 3 row blocks. bn 32 at 2 row blocks
+    # lost 55-58 us at 24-32 rows, so 1-2 row blocks keep bn 16. The same bits (bn moves no arithmetic here).
     ('residual', 576, 576): dict(
-        block_k=64, split=1, chunks_per_split=9, bn=16, preload=False, warps=4, stages=8, pf_k=1024),
+        block_k=64, split=1, chunks_per_split=9, bn=16, preload=False, warps=4, stages=8, pf_k=1024,
+        by_row_blocks={3: dict(bn=64)}),
     # SmolLM2-135M: default, 4.3 us at 1 row
     ('gate_up', 1536, 576): dict(
         block_k=64, split=5, chunks_per_split=2, bn=64, preload=True, warps=4, stages=1, pf_k=0),
