@@ -35,3 +35,11 @@ open(p, "w").write(s.replace(old, new))
 PY
 }
 unmutate() { cp /tmp/mutate.bak "$MUTATED"; }
+# the tuner on one shape, its proposal printed and its files in $OUT (session 17c / 19a): tune_shape MODEL KIND:NxK TAG
+tune_shape() {
+  echo "== tune $1 $2 (${SECONDS}s)"
+  timeout 120 python3 -m lowlat.bench --sections tune --models $1 --tune-shapes $2 --tune-budget-s 90 --budget-s 100 \
+    --out "$OUT/tune_$3.json" --plans-out "$OUT/plans_$3.json" > /tmp/tune.log 2>&1; echo "tune rc $?"
+  grep -v -i warn /tmp/tune.log | grep -E "\[tune\]|rror" | cut -c1-600 | tail -6
+  python3 -c "import json; print([e for e in json.load(open('$OUT/plans_$3.json')) if e['kind']+':'+str(e['n'])+'x'+str(e['k'])=='$2'])"
+}

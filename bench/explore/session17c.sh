@@ -21,11 +21,7 @@ timeout 100 $PYT "$EARLY" 2>&1 | tail -1
 for spec in "SmolLM2-135M residual:576x1536 smol" "Qwen3-30B-A3B out_proj:2048x4096 qwen"; do
   set -- $spec
   (( SECONDS > 430 )) && { echo "skip tune $1: ${SECONDS}s used"; continue; }
-  echo "== tune $1 $2 (${SECONDS}s)"
-  timeout 120 python3 -m lowlat.bench --sections tune --models $1 --tune-shapes $2 --tune-budget-s 90 --budget-s 100 \
-    --out "$OUT/tune_$3.json" --plans-out "$OUT/plans_$3.json" > /tmp/tune.log 2>&1; echo "tune rc $?"
-  grep -v -i warn /tmp/tune.log | grep -E "\[tune\]|rror" | cut -c1-600 | tail -6
-  python3 -c "import json; print([e for e in json.load(open('$OUT/plans_$3.json')) if e['kind']+':'+str(e['n'])+'x'+str(e['k'])=='$2'])"
+  tune_shape $1 $2 $3
 done
 echo "== GPU tests with the tuned SmolLM2 table (${SECONDS}s)"
 (( SECONDS < 500 )) && LOWLAT_GEMV_PLANS=$OUT/plans_smol.json timeout 90 $PYT -n 4 -m gpu tests/unit/test_out_proj.py \

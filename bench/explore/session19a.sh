@@ -17,10 +17,6 @@ timeout 120 python3 -m lowlat.bench --sections copy,step,profile --models SmolLM
 for spec in "SmolLM2-135M residual:576x1536 smol" "Llama-3.2-1B residual:2048x8192 llama"; do
   set -- $spec
   (( SECONDS > 430 )) && { echo "skip tune $1: ${SECONDS}s used"; continue; }
-  echo "== tune $1 $2 (${SECONDS}s)"
-  timeout 120 python3 -m lowlat.bench --sections tune --models $1 --tune-shapes $2 --tune-budget-s 90 --budget-s 100 \
-    --out "$OUT/tune_$3.json" --plans-out "$OUT/plans_$3.json" > /tmp/tune.log 2>&1; echo "tune rc $?"
-  grep -v -i warn /tmp/tune.log | grep -E "\[tune\]|rror" | cut -c1-600 | tail -6
-  python3 -c "import json; print([e for e in json.load(open('$OUT/plans_$3.json')) if e['kind']+':'+str(e['n'])+'x'+str(e['k'])=='$2'])"
+  tune_shape $1 $2 $3
 done
 echo "done at ${SECONDS}s"
