@@ -15,6 +15,8 @@ bandwidth. Slots of a request are contiguous (a fresh allocation). JSON to --out
 --split-groups G ... (session 18): time the fused variants at each of these `split_groups` (programs per (row, KV
 head); 0 = the default rule, `default_split_groups`); each result records the value launched. fused_pdl_pre_kv runs
 one program per split (the early path's grid) and is skipped at any other value.
+--kv-stages S ... (session 19): time the fused variants at each of these KV-loop pipeline depths (`kv_stages`;
+0 = the default, `default_kv_stages`); each result records the value launched.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
 """
@@ -32,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
                                  time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
-from lowlat.kernels.decode_attention import (MAX_SPLITS, decode_attention, default_split_groups,  # noqa: E402
-                                             make_decode_workspace)
+from lowlat.kernels.decode_attention import (MAX_SPLITS, decode_attention, default_kv_stages,  # noqa: E402
+                                             default_split_groups, make_decode_workspace)
 from lowlat.reference.attention import paged_attention  # noqa: E402
 
 MODELS = ("SmolLM2-135M", "Llama-3.2-1B")
@@ -57,6 +59,8 @@ def main() -> None:
                     help="run only these (fused, fused_pdl, fused_pdl_pre_kv, ref_eager, ref_compile)")
     ap.add_argument("--split-groups", nargs="*", type=int, default=[0],
                     help="the fused variants' split_groups (0: the default rule)")
+    ap.add_argument("--kv-stages", nargs="*", type=int, default=[0],
+                    help="the fused variants' kv_stages (0: the default)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -67,8 +71,8 @@ def main() -> None:
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(paged_attention, dynamic=True)
-    configs = [(name, ctx, m, g) for name in args.models for ctx in args.ctxs for m in args.rows
-               for g in args.split_groups]
+    configs = [(name, ctx, m, g, st) for name in args.models for ctx in args.ctxs for m in args.rows
+               for g in args.split_groups for st in args.kv_stages]
     # phases: every fused measurement first, then the references while the budget lasts
     phases = [("fused", False), ("fused_pdl", False), ("fused_pdl_pre_kv", False), ("ref_eager", True),
               ("ref_compile", True)]
@@ -76,13 +80,13 @@ def main() -> None:
         phases = [ph for ph in phases if ph[0] in args.variants]
     try:
         for variant, optional in phases:
-            for name, ctx, m, groups in configs:
+            for name, ctx, m, groups, stages in configs:
                 cfg = preset(name)
                 hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
                 nbytes = bytes_moved(hq, hkv, d, m, ctx)
                 base = {"model": name, "rows": m, "ctx": ctx, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
                 if not variant.startswith("fused"):
-                    if groups != args.split_groups[0]:
+                    if groups != args.split_groups[0] or stages != args.kv_stages[0]:
                         continue                     # the references once per (model, ctx, rows)
                 elif variant == "fused_pdl_pre_kv":          # the early path runs one program per split
                     if groups not in (0, MAX_SPLITS):
@@ -91,7 +95,11 @@ def main() -> None:
                         continue
                     base["split_groups"] = MAX_SPLITS
                 else:
-                    base["split_groups"] = groups or default_split_groups(m, hkv)
+                    base["split_groups"] = groups or default_split_groups(m, hkv, head_dim=d)
+                if variant.startswith("fused"):
+                    pre = variant == "fused_pdl_pre_kv"
+                    base["kv_stages"] = stages or default_kv_stages(base["split_groups"], MAX_SPLITS, head_dim=d,
+                                                                    pre_kv=pre)
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
@@ -113,7 +121,8 @@ def main() -> None:
                     calls = [lambda i=i: decode_attention(qs[i], kc, vc, pts[i], req, pos, m, out=outs[i],
                                                           out_cache_loc=locs[i], pre_kv=locs[i] is not None,
                                                           workspace=ws, use_pdl=pdl,
-                                                          split_groups=base["split_groups"])
+                                                          split_groups=base["split_groups"],
+                                                          kv_stages=base["kv_stages"])
                              for i in range(r)]
                 else:
                     fn = paged_attention if variant == "ref_eager" else compiled
@@ -121,8 +130,8 @@ def main() -> None:
                 graph = variant.startswith("fused")
                 t = time_variant(calls, base, variant, results, skipped, graph=graph, iters=30 if graph else 10)
                 if t is not None:
-                    g = base.get("split_groups", "-")
-                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} g={g!s:>2} {variant:12s} {t['us_median']:9.2f} us "
+                    g, st = base.get("split_groups", "-"), base.get("kv_stages", "-")
+                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} g={g!s:>2} st={st} {variant:12s} {t['us_median']:9.2f} us "
                           f"{t['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del kc, vc, qs, outs, pts, calls
                 torch.cuda.empty_cache()

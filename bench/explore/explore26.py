@@ -27,6 +27,8 @@ beside the previous launch's).
 (programs per (row, KV head) halved from num_splits while the grid exceeds N programs, not below F, default 1) in
 place of `default_split_groups`; 1000000 keeps one program per split at every width (as until session 17). Moves no
 arithmetic: the logits checksum is the same for every N.
+--kv-stages S (session 19): the decode attention's KV loop pipeline depth (KV_STAGES and GROUPED_KV_STAGES: every
+launch without the early first block); moves no arithmetic.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -63,6 +65,7 @@ def main() -> None:
     p.add_argument("--prologue-maxnreg", type=int, default=0, help="register cap of the prologue's launches (0: none)")
     p.add_argument("--attn-target", type=int, default=None, help="split groups: halve while the grid exceeds N")
     p.add_argument("--attn-min-groups", type=int, default=1, help="with --attn-target: at least this many groups")
+    p.add_argument("--kv-stages", type=int, default=None, help="decode attention's KV_STAGES (session 19)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -77,8 +80,10 @@ def main() -> None:
     da.decode_attention.__kwdefaults__["pdl_trigger"] = a.attn_trigger     # FusedModel passes none
     if a.chunk:
         da.COMBINE_CHUNK = a.chunk
+    if a.kv_stages:                     # every launch without the early first block (call 2's meaning)
+        da.KV_STAGES = da.GROUPED_KV_STAGES = a.kv_stages
     if a.attn_target:
-        def target_rule(rows, num_kv_heads, num_splits=da.MAX_SPLITS):
+        def target_rule(rows, num_kv_heads, num_splits=da.MAX_SPLITS, *, head_dim):
             g = num_splits
             while g > min(a.attn_min_groups, num_splits) and g * num_kv_heads * rows > a.attn_target:
                 g //= 2
@@ -115,7 +120,7 @@ def main() -> None:
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
-               prologue_maxnreg=a.prologue_maxnreg,
+               prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default",
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -137,7 +142,7 @@ def summary(out: dict) -> str:
     then per width the step time and each launch role's cost (us)."""
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
              f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} "
-             f"min {out.get('attn_min_groups', '-')} "
+             f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

@@ -73,23 +73,60 @@ PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
 
 
 #: `default_split_groups`: one program per split unless that grid (num_splits x Hkv x M) exceeds WIDE_GRID programs,
-#: then WIDE_SPLIT_GROUPS programs per (row, KV head). Session 18 (bench/results/session18/, steps at ctx 512, two
-#: alternated runs each): Llama-3.2-1B (32 x 8 x M programs) with 4 groups took the step from 1453 to 1431 us at 32
-#: rows and from 1885 to 1833 at 48 (call 2); smaller grids gained or lost by the width and the model (Llama with
-#: 2-4 groups -12..-25 us at 16-24 rows; SmolLM2 +7 / +20 us at 6 / 24 rows with 16 / 4 groups, -21 at 32; call 3),
-#: so they keep one program per split. Per kernel at ctx 4096, 4 groups at 48 rows equal one per split (129.6
-#: against 130.6 us); 2 groups lost 6-11% at 24-48 rows, 1 group 10-64%.
-WIDE_GRID = 6144
-WIDE_SPLIT_GROUPS = 4
+#: then the most programs per (row, KV head), halving from num_splits, whose grid is at most WIDE_TARGET programs.
+#: Session 19 (bench/results/session19/call2, steps at ctx 512): Llama-3.2-1B (32 x 8 x M programs) with that
+#: grouping (2 groups at 19-32 rows, 1 at 33-48) and GROUPED_KV_STAGES took the step from 1357 / 1419 / 1776 us to
+#: 1335 / 1363 / 1723 at 24 / 32 / 48 rows (session 18's rule, 4 groups past 6144 programs and 3 stages, had taken
+#: it from 1453 to 1431 at 32 rows and from 1885 to 1833 at 48). SmolLM2-135M (Hkv 3, at most 4608 programs at 48
+#: rows) lost 7-45 us a step at 6-48 rows when grouped that way, and Llama at 6 rows (8 groups) 4 us, so they keep
+#: one program per split; Llama at 16 rows gained 16 us with 4 groups but WIDE_GRID leaves it ungrouped. Per kernel
+#: (call 3, PDL-chained) at Llama's heads the rule won at 24 / 32 / 48 rows and ctx 512 / 4096 (48 rows, ctx 4096:
+#: 120.9 us against 130.6 for one program per split and 129.7 for session 18's 4 groups). At Qwen3-30B-A3B's heads
+#: (D 128: a 64-token K / V block is 32 KB; the sm_90 compile takes 77 KB of shared memory at 5 stages against 44 KB at
+#: 3, two programs an SM against three) 2 groups with 5 stages lost
+#: (ctx 4096: 135.4 against 94.6 us at 37 rows, 140.5 against 118.1 at 48), so the rule groups only at head_dim
+#: <= WIDE_MAX_HEAD_DIM.
+WIDE_GRID = 4608
+WIDE_TARGET = 512
+WIDE_MAX_HEAD_DIM = 64
+#: software-pipeline depth (Triton's num_stages) of the KV loop (`kv_stages`). Triton 3.6's pipeliner spends stages
+#: on the page-table -> K / V chain: at 3 (Triton's default) it prefetches a block's slots two blocks ahead but its
+#: K / V only one block ahead and waits for them at the top of the next iteration, so every block pays a memory round
+#: trip; at 5, K / V are two blocks ahead (sm_90 compile: `async_wait num = 3`, 39 KB of shared memory against 23 KB).
+#: Per kernel (session 19 call 2, PDL-chained, 1 row): a program running every block of its row (1 group) takes 1.0
+#: against 1.5 us a block at ctx 4096 (66 against 96 us for 65 blocks), 12.4-12.5 against 15.4-15.7 us at ctx 512
+#: (SmolLM2 / Llama heads); with one or
+#: two blocks a program the deeper pipeline only costs shared memory (one program per split at 48 rows, ctx 512: 17.3
+#: against 15.9 us on SmolLM2, 38.1 against 35.2 on Llama). Hence GROUPED_KV_STAGES where a program runs at least 16
+#: splits' share of its row (split_groups * 16 <= num_splits) at head_dim <= WIDE_MAX_HEAD_DIM (measured there only),
+#: else KV_STAGES; the early-KV kernel PRE_KV_STAGES (its PRE_KV_PROGRAMS_PER_SM table was measured at it).
+KV_STAGES = 3
+GROUPED_KV_STAGES = 5
+PRE_KV_STAGES = 3
 
 
-def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPLITS) -> int:
-    """Programs per (row, KV head) by default: num_splits (one program per split), or min(WIDE_SPLIT_GROUPS,
-    num_splits) once num_splits x Hkv x M exceeds WIDE_GRID. A function of the launch's shape only (so CUDA graphs
-    capture it); it moves no arithmetic (a program's splits are each summed as their own program would)."""
-    if num_splits * num_kv_heads * rows > WIDE_GRID:
-        return min(WIDE_SPLIT_GROUPS, num_splits)
-    return num_splits
+def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPLITS, *, head_dim: int) -> int:
+    """Programs per (row, KV head) by default: num_splits (one program per split) unless num_splits x Hkv x M
+    exceeds WIDE_GRID and head_dim <= WIDE_MAX_HEAD_DIM, then num_splits halved while the grid (G x Hkv x M) exceeds
+    WIDE_TARGET (at least 1). A function of the launch's shape only (so CUDA graphs capture it); it moves no
+    arithmetic (a program's splits are each summed as their own program would)."""
+    if num_splits * num_kv_heads * rows <= WIDE_GRID or head_dim > WIDE_MAX_HEAD_DIM:
+        return num_splits
+    groups = num_splits
+    while groups > 1 and groups * num_kv_heads * rows > WIDE_TARGET:
+        groups //= 2
+    return groups
+
+
+def default_kv_stages(split_groups: int, num_splits: int, *, head_dim: int, pre_kv: bool) -> int:
+    """The KV loop's pipeline depth by default: PRE_KV_STAGES on the early-KV path, GROUPED_KV_STAGES where a program
+    runs at least 16 splits' share of its row (split_groups * 16 <= num_splits) and head_dim <= WIDE_MAX_HEAD_DIM,
+    else KV_STAGES. Moves no arithmetic."""
+    if pre_kv:
+        return PRE_KV_STAGES
+    if split_groups * 16 <= num_splits and head_dim <= WIDE_MAX_HEAD_DIM:
+        return GROUPED_KV_STAGES
+    return KV_STAGES
 
 
 def pre_kv_fits(programs: int, head_dim: int, group: int, rows: int, device: torch.device) -> bool:
@@ -418,8 +455,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out_cache_loc: torch.Tensor | None = None, pre_kv: bool | None = None,
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
-                     split_groups: int | None = None, use_pdl: bool = False, pdl_trigger: str = "after_kv",
-                     check_values: bool = False) -> torch.Tensor:
+                     split_groups: int | None = None, kv_stages: int | None = None, use_pdl: bool = False,
+                     pdl_trigger: str = "after_kv", check_values: bool = False) -> torch.Tensor:
     """Causal GQA attention of M decode / verify rows over the paged KV cache (page size 1).
 
     Matches `lowlat.reference.attention.paged_attention`.
@@ -451,7 +488,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      value). Fewer than num_splits: one loop over all of a program's blocks (Triton pipelines
                      its loads across split ends), every load after the PDL wait (no pre_kv). None: num_splits
                      with pre_kv=True and out_cache_loc, else `default_split_groups` (fewer programs only past
-                     WIDE_GRID)
+                     WIDE_GRID, at head_dim <= WIDE_MAX_HEAD_DIM)
+        kv_stages    software-pipeline depth of the KV loop (Triton num_stages, 1..8): None takes
+                     `default_kv_stages` (deeper where a program runs many splits, at D <= 64). Moves no
+                     arithmetic (the same bits for every value)
         use_pdl      programmatic dependent launch (sm_90; ignored when interpreting)
         pdl_trigger  with PDL, when a program releases the next launch: "after_kv" (default) once its
                      KV loop is done, before its last stores / split combine (a grouped program has stored
@@ -463,8 +503,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Returns: out [M, Hq, D] bf16; padding rows are 0.
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
     and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
-    Raises: StepContractError naming the offending tensor / value (split_groups too); ValueError for an unknown
-    pdl_trigger.
+    Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages too); ValueError for an
+    unknown pdl_trigger.
     """
     if pdl_trigger not in PDL_TRIGGERS:
         raise ValueError(f"pdl_trigger={pdl_trigger!r}; expected one of {PDL_TRIGGERS}")
@@ -508,11 +548,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     if split_groups is None:    # an explicit pre_kv=True keeps one program per split (the early path's grid)
         early = bool(pre_kv) and out_cache_loc is not None
-        split_groups = workspace.num_splits if early else default_split_groups(m, hkv, workspace.num_splits)
+        split_groups = workspace.num_splits if early else default_split_groups(m, hkv, workspace.num_splits, head_dim=d)
     elif (isinstance(split_groups, bool) or not isinstance(split_groups, int) or split_groups < 1
           or split_groups > workspace.num_splits or split_groups & (split_groups - 1)):
         raise StepContractError(f"split_groups={split_groups!r} must be a power of two in 1..{workspace.num_splits} "
                                 "(the workspace's num_splits)")
+    if kv_stages is not None and (isinstance(kv_stages, bool) or not isinstance(kv_stages, int)
+                                  or not 1 <= kv_stages <= 8):
+        raise StepContractError(f"kv_stages={kv_stages!r} must be an int in 1..8 (Triton's num_stages)")
     group = hq // hkv
     scale = (d ** -0.5 if sm_scale is None else float(sm_scale)) * LOG2E
     interp = interpreting()
@@ -530,6 +573,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     elif pre_kv is None:
         pre_kv = pdl and pre_kv_fits(programs, d, group, m, dev)
     pre_kv = bool(pre_kv)
+    if kv_stages is None:
+        kv_stages = default_kv_stages(split_groups, workspace.num_splits, head_dim=d, pre_kv=pre_kv)
     _decode_attention_kernel[grid](
         q, k_cache, v_cache, page_table, req_indices, positions,
         nvr_t if nvr_t is not None else req_indices, nvr_int, out_cache_loc if pre_kv else req_indices, out,
@@ -542,7 +587,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         NVR_FROM_PTR=nvr_t is not None, PRE_KV=pre_kv, LOC_PAD=max(16, triton.next_power_of_2(m)) if pre_kv else 16,
         USE_PDL=pdl,
         TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
-        num_warps=4, **extra)
+        num_warps=4, num_stages=kv_stages, **extra)
     return out
 
 

@@ -296,14 +296,19 @@ def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
 
 
 def test_default_split_groups_groups_only_wide_grids(monkeypatch):
-    """One program per split unless num_splits x Hkv x M exceeds WIDE_GRID, then min(WIDE_SPLIT_GROUPS, num_splits);
-    the launch uses it when split_groups is None (grid dim 0, recorded by a stand-in)."""
+    """One program per split unless num_splits x Hkv x M exceeds WIDE_GRID at head_dim <= WIDE_MAX_HEAD_DIM, then
+    num_splits halved while the grid exceeds WIDE_TARGET (at least 1); the launch uses it when split_groups is None
+    (grid dim 0, recorded by a stand-in)."""
     from lowlat.kernels import decode_attention as da
 
-    assert (da.WIDE_GRID, da.WIDE_SPLIT_GROUPS) == (6144, 4)
-    assert [da.default_split_groups(m, 8) for m in (1, 6, 16, 24, 25, 32, 48)] == [32, 32, 32, 32, 4, 4, 4]
-    assert [da.default_split_groups(m, 3) for m in (1, 6, 48)] == [32, 32, 32]      # SmolLM2: never past it
-    assert da.default_split_groups(48, 64, 2) == 2 and da.default_split_groups(48, 64, 8) == 4
+    assert (da.WIDE_GRID, da.WIDE_TARGET, da.WIDE_MAX_HEAD_DIM) == (4608, 512, 64)
+    assert ([da.default_split_groups(m, 8, head_dim=64) for m in (1, 6, 16, 18, 19, 24, 32, 33, 48)]
+            == [32, 32, 32, 32, 2, 2, 2, 1, 1])                                     # Llama-3.2-1B
+    assert [da.default_split_groups(m, 3, head_dim=64) for m in (1, 6, 48)] == [32, 32, 32]  # SmolLM2: never past
+    assert [da.default_split_groups(m, 4, head_dim=128) for m in (37, 48)] == [32, 32]       # Qwen3-30B-A3B: D 128
+    assert [da.default_split_groups(m, 4, head_dim=64) for m in (36, 37)] == [32, 2]
+    assert da.default_split_groups(48, 64, 2, head_dim=16) == 1
+    assert da.default_split_groups(4, 64, 8, head_dim=16) == 8
     seen = []
 
     class Recorder:
@@ -314,19 +319,53 @@ def test_default_split_groups_groups_only_wide_grids(monkeypatch):
     monkeypatch.setattr(da, "_decode_attention_kernel", Recorder())
     da.decode_attention(**base)
     monkeypatch.setattr(da, "WIDE_GRID", 191)                   # M=3, Hkv=2: 32 x 2 x 3 = 192 programs
+    monkeypatch.setattr(da, "WIDE_TARGET", 30)                  # 4 x 2 x 3 = 24 programs
     da.decode_attention(**base)
     da.decode_attention(**base, split_groups=16)
     da.decode_attention(**base, out_cache_loc=base["req_indices"].clone(), pre_kv=True)   # the early path's grid
-    assert seen == [((32, 2, 3), 32), ((4, 2, 3), 4), ((16, 2, 3), 16), ((32, 2, 3), 32)]
+    da.decode_attention(**base, num_splits=8)                   # the workspace's splits: 8 x 2 x 3 = 48 programs
+    assert seen == [((32, 2, 3), 32), ((4, 2, 3), 4), ((16, 2, 3), 16), ((32, 2, 3), 32), ((8, 2, 3), 8)]
 
 
-@pytest.mark.parametrize("bad", [0, 3, 64, -2, True, 2.0])
-def test_decode_attention_bad_split_groups_raises_before_writing(bad):
+def test_decode_attention_launches_kv_stages_as_num_stages(monkeypatch):
+    """kv_stages reaches the launch as Triton's num_stages: by default KV_STAGES, GROUPED_KV_STAGES where a program
+    runs at least 16 splits' share of its row, PRE_KV_STAGES on the early path (its PRE_KV_PROGRAMS_PER_SM table was
+    measured there); an explicit value either way."""
+    from lowlat.kernels import decode_attention as da
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["PRE_KV"], kw["num_stages"]))
+
+    base, _ = _error_cases()
+    monkeypatch.setattr(da, "_decode_attention_kernel", Recorder())
+    monkeypatch.setattr(da, "KV_STAGES", 6)
+    monkeypatch.setattr(da, "GROUPED_KV_STAGES", 7)
+    monkeypatch.setattr(da, "PRE_KV_STAGES", 2)
+    loc = base["req_indices"].clone()
+    da.decode_attention(**base)
+    da.decode_attention(**base, kv_stages=4)
+    da.decode_attention(**base, out_cache_loc=loc, pre_kv=True)
+    da.decode_attention(**base, out_cache_loc=loc, pre_kv=True, kv_stages=5)
+    for groups in (4, 2, 1):                                    # of 32 splits: 2 and 1 run >= 16 splits' share
+        da.decode_attention(**base, split_groups=groups)
+    da.decode_attention(**base, split_groups=1, num_splits=8)   # the workspace's splits count, not MAX_SPLITS
+    assert seen == [(False, 6), (False, 4), (True, 2), (True, 5), (False, 6), (False, 7), (False, 7), (False, 6)]
+    # 8 splits: never 16 splits' share; 5 stages measured at D <= 64 only
+    assert [da.default_kv_stages(g, 8, head_dim=64, pre_kv=False) for g in (8, 1)] == [6, 6]
+    assert [da.default_kv_stages(1, 32, head_dim=d, pre_kv=False) for d in (64, 128)] == [7, 6]
+
+
+@pytest.mark.parametrize("name, bad", [("split_groups", v) for v in (0, 3, 64, -2, True, 2.0)]
+                         + [("kv_stages", v) for v in (0, 9, -1, True, 3.0, "3")])
+def test_decode_attention_bad_split_groups_or_kv_stages_raises_before_writing(name, bad):
     base, _ = _error_cases()
     out = poison(torch.empty_like(base["q"]))
     before = out.clone()
-    with pytest.raises(StepContractError, match="split_groups"):
-        decode_attention(**base, out=out, split_groups=bad)
+    with pytest.raises(StepContractError, match=name):
+        decode_attention(**base, out=out, **{name: bad})
     assert torch.equal(out.view(torch.int16), before.view(torch.int16))
 
 
@@ -510,8 +549,9 @@ def test_decode_attention_model_shapes_within_2x_baseline_error(device, shape, c
 @pytest.mark.parametrize("shape", [(9, 3, 64), (32, 8, 128)])
 def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(device, shape, monkeypatch):
     """Run-to-run bitwise; a row's output identical alone, among 48 rows and with padding; PDL on (either
-    pdl_trigger, with and without out_cache_loc) == off; split_groups 32 / 16 / 4 / 2 / 1 == the default; a CUDA-graph
-    replay (num_valid_rows as a device tensor, out_cache_loc given, as FusedModel launches it) == eager."""
+    pdl_trigger, with and without out_cache_loc) == off; split_groups 32 / 16 / 4 / 2 / 1 == the default; kv_stages
+    1 / 2 / 5 / 7 at split_groups 32 / 4 / 1 == the default; a CUDA-graph replay (num_valid_rows as a device tensor,
+    out_cache_loc given, as FusedModel launches it) == eager."""
     hq, hkv, d = shape
     ctxs = [(613 * i) % 4096 for i in range(22)] + [4095, 2047, 64]
     rows = [1] * 20 + [3] * 5
@@ -537,6 +577,11 @@ def test_decode_attention_bitwise_deterministic_row_invariant_pdl_and_graph(devi
             got = _kernel(q, kc, vc, step, workspace=ws, use_pdl=pdl, out_cache_loc=where, pre_kv=pre,
                           split_groups=groups)
             check_bitwise("decode_attention", got, outs[0], output=f"split_groups_{groups}_pdl_{pdl}_pre_kv_{pre}")
+    for stages in (1, 2, 5, 7):                   # nor does the KV loop's pipeline depth
+        for groups in (32, 4, 1):
+            got = _kernel(q, kc, vc, step, workspace=ws, use_pdl=True, split_groups=groups, kv_stages=stages,
+                          out_cache_loc=loc if groups == 32 else None, pre_kv=groups == 32 or None)
+            check_bitwise("decode_attention", got, outs[0], output=f"kv_stages_{stages}_split_groups_{groups}")
     oracle, baseline = _reference(q, kc, vc, step, per_row=True)
     check_accuracy("decode_attention", outs[0], oracle, baseline)
     n = step.num_valid_rows
