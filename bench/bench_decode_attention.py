@@ -71,6 +71,7 @@ def main() -> None:
                "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
                "results": results, "skipped": skipped}
     compiled = torch.compile(paged_attention, dynamic=True)
+    timed = set()          # fused launches already timed: (variant, model, ctx, rows, split_groups, kv_stages)
     configs = [(name, ctx, m, g, st) for name in args.models for ctx in args.ctxs for m in args.rows
                for g in args.split_groups for st in args.kv_stages]
     # phases: every fused measurement first, then the references while the budget lasts
@@ -90,7 +91,7 @@ def main() -> None:
                         continue                     # the references once per (model, ctx, rows)
                 elif variant == "fused_pdl_pre_kv":          # the early path runs one program per split
                     if groups not in (0, MAX_SPLITS):
-                        skipped.append({**base, "variant": variant, "split_groups": groups,
+                        skipped.append({**base, "variant": variant, "split_groups": groups, "kv_stages": stages,
                                         "why": "pre_kv needs one program per split"})
                         continue
                     base["split_groups"] = MAX_SPLITS
@@ -100,6 +101,10 @@ def main() -> None:
                     pre = variant == "fused_pdl_pre_kv"
                     base["kv_stages"] = stages or default_kv_stages(base["split_groups"], MAX_SPLITS, head_dim=d,
                                                                     pre_kv=pre)
+                    launch = (variant, name, ctx, m, base["split_groups"], base["kv_stages"])
+                    if launch in timed:          # e.g. --kv-stages 0 5 where the default is 5: timed once
+                        continue
+                    timed.add(launch)
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue

@@ -169,6 +169,35 @@ def test_decode_attention_pre_kv_programs_per_sm_table_holds_for_the_sm90_compil
         assert programs_per_sm(info["registers"], info["shared"], 4) >= PRE_KV_PROGRAMS_PER_SM[d], (g, d, info)
 
 
+def test_decode_attention_grouped_kv_stages_pipeline_deeper_in_the_sm90_compile():
+    """The grouped kernel (1 / 2 programs per (row, KV head), Llama's heads) compiled for sm_90 at GROUPED_KV_STAGES
+    keeps K / V two blocks ahead (`cp.async.wait_group 3` in its loop; at KV_STAGES every wait is `wait_group 0`:
+    each block pays its round trip, session 19), without spills and with at least 4 programs an SM (39 KB of shared
+    memory, 115-116 registers when measured)."""
+    from sampling_stats import compile_sm90
+
+    from lowlat.kernels.decode_attention import GROUPED_KV_STAGES, KV_STAGES
+    from lowlat.kernels.sm90_check import programs_per_sm
+
+    cases = [(1, GROUPED_KV_STAGES), (2, GROUPED_KV_STAGES), (1, KV_STAGES)]
+    specs = []
+    for groups, stages in cases:
+        spec = _sm90_spec()
+        spec["constexprs"] = dict(spec["constexprs"], G=4, GROUPS=groups)
+        spec["num_stages"] = stages
+        specs.append(spec)
+    infos = compile_sm90("lowlat.kernels.decode_attention:_decode_attention_kernel", specs)
+    for (groups, stages), info in zip(cases, infos):
+        waits = set(re.findall(r"cp\.async\.wait_group\s+(\d+)", info["ptx"]))
+        if stages == GROUPED_KV_STAGES:
+            assert "3" in waits, (groups, stages, waits)
+            assert info["spill_bytes"] == 0, (groups, info["spill_bytes"])
+            assert programs_per_sm(info["registers"], info["shared"], 4) >= 4, (groups, info["registers"],
+                                                                                 info["shared"])
+        else:
+            assert waits == {"0"}, (groups, stages, waits)
+
+
 @pytest.mark.parametrize("chunk", [2, 4, 8])
 def test_decode_attention_combine_folds_every_chunk_of_splits(device, monkeypatch, chunk):
     """The combining program loads COMBINE_CHUNK splits' partials per round trip and folds them one at a time in
