@@ -17,6 +17,8 @@ head); 0 = the default rule, `default_split_groups`); each result records the va
 one program per split (the early path's grid) and is skipped at any other value.
 --kv-stages S ... (session 19): time the fused variants at each of these KV-loop pipeline depths (`kv_stages`;
 0 = the default, `default_kv_stages`); each result records the value launched.
+--block-n N (session 19): tokens per KV block of the workspace (default 64). The block size shapes the split
+partition, so it changes the rounding (not the row invariance); recorded as block_n.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention_h200.json
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotation_copies,  # noqa: E402
                                  time_variant, versions, write_json)
 from lowlat.config import preset  # noqa: E402
-from lowlat.kernels.decode_attention import (MAX_SPLITS, decode_attention, default_kv_stages,  # noqa: E402
+from lowlat.kernels.decode_attention import (BLOCK_N, MAX_SPLITS, decode_attention, default_kv_stages,  # noqa: E402
                                              default_split_groups, make_decode_workspace)
 from lowlat.reference.attention import paged_attention  # noqa: E402
 
@@ -61,6 +63,7 @@ def main() -> None:
                     help="the fused variants' split_groups (0: the default rule)")
     ap.add_argument("--kv-stages", nargs="*", type=int, default=[0],
                     help="the fused variants' kv_stages (0: the default)")
+    ap.add_argument("--block-n", type=int, default=BLOCK_N, help="tokens per KV block (a power of two >= 16; default %(default)s)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -118,7 +121,7 @@ def main() -> None:
                 pos = torch.full((m,), ctx, dtype=torch.int64, device=dev)
                 qs = [torch.randn(m, hq, d, device=dev).bfloat16() for _ in range(r)]
                 outs = [torch.empty_like(q) for q in qs]
-                ws = make_decode_workspace(m, hq, hkv, d, dev)
+                ws = make_decode_workspace(m, hq, hkv, d, dev, block_n=args.block_n)
                 base.update(num_splits_max=ws.num_splits, block_n=ws.block_n)
                 if variant.startswith("fused"):
                     pdl = variant.startswith("fused_pdl")

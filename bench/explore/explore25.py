@@ -66,7 +66,8 @@ import torch  # noqa: E402
 
 from sm_placement import HEADER as _PLACEMENT_HEADER  # noqa: E402  (_pl_now, _pl_smid)
 
-HEADER = _PLACEMENT_HEADER.format(module="lowlat.kernels.out_proj") + '''
+#: a %globaltimer read ordered after a value (explore25, explore29)
+NOW_AFTER = '''
 
 @triton.jit
 def _now_after(v):
@@ -75,6 +76,8 @@ def _now_after(v):
                                      is_pure=False, pack=1)
 
 '''
+HEADER = _PLACEMENT_HEADER.format(module="lowlat.kernels.out_proj") + NOW_AFTER
+
 
 
 def traced_source(variant: str = "stamps") -> str:

@@ -107,8 +107,8 @@ PRE_KV_STAGES = 3
 
 def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPLITS, *, head_dim: int) -> int:
     """Programs per (row, KV head) by default: num_splits (one program per split) unless num_splits x Hkv x M
-    exceeds WIDE_GRID and head_dim <= WIDE_MAX_HEAD_DIM, then num_splits halved while the grid (G x Hkv x M) exceeds
-    WIDE_TARGET (at least 1). A function of the launch's shape only (so CUDA graphs capture it); it moves no
+    exceeds WIDE_GRID and head_dim <= WIDE_MAX_HEAD_DIM, then num_splits halved while the grid (groups x Hkv x M)
+    exceeds WIDE_TARGET (at least 1). A function of the launch's shape only (so CUDA graphs capture it); it moves no
     arithmetic (a program's splits are each summed as their own program would)."""
     if num_splits * num_kv_heads * rows <= WIDE_GRID or head_dim > WIDE_MAX_HEAD_DIM:
         return num_splits
@@ -476,7 +476,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      that release their dependents only after their own wait, so those earlier writes are
                      complete). Same arithmetic with or without it.
         pre_kv       with out_cache_loc: None (default) loads early under PDL when the grid fits on the GPU at
-                     once (`pre_kv_fits`); True always (tests, benches; also without PDL); False never
+                     once (`pre_kv_fits`); True always (tests, benches; also without PDL; it needs one
+                     program per split, so a smaller explicit split_groups raises); False never
         out          optional preallocated [M, Hq, D] bf16 output
         workspace    optional `make_decode_workspace(max_rows >= M, Hq, Hkv, D, device)`; allocated
                      (not capturable) when None. Its num_splits / block_n fix the split partition.
@@ -555,7 +556,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                 "(the workspace's num_splits)")
     if kv_stages is not None and (isinstance(kv_stages, bool) or not isinstance(kv_stages, int)
                                   or not 1 <= kv_stages <= 8):
-        raise StepContractError(f"kv_stages={kv_stages!r} must be an int in 1..8 (Triton's num_stages)")
+        raise StepContractError(f"kv_stages={kv_stages!r} must be an int (not a bool) in 1..8 (Triton's num_stages)")
     group = hq // hkv
     scale = (d ** -0.5 if sm_scale is None else float(sm_scale)) * LOG2E
     interp = interpreting()

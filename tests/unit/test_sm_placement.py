@@ -206,3 +206,53 @@ def test_explore25_traced_out_proj_sources(variant):
         assert wait < trigger < body.index("_t1 = ", wait)
     assert ("for _it in range(M * 0, 2)" in body) == (variant == "warm")
     assert ("tl.store(_b + 6, _pl_smid())" in body) == (variant != "probe")
+
+
+def test_explore29_stamps_the_attention_in_chain_order_and_compiles_for_sm90(tmp_path, monkeypatch):
+    """explore29's stamped decode attention (session 19, not yet run on a GPU): every stamp placed once, in the
+    kernel's chain order (start, inputs ready, KV loop done, arrival, end), the record last; the copy compiles for
+    sm_90 without spills, with and without the early first block and grouped, with PDL and %globaltimer in it."""
+    from sampling_stats import compile_sm90
+
+    import explore29
+
+    src = explore29.traced_source()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == explore29.NAME)
+    body = ast.unparse(fn)
+    assert fn.args.args[-1].arg == "_pl_tr"
+    marks = ["_t0 = _pl_now()", "_t1 = _now_after(nvr)", "_t1 = _now_after(tl.sum(tl.sum(v0",
+             "_t2 = _now_after(tl.sum(l_i", "_t3 = _now_after(cnt)", "_t4 = _pl_now()", "tl.store(_b + 7"]
+    at = [body.index(m) for m in marks]
+    assert at == sorted(at) and all(body.count(m) == 1 for m in marks), at
+    assert body.index("gdc_wait()") < body.index("_t1 = _now_after(tl.sum(tl.sum(v0"), "t1 after the early path's wait"
+    (tmp_path / "traced_att.py").write_text(src)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    base = dict(G=3, G_PAD=16, D=64, BLOCK_N=64, MAX_SPLITS=32, GROUPS=32, CHUNK=4, NVR_FROM_PTR=True, PRE_KV=False,
+                LOC_PAD=16, USE_PDL=True, TRIGGER_AFTER_KV=True, INTERP=False)
+    ptrs = dict(q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", pt_ptr="*i32", req_ptr="*i32", pos_ptr="*i64",
+                nvr_ptr="*i32", loc_ptr="*i32", o_ptr="*bf16", wso_ptr="*fp32", wsml_ptr="*fp32", cnt_ptr="*i32",
+                _pl_tr="*i64")
+    specs = [{"constexprs": dict(base, **over), "pointers": ptrs, "scalars": {"qk_scale": "fp32"},
+              "launch_pdl": True, "ptx": True, "num_stages": stages}
+             for over, stages in ((dict(), 3), (dict(PRE_KV=True), 3), (dict(GROUPS=1, G=4), 5))]
+    for info in compile_sm90(f"traced_att:{explore29.NAME}", specs):
+        assert info["spill_bytes"] == 0, info["spill_bytes"]
+        assert info["ptx"].count("%globaltimer") >= 4 and "%smid" in info["ptx"]
+        assert "griddepcontrol.wait" in info["ptx"]
+
+
+def test_explore29_summarizes_a_launch_from_its_programs_records():
+    import explore29
+
+    t = torch.zeros(16, explore29.FIELDS, dtype=torch.int64)
+    # t0, t1, t2, t3, t4, SM, flags, written: two programs with work (one combines), one without
+    t[0] = torch.tensor([100, 300, 900, 1000, 1100, 5, 1, 1])
+    t[1] = torch.tensor([120, 320, 1000, 1200, 2000, 6, 3, 1])
+    t[7] = torch.tensor([110, 310, 110, 110, 400, 5, 0, 1])
+    s = explore29.summarize_slot(t)
+    assert s["programs"] == 3 and s["with_work"] == 2 and s["combiners"] == 1 and s["sms"] == 2
+    assert s["start_to_ready"] == 200 and s["kv_loop"] == 600 and s["arrival"] == 100   # lower medians of 2
+    assert s["combine"] == 800 and s["span"] == 2000 - 300 and s["ready_spread"] == 20
+    assert explore29.summarize_slot(torch.zeros(4, explore29.FIELDS, dtype=torch.int64)) is None
+    trace = torch.stack([t, torch.zeros_like(t)])
+    assert explore29.summarize(trace, 2)["launches"] == 1
