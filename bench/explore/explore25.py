@@ -66,14 +66,18 @@ import torch  # noqa: E402
 
 from sm_placement import HEADER as _PLACEMENT_HEADER  # noqa: E402  (_pl_now, _pl_smid)
 
-#: a %globaltimer read ordered after a value (explore25, explore29)
+#: a %globaltimer read ordered after a value (explore25, explore29). The read is predicated on a comparison of the
+#: value (an int32), so ptxas cannot issue it before the value is there; the value 0x7fc00001 gives 0 instead of a
+#: time. Until session 19 the value was only named in an asm comment, which orders nothing: its review found the
+#: read issued before the load it was meant to follow (explore25's session-12 stamps were taken that way).
 NOW_AFTER = '''
 
 @triton.jit
 def _now_after(v):
-    """%globaltimer read once v is available (an input operand, so the read waits for it)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [v], dtype=tl.int64,
-                                     is_pure=False, pack=1)
+    """%globaltimer read once the int32 v is available (the read is predicated on it)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
+        "=l,r", [v], dtype=tl.int64, is_pure=False, pack=1)
 
 '''
 HEADER = _PLACEMENT_HEADER.format(module="lowlat.kernels.out_proj") + NOW_AFTER

@@ -10,15 +10,17 @@ A stamped copy of `_decode_attention_kernel` (the production kernel is untouched
     t1 inputs ready: without the early first block, the PDL wait returned and num_valid_rows read; with it
        (`pre_kv`), the re-load of this step's own slots returned (so t1 - t0 includes the early K / V loads)
     t2 the KV loop's result in registers (programs with work)
-    t3 the split counter's atomic returned (programs that arrive; else t2)
+    t3 the split counter's atomic returned (programs that arrive; else t2: with one group t3 = t2 and "combine" is
+       t4 - t2)
     t4 the program's last statement (after the combine's stores were issued, for the combining program)
 
 plus its SM and flags (1: has work, 2: combined the splits, 4: one split, stored directly). The copy is launched
 in place of the kernel by a proxy (`Tracer`), at the production kernel's residency (registers capped the way
-`sm_placement.Placement.match_residency` does). A graph of the fused step at one width is captured, replayed
-warm, the trace zeroed, replayed once; per attention launch (one per layer) it summarises, in ns, medians over the
-programs with work: t1 - t0, t2 - t1, t3 - t2, and for the combining programs t4 - t3; the launch's span from its
-first t1 to its last t4; and the spread of t1. Then medians over the layers, beside each launch role's in-step
+`sm_placement.Placement.match_residency` does: the copy takes 87-141 registers against the kernel's 80-116 in its
+review's sm_90 compiles, so it is capped and may spill a few bytes; `resources` records both register counts). A
+graph of the fused step at one width is captured, replayed warm, the trace zeroed, replayed once; per attention
+launch (one per layer) it summarises, in ns, medians over the programs with work: t1 - t0, t2 - t1, t3 - t2, and
+for the combining programs t4 - t3; the launch's span from its first t1 to its last t4; and the spread of t1. Then medians over the layers, beside each launch role's in-step
 cost from CUPTI (`explore25.role_summary`).
 
     python bench/explore/explore29.py --model SmolLM2-135M --rows 1,6,48 [--ctx 512] [--layers N] [--out F]
@@ -154,13 +156,14 @@ def summarize_slot(t) -> dict | None:
     rows = t[t[:, 7] == 1]
     if rows.shape[0] == 0:
         return None
-    work = rows[(rows[:, 6] & 1) == 1].double()
-    comb = rows[(rows[:, 6] & 2) == 2].double()
-    med = (lambda x: float(x.median())) if work.shape[0] else (lambda x: None)
+    work = rows[(rows[:, 6] & 1) == 1]
+    comb = rows[(rows[:, 6] & 2) == 2]
+    # differences in int64 first: %globaltimer is ~1.8e18 ns, where a double steps by 256 ns
+    med = (lambda x: float(x.double().median())) if work.shape[0] else (lambda x: None)
     return dict(programs=int(rows.shape[0]), with_work=int(work.shape[0]), combiners=int(comb.shape[0]),
                 start_to_ready=med(work[:, 1] - work[:, 0]), kv_loop=med(work[:, 2] - work[:, 1]),
                 arrival=med(work[:, 3] - work[:, 2]),
-                combine=float((comb[:, 4] - comb[:, 3]).median()) if comb.shape[0] else None,
+                combine=float((comb[:, 4] - comb[:, 3]).double().median()) if comb.shape[0] else None,
                 span=float(rows[:, 4].max() - rows[:, 1].min()),
                 ready_spread=float(rows[:, 1].max() - rows[:, 1].min()),
                 first_start=int(rows[:, 0].min()), sms=len(set(rows[:, 5].tolist())))
@@ -220,7 +223,7 @@ def main() -> None:
         att = roles.get("decode_attention", [None])[0]
         print(f"r{rows:<3} attention in-step cost {att} us | " + " ".join(
             f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in stamps.items()), flush=True)
-        del fm, kv
+        del fm, g, kv
         torch.cuda.empty_cache()
     print("resources (production vs stamped copy):", {r: v["resources"] for r, v in result["widths"].items()})
     if a.out:

@@ -238,6 +238,8 @@ def test_explore29_stamps_the_attention_in_chain_order_and_compiles_for_sm90(tmp
     for info in compile_sm90(f"traced_att:{explore29.NAME}", specs):
         assert info["spill_bytes"] == 0, info["spill_bytes"]
         assert info["ptx"].count("%globaltimer") >= 4 and "%smid" in info["ptx"]
+        # the stamps after a value read the timer under a predicate on it (an asm comment orders nothing)
+        assert info["ptx"].count("@!p mov.u64") >= 2 and "setp.eq.u32" in info["ptx"]
         assert "griddepcontrol.wait" in info["ptx"]
 
 
@@ -245,14 +247,16 @@ def test_explore29_summarizes_a_launch_from_its_programs_records():
     import explore29
 
     t = torch.zeros(16, explore29.FIELDS, dtype=torch.int64)
+    base = 1_800_000_000_000_000_000          # %globaltimer's size on the H200: a double steps by 256 ns there
     # t0, t1, t2, t3, t4, SM, flags, written: two programs with work (one combines), one without
-    t[0] = torch.tensor([100, 300, 900, 1000, 1100, 5, 1, 1])
-    t[1] = torch.tensor([120, 320, 1000, 1200, 2000, 6, 3, 1])
+    t[0] = torch.tensor([100, 301, 901, 1003, 1103, 5, 1, 1])
+    t[1] = torch.tensor([120, 321, 1021, 1221, 2041, 6, 3, 1])
     t[7] = torch.tensor([110, 310, 110, 110, 400, 5, 0, 1])
+    t[[0, 1, 7], :5] += base
     s = explore29.summarize_slot(t)
     assert s["programs"] == 3 and s["with_work"] == 2 and s["combiners"] == 1 and s["sms"] == 2
-    assert s["start_to_ready"] == 200 and s["kv_loop"] == 600 and s["arrival"] == 100   # lower medians of 2
-    assert s["combine"] == 800 and s["span"] == 2000 - 300 and s["ready_spread"] == 20
+    assert s["start_to_ready"] == 201 and s["kv_loop"] == 600 and s["arrival"] == 102   # lower medians of 2
+    assert s["combine"] == 820 and s["span"] == 2041 - 301 and s["ready_spread"] == 20
     assert explore29.summarize_slot(torch.zeros(4, explore29.FIELDS, dtype=torch.int64)) is None
     trace = torch.stack([t, torch.zeros_like(t)])
     assert explore29.summarize(trace, 2)["launches"] == 1
