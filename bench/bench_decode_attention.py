@@ -63,7 +63,8 @@ def main() -> None:
                     help="the fused variants' split_groups (0: the default rule)")
     ap.add_argument("--kv-stages", nargs="*", type=int, default=[0],
                     help="the fused variants' kv_stages (0: the default)")
-    ap.add_argument("--block-n", type=int, default=BLOCK_N, help="tokens per KV block (a power of two >= 16; default %(default)s)")
+    ap.add_argument("--block-n", type=int, default=BLOCK_N,
+                    help="tokens per KV block (a power of two >= 16; default %(default)s)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -139,7 +140,8 @@ def main() -> None:
                 t = time_variant(calls, base, variant, results, skipped, graph=graph, iters=30 if graph else 10)
                 if t is not None:
                     g, st = base.get("split_groups", "-"), base.get("kv_stages", "-")
-                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} g={g!s:>2} st={st} {variant:12s} {t['us_median']:9.2f} us "
+                    print(f"{name:14s} ctx={ctx:5d} M={m:2d} g={g!s:>2} st={st} {variant:12s} "
+                          f"{t['us_median']:9.2f} us "
                           f"{t['GBps']:8.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del kc, vc, qs, outs, pts, calls
                 torch.cuda.empty_cache()

@@ -16,11 +16,13 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 [ -d /root/stage/olmo ] && export PYTHONPATH=$PYTHONPATH:/root/stage/olmo
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# every single-GPU test (what NOTES calls "every single-GPU test"), its log in /tmp/gpu-tests.log: gpu_tests TIMEOUT_S
+# every single-GPU test (what NOTES calls "every single-GPU test"), its log in /tmp/gpu-tests.log and a copy in
+# $OUT/gpu-tests.log: gpu_tests TIMEOUT_S
 gpu_tests() {
   timeout "$1" python3 -m pytest -q -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 \
     tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
   grep -E "passed|failed|FAILED|Error" /tmp/gpu-tests.log | cut -c1-300 | tail -15
+  cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
 }
 # a mutation check's edit: FILE with OLD replaced by NEW (OLD must occur exactly once), a copy kept for unmutate
 # (session 17's scripts): mutate FILE OLD NEW; ...; unmutate

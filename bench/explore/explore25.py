@@ -51,12 +51,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import inspect
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -65,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from sm_placement import HEADER as _PLACEMENT_HEADER  # noqa: E402  (_pl_now, _pl_smid)
+from sm_placement import import_source  # noqa: E402
 
 #: a %globaltimer read ordered after a value (explore25, explore29). The read is predicated on a comparison of the
 #: value (an int32), so ptxas cannot issue it before the value is there; the value 0x7fc00001 gives 0 instead of a
@@ -160,13 +159,7 @@ def install(trace: torch.Tensor, variant: str, q_size: int) -> None:
     variant "late" only the out_proj launches (K = q_size) take the late-trigger copy; down keeps the stamped one."""
     from lowlat.kernels import out_proj as op
 
-    mods = {}
-    for v in {"stamps", variant}:
-        path = Path(tempfile.mkdtemp()) / f"traced_out_proj_{v}.py"
-        path.write_text(traced_source(v))
-        spec = importlib.util.spec_from_file_location(f"traced_out_proj_{v}", path)
-        mods[v] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mods[v])
+    mods = {v: import_source(traced_source(v), f"traced_out_proj_{v}") for v in {"stamps", variant}}
     real = op._residual_gemv_kernel
 
     class Launch:

@@ -65,8 +65,9 @@ def main() -> None:
     p.add_argument("--prologue-maxnreg", type=int, default=0, help="register cap of the prologue's launches (0: none)")
     p.add_argument("--attn-target", type=int, default=None, help="split groups: halve while the grid exceeds N")
     p.add_argument("--attn-min-groups", type=int, default=1, help="with --attn-target: at least this many groups")
-    p.add_argument("--kv-stages", type=int, default=None, help="decode attention's KV-loop pipeline depth for every launch without the early "
-                   "first block (KV_STAGES and GROUPED_KV_STAGES; session 19; default: the kernel's rule)")
+    p.add_argument("--kv-stages", type=int, default=None,
+                   help="decode attention's KV-loop pipeline depth for every launch without the early first block "
+                        "(KV_STAGES and GROUPED_KV_STAGES; session 19; default: the kernel's rule)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 

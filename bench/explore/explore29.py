@@ -20,27 +20,25 @@ in place of the kernel by a proxy (`Tracer`), at the production kernel's residen
 review's sm_90 compiles, so it is capped and may spill a few bytes; `resources` records both register counts). A
 graph of the fused step at one width is captured, replayed warm, the trace zeroed, replayed once; per attention
 launch (one per layer) it summarises, in ns, medians over the programs with work: t1 - t0, t2 - t1, t3 - t2, and
-for the combining programs t4 - t3; the launch's span from its first t1 to its last t4; and the spread of t1. Then medians over the layers, beside each launch role's in-step
-cost from CUPTI (`explore25.role_summary`).
+for the combining programs t4 - t3; the launch's span from its first t1 to its last t4; and the spread of t1.
+Then medians over the layers, beside each launch role's in-step cost from CUPTI (`explore25.role_summary`).
 
     python bench/explore/explore29.py --model SmolLM2-135M --rows 1,6,48 [--ctx 512] [--layers N] [--out F]
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sm_placement import HEADER as _PLACEMENT_HEADER  # noqa: E402  (_pl_now, _pl_smid)
-from sm_placement import Placement  # noqa: E402
+from sm_placement import Placement, import_source  # noqa: E402
 from explore25 import NOW_AFTER  # noqa: E402  (_now_after)
 
 HEADER = _PLACEMENT_HEADER.format(module="lowlat.kernels.decode_attention") + NOW_AFTER
@@ -119,11 +117,7 @@ class Tracer:
         self.trace = torch.zeros(SLOTS, MAX_PROGRAMS, FIELDS, dtype=torch.int64, device=device)
         self.resources: dict[str, dict] = {}
         self.calls: list[tuple] = []
-        path = Path(tempfile.mkdtemp()) / "traced_decode_attention.py"
-        path.write_text(traced_source())
-        spec = importlib.util.spec_from_file_location("traced_decode_attention", path)
-        gen = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gen)
+        gen = import_source(traced_source(), "traced_decode_attention")
         kernel, real, owner = getattr(gen, NAME), da._decode_attention_kernel, self
         self._real, self._mod = real, da
 

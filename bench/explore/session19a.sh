@@ -9,7 +9,6 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 echo "== every single-GPU test (${SECONDS}s)"
 gpu_tests 300
-cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
 echo "== lowlat bench step SmolLM2 (${SECONDS}s)"
 timeout 120 python3 -m lowlat.bench --sections copy,step,profile --models SmolLM2-135M --rows 1,6,8,16,24,32,48 \
   --out "$OUT/step_smol_s19.json" 2>&1 | grep -v -i warn | grep -E 'copy|decode_step|op=(lm_head|out_proj) ' \

@@ -10,7 +10,6 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 echo "== every single-GPU test (${SECONDS}s)"
 gpu_tests 300
-cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
 echo "== per kernel (${SECONDS}s)"
 timeout 100 python3 bench/bench_decode_attention.py --variants fused_pdl --models Llama-3.2-1B --rows 24 32 48 \
   --ctxs 512 4096 --split-groups 0 32 4 --out "$OUT/da_llama.json" 2>&1 | grep -v -i warn | cut -c1-100

@@ -104,6 +104,17 @@ tl.store(_pl_b + 2, _pl_smid() * 0 + {kid})
 """
 
 
+def import_source(src: str, module_name: str):
+    """A module made from generated source (an instrumented kernel copy): written to a fresh temporary file, since
+    @triton.jit reads its function's source from the file, and imported as `module_name`."""
+    path = Path(tempfile.mkdtemp()) / f"{module_name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def instrumented_source(fn_src: str, name: str, kid: int, edits: list[tuple[str, str]] = ()) -> str:
     """The kernel's source (a @triton.jit function, decorator included) renamed `name`, with a last parameter
     `_pl_tr` (the launch's trace row) and, before its first statement after the docstring, a record of the
@@ -190,12 +201,8 @@ class Placement:
         kid = len(self.names)
         self.names.append(kname)
         new_name = f"{kname}_placed"
-        path = Path(tempfile.mkdtemp()) / f"placed_{kname}.py"
-        path.write_text(HEADER.format(module=mod.__name__) + instrumented_source(
-            inspect.getsource(real.fn), new_name, kid + 1, edits))
-        spec = importlib.util.spec_from_file_location(f"placed_{kname}", path)
-        gen = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gen)
+        gen = import_source(HEADER.format(module=mod.__name__) + instrumented_source(
+            inspect.getsource(real.fn), new_name, kid + 1, edits), f"placed_{kname}")
         kernel, owner = getattr(gen, new_name), self
 
         class Launch:

@@ -82,10 +82,9 @@ PRE_KV_PROGRAMS_PER_SM = {64: 6, 128: 3}
 #: one program per split; Llama at 16 rows gained 16 us with 4 groups but WIDE_GRID leaves it ungrouped. Per kernel
 #: (call 3, PDL-chained) at Llama's heads the rule won at 24 / 32 / 48 rows and ctx 512 / 4096 (48 rows, ctx 4096:
 #: 120.9 us against 130.6 for one program per split and 129.7 for session 18's 4 groups). At Qwen3-30B-A3B's heads
-#: (D 128: a 64-token K / V block is 32 KB; the sm_90 compile takes 77 KB of shared memory at 5 stages against 44 KB at
-#: 3, two programs an SM against three) 2 groups with 5 stages lost
-#: (ctx 4096: 135.4 against 94.6 us at 37 rows, 140.5 against 118.1 at 48), so the rule groups only at head_dim
-#: <= WIDE_MAX_HEAD_DIM.
+#: (D 128: a 64-token K / V block is 32 KB; the sm_90 compile takes 77 KB of shared memory at 5 stages against 44 KB
+#: at 3, two programs an SM against three) 2 groups with 5 stages lost (ctx 4096: 135.4 against 94.6 us at 37 rows,
+#: 140.5 against 118.1 at 48), so the rule groups only at head_dim <= WIDE_MAX_HEAD_DIM.
 WIDE_GRID = 4608
 WIDE_TARGET = 512
 WIDE_MAX_HEAD_DIM = 64
@@ -95,14 +94,15 @@ WIDE_MAX_HEAD_DIM = 64
 #: trip; at 5, K / V are two blocks ahead (sm_90 compile: `async_wait num = 3`, 39 KB of shared memory against 23 KB).
 #: Per kernel (session 19 call 2, PDL-chained, 1 row): a program running every block of its row (1 group) takes 1.0
 #: against 1.5 us a block at ctx 4096 (66 against 96 us for 65 blocks), 12.4-12.5 against 15.4-15.7 us at ctx 512
-#: (SmolLM2 / Llama heads); with one or
-#: two blocks a program the deeper pipeline only costs shared memory (one program per split at 48 rows, ctx 512: 17.3
-#: against 15.9 us on SmolLM2, 38.1 against 35.2 on Llama). Hence GROUPED_KV_STAGES where a program runs at least 16
-#: splits' share of its row (split_groups * 16 <= num_splits) at head_dim <= WIDE_MAX_HEAD_DIM (measured there only),
-#: else KV_STAGES; the early-KV kernel PRE_KV_STAGES (its PRE_KV_PROGRAMS_PER_SM table was measured at it).
+#: (SmolLM2 / Llama heads); with one or two blocks a program the deeper pipeline only costs shared memory (one
+#: program per split at 48 rows, ctx 512: 17.3 against 15.9 us on SmolLM2, 38.1 against 35.2 on Llama). Hence
+#: GROUPED_KV_STAGES where a program runs at least GROUPED_MIN_SHARE splits' share of its row (split_groups *
+#: GROUPED_MIN_SHARE <= num_splits: 1-2 of 32 groups) at head_dim <= WIDE_MAX_HEAD_DIM (measured there only), else
+#: KV_STAGES; the early-KV kernel PRE_KV_STAGES (its PRE_KV_PROGRAMS_PER_SM table was measured at it).
 KV_STAGES = 3
 GROUPED_KV_STAGES = 5
 PRE_KV_STAGES = 3
+GROUPED_MIN_SHARE = 16
 
 
 def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPLITS, *, head_dim: int) -> int:
@@ -120,11 +120,12 @@ def default_split_groups(rows: int, num_kv_heads: int, num_splits: int = MAX_SPL
 
 def default_kv_stages(split_groups: int, num_splits: int, *, head_dim: int, pre_kv: bool) -> int:
     """The KV loop's pipeline depth by default: PRE_KV_STAGES on the early-KV path, GROUPED_KV_STAGES where a program
-    runs at least 16 splits' share of its row (split_groups * 16 <= num_splits) and head_dim <= WIDE_MAX_HEAD_DIM,
+    runs at least GROUPED_MIN_SHARE splits' share of its row (split_groups * GROUPED_MIN_SHARE <= num_splits) and
+    head_dim <= WIDE_MAX_HEAD_DIM,
     else KV_STAGES. Moves no arithmetic."""
     if pre_kv:
         return PRE_KV_STAGES
-    if split_groups * 16 <= num_splits and head_dim <= WIDE_MAX_HEAD_DIM:
+    if split_groups * GROUPED_MIN_SHARE <= num_splits and head_dim <= WIDE_MAX_HEAD_DIM:
         return GROUPED_KV_STAGES
     return KV_STAGES
 
@@ -549,7 +550,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     if split_groups is None:    # an explicit pre_kv=True keeps one program per split (the early path's grid)
         early = bool(pre_kv) and out_cache_loc is not None
-        split_groups = workspace.num_splits if early else default_split_groups(m, hkv, workspace.num_splits, head_dim=d)
+        split_groups = (workspace.num_splits if early
+                        else default_split_groups(m, hkv, workspace.num_splits, head_dim=d))
     elif (isinstance(split_groups, bool) or not isinstance(split_groups, int) or split_groups < 1
           or split_groups > workspace.num_splits or split_groups & (split_groups - 1)):
         raise StepContractError(f"split_groups={split_groups!r} must be a power of two in 1..{workspace.num_splits} "
