@@ -166,7 +166,9 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
     fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it),
     reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
-    alone (ops gate_up, down) to check each GEMV against the bandwidth target."""
+    alone (ops gate_up, down) to check each GEMV against the bandwidth target, and where out_proj's plan splits K, at
+    up to 16 rows, out_proj as the fused step runs it there: "fused_deferred" (its split partials only, the
+    reduction left to gate/up: `out_proj.residual_gemv_deferred`)."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
@@ -205,13 +207,18 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     wos = [rnd(h, q, scale=q ** -0.5) for _ in range(nc)]
     plan_o = plan_gemv(h, q, kind="out_proj")
     plan_r = plan_gemv(h, q, kind="residual")
+    from lowlat.kernels.out_proj import residual_gemv_deferred
     cop = torch.compile(ref_op.out_proj, dynamic=True) if compiled else None
     for rows in rows_list:
         attn, x = rnd(rows, q), rnd(rows, h)
         xo, hh = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(rows, dtype=torch.float32, device=device)
+        parts = torch.empty(plan_r.split, rows, h, dtype=torch.float32, device=device)
         fns = {
             "fused": lambda k: residual_gemv(attn, wos[k % nc], x, out=xo, workspace=ws, plan=plan_r, use_pdl=True),
+            # the partial products only (the fused step's out_proj at 1 row block: its reduction runs in gate/up)
+            "fused_deferred": lambda k: residual_gemv_deferred(attn, wos[k % nc], x, xo, partials=parts, workspace=ws,
+                                                               plan=plan_r, use_pdl=True),
             "fused_write_h": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, h_out=hh, rstd_out=rstd,
                                                 workspace=ws, plan=plan_o, use_pdl=True),
             "reference_graph": lambda k: ref_op.out_proj(attn, wos[k % nc], x, nw, eps),
@@ -221,6 +228,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         for var in variants:
             run("out_proj", rows, var, fns, max(nc, MIN_LAUNCHES),
                 nbytes + (_nbytes(hh, rstd) if var != "fused" else 0))
+        if "fused" in variants and plan_r.split > 1 and rows <= 16:
+            run("out_proj", rows, "fused_deferred", fns, max(nc, MIN_LAUNCHES), h * q * 2 + _nbytes(attn, parts))
     del wos
 
     # ---- mlp: x + down(silu(gate(h)) * up(h)), h = rms_norm(x) computed in the gate/up launch

@@ -89,8 +89,9 @@ def traced_source(variant: str = "stamps") -> str:
     from lowlat.kernels import out_proj as op
 
     src = inspect.getsource(op._residual_gemv_kernel.fn)
-    src = src.replace("USE_PDL: tl.constexpr, UPCAST: tl.constexpr):",
-                      "USE_PDL: tl.constexpr, UPCAST: tl.constexpr, tr_ptr=None):")
+    tail = "USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False):"
+    assert src.count(tail) == 1, "the kernel's last parameters changed: update traced_source"
+    src = src.replace(tail, tail[:-2] + ", tr_ptr=None):")
     src = src.replace("def _residual_gemv_kernel(", "def _residual_gemv_kernel_traced(")
     edits = [
         ("    pid_k = tl.program_id(1)\n", "    pid_k = tl.program_id(1)\n    _t0 = _pl_now()\n"),

@@ -68,6 +68,9 @@ def main() -> None:
     p.add_argument("--kv-stages", type=int, default=None,
                    help="decode attention's KV-loop pipeline depth for every launch without the early first block "
                         "(KV_STAGES and GROUPED_KV_STAGES; session 19; default: the kernel's rule)")
+    p.add_argument("--defer", default=None,
+                   help="FusedModel(defer=N): out_proj's split-K reduction in the gate/up launch up to N rows; on = 16, "
+                        "off = 0 (session 20; default: FusedModel's)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -116,13 +119,15 @@ def main() -> None:
         cfg = cfg.replace(num_layers=a.layers)
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
-    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False)
+    defer = {} if a.defer is None else dict(defer={"on": 16, "off": 0}.get(a.defer) if a.defer in ("on", "off")
+                                            else int(a.defer))
+    fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
-               prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default",
+               prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
                plan_down=str(fm.plan_down), widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -145,7 +150,7 @@ def summary(out: dict) -> str:
     lines = [f"{out['model']} {out['layers']} layers {out['attn_trigger']} pre_kv {out.get('pre_kv', 'off')} "
              f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} "
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
-             f"prologue_pdl {out.get('prologue_pdl', 'on')} down "
+             f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]

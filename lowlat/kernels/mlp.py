@@ -16,6 +16,10 @@ The FFN's RMSNorm can run inside launch 1, on the un-normalised residual stream 
     rounding of the operand where the reference rounds twice (numerics policy of lowlat/numerics.py).
     With split-K each split's sum of squares is stored and the finisher adds them in split order.
 
+Given a `lowlat.kernels.out_proj.DeferredX` (the output projection's split-K partials and the residual, from
+`residual_gemv_deferred`), launch 1 first reduces its K slice of x = bf16(residual + partials in split order) into
+the DeferredX's `out` (the bits `residual_gemv` would have stored), then runs on it.
+
 Why two launches: the down projection needs every column of `act` for each output column, i.e. the
 whole gate/up grid must finish first. With PDL the down kernel's programs start while launch 1 runs,
 prefetch their slice of Wd into L2, and only then wait (`gdc_wait`) for `act`.
@@ -34,7 +38,7 @@ from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
                                   store_split_ss, sum_partials, sum_split_ss, to_bf16)
-from lowlat.kernels.out_proj import _launch_residual_gemv
+from lowlat.kernels.out_proj import DeferredX, _launch_residual_gemv, check_deferred
 
 
 def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -62,18 +66,63 @@ def _load_rstd(rstd_ptr, m0, M, NORM: tl.constexpr):
         return tl.zeros((16,), dtype=tl.float32)
 
 
+@triton.jit
+def _reduce_deferred(r_ptr, stride_rm, xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om, M, k_begin, k_end,
+                     KS: tl.constexpr, XSPLIT: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, KC: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """xout[m, k] = bf16(sum_{s < XSPLIT} xp[s, m, k] + r[m, k]) for rows m < M and this program's K slice
+    [k_begin, k_begin + KS) (columns >= k_end masked), in NRB x KS / KC pieces of [RB, KC] (`deferred_pieces`: at 1 row the whole
+    slice in one piece, so one round trip). The partials are added to zeros in split order, then r: the arithmetic
+    of `sum_partials` + `out_proj._finish_tile`. A loop of its own: its pipelined loads never share the GEMV loop's
+    shared memory (folded into the GEMV loop's x loads, Triton staged them beside the weights: 238 KB)."""
+    for mb in tl.static_range(NRB):
+        rm = mb * RB + tl.arange(0, RB)
+        for c in range(KS // KC):
+            rk = k_begin + c * KC + tl.arange(0, KC)
+            msk = (rm < M)[:, None] & (rk < k_end)[None, :]
+            offs = rm[:, None] * xp_stride_m + rk[None, :]
+            tot = tl.zeros((RB, KC), dtype=tl.float32)
+            for s in tl.static_range(XSPLIT):
+                tot += tl.load(xp_ptr + s * xp_stride_s + offs, mask=msk, other=0.0, cache_modifier=".cg")
+            r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=msk, other=0.0).to(tl.float32)
+            tl.store(xout_ptr + rm[:, None] * stride_om + rk[None, :], to_bf16(tot + r, UPCAST), mask=msk)
+
+
+#: bytes of fp32 partials one piece of `_reduce_deferred` loads (all splits): 32 KB, i.e. 32 registers a thread at 8
+#: warps; Llama-3.2-1B's gate/up at 1 row reduces its 1024-column slice of 8 partials in one piece
+DEFERRED_PIECE_BYTES = 32768
+
+
+def deferred_pieces(m: int, block_k: int, cps: int, split: int) -> dict:
+    """The piece constexprs of `_reduce_deferred` for m rows and a K slice of cps chunks of block_k columns: RB rows
+    (a power of two <= 16, >= m up to 16) in NRB = ceil(m / RB) row pieces, by KC columns (a power of two dividing the
+    slice, at least min(16, block_k)), as wide as keeps RB * KC * split fp32 within DEFERRED_PIECE_BYTES."""
+    rb = min(16, triton.next_power_of_2(m))
+    kc = block_k * (cps & -cps)           # the largest power of two dividing the slice (block_k is one)
+    while kc > 16 and rb * kc * split * 4 > DEFERRED_PIECE_BYTES:
+        kc //= 2
+    return dict(RB=rb, NRB=triton.cdiv(m, rb), KC=kc)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gate_up_kernel(
         x_ptr, stride_xm, w_ptr, stride_wn, nw_ptr, rstd_ptr, act_ptr, stride_am, ws_ptr, sss_ptr, cnt_ptr,
+        xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om,
         M, I, K, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr,
-        PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+        PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, UPCAST: tl.constexpr, XSPLIT: tl.constexpr = 0,
+        RB: tl.constexpr = 16, NRB: tl.constexpr = 1, KC: tl.constexpr = 16):
     """act[:, n0:n0+BN] = silu(h Wg^T) * (h Wu^T) for this program's columns.
 
     NORM 0: h = x.  NORM 1: h = rms_norm(x) on load with the given rstd (reference rounding order).
     NORM 2: factored RMSNorm, rstd computed here: the operand is bf16(nw * x), the sums of squares of
     x ride along the same loads, and the fp32 accumulators are scaled by rstd before SiLU.
+    XSPLIT > 0 (`out_proj.DeferredX`): x_ptr holds the residual r and xp the XSPLIT split-K partials p_s of the
+    residual GEMV before this launch. Right after the wait every program computes x = bf16(sum_s p_s + r) (the
+    partials added to zeros in split order, then r: `residual_gemv`'s finisher's arithmetic, hence its bits) over
+    its K slice, rows < M, and stores it to xout (programs of the same slice store the same bits), then runs the
+    GEMV on xout: `_reduce_deferred`.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -91,6 +140,12 @@ def _gate_up_kernel(
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+    if XSPLIT > 0:
+        _reduce_deferred(x_ptr, stride_xm, xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om, M, k_begin, k_end,
+                         CPS * BK, XSPLIT, RB, NRB, KC, UPCAST)
+        tl.debug_barrier()          # this program's xout stores before its own loads of them
+        x_ptr = xout_ptr
+        stride_xm = stride_om
     r0 = _load_rstd(rstd_ptr, 0, M, NORM)
     r1 = _load_rstd(rstd_ptr, 16, M, NORM)
     r2 = _load_rstd(rstd_ptr, 32, M, NORM)
@@ -159,14 +214,16 @@ def _gate_up_kernel(
             _finish_act(g2, u2, 32, n0, M, I, act_ptr, stride_am, BN, UPCAST)
 
 
-def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                 rstd: torch.Tensor | None = None, eps: float | None = None, out: torch.Tensor | None = None,
                 workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
                 use_pdl: bool = False) -> torch.Tensor:
     """act = silu(h Wg^T) * (h Wu^T), one launch.
 
     Parameters:
-        x            [M, H] bf16 (M = 1..48)
+        x            [M, H] bf16 (M = 1..48), or a `DeferredX` (`out_proj.residual_gemv_deferred`): the rows are
+                     then bf16(residual + the partials summed in split order), the bits `residual_gemv` would
+                     have stored, and this launch writes them to its `out` (the programs of column tile 0)
         w_gate_up    [2I, H] bf16 contiguous (`pack_gate_up`)
         norm_weight  [H] bf16, with either rstd [M] fp32 (h = norm_weight * bf16(x * rstd), the
                      reference's rounding order) or eps > 0 (h = rms_norm(x, norm_weight, eps) with
@@ -179,11 +236,17 @@ def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.
     Raises StepContractError for wrong shapes / dtypes / devices, a norm_weight without rstd or eps,
     or a plan made for another shape.
     """
+    deferred = x if isinstance(x, DeferredX) else None
+    if deferred is not None:
+        x = deferred.residual
+        if not isinstance(x, torch.Tensor):
+            raise StepContractError(f"deferred residual must be a torch.Tensor, got {type(x).__name__}")
     dev = x.device
     if x.dim() != 2 or w_gate_up.dim() != 2:
         raise StepContractError(f"x [M, H] and w_gate_up [2I, H] expected, got {tuple(x.shape)}, "
                                 f"{tuple(w_gate_up.shape)}")
     m, h = x.shape
+    xsplit = 0 if deferred is None else check_deferred(deferred, m, h, dev)
     if not 1 <= m <= MAX_ROWS:
         raise StepContractError(f"x has M={m} rows; the fused MLP takes 1..{MAX_ROWS}")
     if w_gate_up.shape[0] % 2:
@@ -211,8 +274,11 @@ def gate_up_act(x: torch.Tensor, w_gate_up: torch.Tensor, *, norm_weight: torch.
     _gate_up_kernel[plan.at(nmb).grid](
         x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
         rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters,
+        deferred.partials if xsplit else ws.row_ss, m * h, h, deferred.out if xsplit else x,
+        deferred.out.stride(0) if xsplit else 0,
         m, i, h, float(eps) if norm == 2 else 0.0,
-        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
+        NORM=norm, USE_PDL=pdl, UPCAST=upcast, XSPLIT=xsplit, launch_pdl=pdl, **launch_constexprs(plan, nmb),
+        **(deferred_pieces(m, plan.block_k, plan.chunks_per_split, xsplit) if xsplit else {}))
     return out
 
 

@@ -21,6 +21,11 @@ without split-K): the fused model's dense layers use it for the output projectio
 down projection, and let the gate/up kernel compute the FFN norm's statistics itself
 (`lowlat.kernels.mlp`), so no launch ends with a grid-wide arrival counter. The MoE layers use
 `out_proj` with h written.
+
+`residual_gemv_deferred` is the same kernel with its split-K reduction left to the next launch (`DEFER`): each
+program stores its split's fp32 partial product and exits, and the gate/up launch computes x = bf16(residual + the
+partials in split order) (`lowlat.kernels.mlp.gate_up_act` given the returned `DeferredX`): the same bits, without
+the finisher's chain of round trips in this launch. The fused model runs it at 1-16 rows (`FusedModel.defers`).
 """
 
 from __future__ import annotations
@@ -85,16 +90,26 @@ def _finish_norm(m0, M, N, eps, ss_ptr, n_tiles, out_ptr, stride_om, nw_ptr, h_p
             tl.store(h_ptr + rm[:, None] * stride_hm + rc[None, :], to_bf16(w[None, :] * y, UPCAST), mask=msk)
 
 
+@triton.jit
+def _store_deferred(dp_ptr, acc, m0, M, n0, N, dp_stride_m, BN: tl.constexpr):
+    """dp[m, n] = acc[n - n0, m - m0] (fp32) for the rows m < M and columns n < N of a [BN, 16] tile."""
+    rn = n0 + tl.arange(0, BN)
+    rm = m0 + tl.arange(0, 16)
+    tl.store(dp_ptr + rm[None, :] * dp_stride_m + rn[:, None], acc, mask=(rn < N)[:, None] & (rm < M)[None, :])
+
+
 @triton.jit(do_not_specialize=["M"])
 def _residual_gemv_kernel(
         a_ptr, stride_am, w_ptr, stride_wn, res_ptr, stride_rm, out_ptr, stride_om,
-        nw_ptr, h_ptr, stride_hm, rstd_ptr, ws_ptr, ss_ptr, cnt_ptr,
+        nw_ptr, h_ptr, stride_hm, rstd_ptr, ws_ptr, ss_ptr, cnt_ptr, dp_ptr, dp_stride_s, dp_stride_m,
         M, N, K, n_tiles, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
-    """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc)."""
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False):
+    """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc).
+    DEFER: each program stores its split's partial product to dp[pid_k] (rows < M) and exits: no residual, no
+    arrival, no finisher (the next launch reduces, `residual_gemv`'s `deferred`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BN
@@ -109,12 +124,15 @@ def _residual_gemv_kernel(
         gdc_launch_dependents()
     # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
     # a tile is written only after all its splits arrived, so an in-place residual is safe)
-    r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
+    if DEFER:
+        r0 = tl.zeros((BN, 16), dtype=tl.float32)
+    else:
+        r0 = _load_res(res_ptr, stride_rm, 0, n0, M, N, BN)
     r1 = r0
     r2 = r0
-    if NUM_MB > 1:
+    if NUM_MB > 1 and not DEFER:
         r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
-    if NUM_MB > 2:
+    if NUM_MB > 2 and not DEFER:
         r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
@@ -127,7 +145,15 @@ def _residual_gemv_kernel(
             BN, BK, CPS, NUM_MB, False, 0, EVEN_N, EVEN_K, UPCAST)
     MP: tl.constexpr = 16 * NUM_MB
     finished = True
-    if SPLIT > 1:
+    if DEFER:
+        dps = dp_ptr + pid_k * dp_stride_s
+        _store_deferred(dps, a0, 0, M, n0, N, dp_stride_m, BN)
+        if NUM_MB > 1:
+            _store_deferred(dps, a1, 16, M, n0, N, dp_stride_m, BN)
+        if NUM_MB > 2:
+            _store_deferred(dps, a2, 32, M, n0, N, dp_stride_m, BN)
+        finished = False
+    elif SPLIT > 1:
         store_partial(ws_ptr, a0, pid_k, N, MP, n0, 0, BN, EVEN_N)
         if NUM_MB > 1:
             store_partial(ws_ptr, a1, pid_k, N, MP, n0, 16, BN, EVEN_N)
@@ -165,6 +191,43 @@ def _residual_gemv_kernel(
                 tl.store(cnt_ptr + n_tiles, 0)
 
 
+class DeferredX(NamedTuple):
+    """The output x = bf16(residual + a W^T) of a residual GEMV whose split-K reduction is left to the next
+    launch (`residual_gemv_deferred`). The consuming launch (`lowlat.kernels.mlp.gate_up_act`) reads each x tile
+    as bf16(sum_s partials[s] + residual), partials added to zeros in split order, then the residual: the
+    arithmetic of `residual_gemv`'s own finisher, hence its bits; it writes x to `out`."""
+    partials: torch.Tensor       # [S, M, N] fp32 contiguous: split s's partial product a W^T over its K slice
+    residual: torch.Tensor       # [M, N] bf16
+    out: torch.Tensor            # [M, N] bf16, written by the consuming launch; never overlaps residual
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte ranges overlap (same storage)."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
+    """Validate a `DeferredX` for [m, n] rows on `device`; returns its split count S. Raises StepContractError
+    naming the field whose shape, dtype, device or layout is wrong, or an `out` that overlaps `residual`."""
+    if not isinstance(d, DeferredX):
+        raise StepContractError(f"deferred must be a DeferredX, got {type(d).__name__}")
+    if d.partials.dim() != 3 or d.partials.shape[0] < 2:
+        raise StepContractError(f"deferred partials must be [S >= 2, M, N] fp32, got shape {tuple(d.partials.shape)}")
+    split = d.partials.shape[0]
+    check_tensor("deferred partials", d.partials, (split, m, n), torch.float32, device)
+    if not d.partials.is_contiguous():
+        raise StepContractError("deferred partials must be contiguous")
+    check_tensor("deferred residual", d.residual, (m, n), torch.bfloat16, device)
+    check_tensor("deferred out", d.out, (m, n), torch.bfloat16, device)
+    if _overlap(d.out, d.residual):
+        raise StepContractError("deferred out overlaps deferred residual: the consuming launch reads the residual "
+                                "while it writes out")
+    return split
+
+
 class OutProjResult(NamedTuple):
     x: torch.Tensor              # [M, H] bf16 new residual stream
     h: torch.Tensor | None       # [M, H] bf16 rms_norm(x, mlp_norm), None when write_h=False
@@ -172,7 +235,7 @@ class OutProjResult(NamedTuple):
 
 
 def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
-                          h=None, rstd=None, eps=0.0, use_pdl=False) -> None:
+                          h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None) -> None:
     m, k = a.shape
     n = w.shape[0]
     norm = norm_weight is not None
@@ -188,7 +251,8 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
         norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
         rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
-        m, n, k, tiles.n_tiles, float(eps),
+        deferred if deferred is not None else ws.row_ss, m * n, n,
+        m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None,
         NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
         USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
@@ -246,6 +310,22 @@ def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_n
     return OutProjResult(out, h_out, rstd_out)
 
 
+def _check_gemv_inputs(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
+    """(M, K, N) of a residual GEMV's a [M, K] and w [N, K] (bf16, one device, w contiguous, M = 1..48); raises
+    StepContractError naming the tensor otherwise."""
+    if a.dim() != 2 or w.dim() != 2:
+        raise StepContractError(f"a [M, K] and w [N, K] expected, got {tuple(a.shape)} and {tuple(w.shape)}")
+    m, k = a.shape
+    n = w.shape[0]
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"a has M={m} rows; the fused GEMVs take 1..{MAX_ROWS}")
+    check_tensor("a", a, (m, k), torch.bfloat16, a.device)
+    check_tensor("w", w, (n, k), torch.bfloat16, a.device)
+    if not w.is_contiguous():
+        raise StepContractError("w must be contiguous")
+    return m, k, n
+
+
 def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
                   workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
                   use_pdl: bool = False) -> torch.Tensor:
@@ -258,16 +338,7 @@ def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, o
     Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape.
     """
     dev = a.device
-    if a.dim() != 2 or w.dim() != 2:
-        raise StepContractError(f"a [M, K] and w [N, K] expected, got {tuple(a.shape)} and {tuple(w.shape)}")
-    m, k = a.shape
-    n = w.shape[0]
-    if not 1 <= m <= MAX_ROWS:
-        raise StepContractError(f"a has M={m} rows; the fused GEMVs take 1..{MAX_ROWS}")
-    check_tensor("a", a, (m, k), torch.bfloat16, dev)
-    check_tensor("w", w, (n, k), torch.bfloat16, dev)
-    if not w.is_contiguous():
-        raise StepContractError("w must be contiguous")
+    m, k, n = _check_gemv_inputs(a, w)
     check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
     out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("out", out, (m, n), torch.bfloat16, dev)
@@ -276,3 +347,44 @@ def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, o
     check_plan_for(plan, n, k, "w")
     _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl)
     return out
+
+
+def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, out: torch.Tensor, *,
+                           partials: torch.Tensor | None = None, workspace: GemvWorkspace | None = None,
+                           plan: GemvPlan | None = None, use_pdl: bool = False) -> DeferredX:
+    """x = residual + a W^T with its split-K reduction left to the next launch: one launch that stores each
+    split's fp32 partial product and exits (no residual load, no arrival counter, no finisher).
+
+    The finisher of `residual_gemv` costs its launch a chain of dependent round trips after the split products
+    (release fence + arrival atomic, partial loads, the residual add, the stores): 2.1 of Llama-3.2-1B's 3.6 us
+    out_proj in the step at 1 row (NOTES, session 20). The consuming launch (`lowlat.kernels.mlp.gate_up_act`
+    given the returned `DeferredX`) already loads x after its wait; it loads the partials and the residual
+    instead, in the same round trip, and computes exactly `residual_gemv`'s output (same bits), writing it to
+    `out`. Pays where the consumer's extra bytes (S fp32 partials per x element, read by each of its column
+    tiles) are few: the fused model defers at one row block (1-16 rows), `FusedModel` "defer".
+
+    Parameters:
+        a [M, K] bf16, w [N, K] bf16 contiguous, residual [M, N] bf16 (M = 1..48)
+        out       [M, N] bf16: where the consumer will write x; must not overlap residual
+        partials  [S, M, N] fp32 contiguous, S = the plan's split (allocated when None)
+        workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl: as `residual_gemv`
+    Returns DeferredX(partials, residual, out) for the consumer.
+    Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
+    `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`.
+    """
+    dev = a.device
+    m, k, n = _check_gemv_inputs(a, w)
+    plan = plan_gemv(n, k, kind="residual") if plan is None else plan
+    check_plan_for(plan, n, k, "w")
+    if plan.split < 2:
+        raise StepContractError(f"plan {n}x{k} has split={plan.split}: a deferred reduction needs split-K >= 2 "
+                                "(use residual_gemv)")
+    if partials is None:
+        partials = torch.empty((plan.split, m, n), dtype=torch.float32, device=dev)
+    d = DeferredX(partials, residual, out)
+    check_deferred(d, m, n, dev)
+    if partials.shape[0] != plan.split:
+        raise StepContractError(f"deferred partials hold {partials.shape[0]} splits; the plan has split={plan.split}")
+    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials)
+    return d

@@ -28,7 +28,12 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    import inspect
+
     names = kernel.arg_names
+    defaults = {k: v.default for k, v in inspect.signature(kernel.fn).parameters.items()
+                if v.default is not inspect.Parameter.empty}
+    constexprs = {**{k: v for k, v in defaults.items() if k not in signature}, **constexprs}
     sig = {}
     attrs = {}
     for i, name in enumerate(names):
@@ -122,7 +127,7 @@ def compile_all(quick: bool = False) -> list[dict]:
 
     from lowlat.kernels._gemv import launch_constexprs, plan_gemv
     from lowlat.kernels.lm_head import _lm_head_kernel
-    from lowlat.kernels.mlp import _gate_up_kernel
+    from lowlat.kernels.mlp import _gate_up_kernel, deferred_pieces
     from lowlat.kernels.out_proj import _residual_gemv_kernel
 
     out = []
@@ -132,10 +137,12 @@ def compile_all(quick: bool = False) -> list[dict]:
     res_sig = {a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
     res_sig.update({"rstd_ptr": "*fp32", "ws_ptr": "*fp32", "ss_ptr": "*fp32", "cnt_ptr": "*i32",
                     "stride_am": "i32", "stride_wn": "i32", "stride_rm": "i32", "stride_om": "i32",
-                    "stride_hm": "i32", "M": "i32", "N": "i32", "K": "i32", "n_tiles": "i32", "eps": "fp32"})
+                    "stride_hm": "i32", "M": "i32", "N": "i32", "K": "i32", "n_tiles": "i32", "eps": "fp32",
+                    "dp_ptr": "*fp32", "dp_stride_s": "i32", "dp_stride_m": "i32"})
     gu_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "nw_ptr": "*bf16", "rstd_ptr": "*fp32", "act_ptr": "*bf16",
               "ws_ptr": "*fp32", "sss_ptr": "*fp32", "cnt_ptr": "*i32", "stride_xm": "i32", "stride_wn": "i32",
-              "stride_am": "i32", "M": "i32", "I": "i32", "K": "i32", "eps": "fp32"}
+              "stride_am": "i32", "M": "i32", "I": "i32", "K": "i32", "eps": "fp32", "xp_ptr": "*fp32",
+              "xp_stride_s": "i32", "xp_stride_m": "i32", "xout_ptr": "*bf16", "stride_om": "i32"}
     lm_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "nw_ptr": "*bf16", "nvalid_ptr": "*i32",
               "logits_ptr": "*fp32", "tokens_ptr": "*i64", "keys_ptr": "*i64", "cnt_ptr": "*i32",
               "stride_xm": "i32", "stride_wn": "i32", "stride_lm": "i32", "M": "i32", "V": "i32",
@@ -162,6 +169,13 @@ def compile_all(quick: bool = False) -> list[dict]:
             run(f"{model}/out_proj_norm", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=True, WRITE_H=True,
                 NT_P2=nt, BH=512, N_COLS=h)
             run(f"{model}/gate_up", _gate_up_kernel, gu_sig, plan_gemv(i, h, kind="gate_up"), nmb, True, NORM=2)
+            p = plan_gemv(h, q, kind="residual")
+            if p.split > 1 and nmb == 1:   # out_proj's reduction deferred to gate/up (FusedModel.defers)
+                run(f"{model}/out_proj_deferred", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=False,
+                    WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, DEFER=True)
+                pg = plan_gemv(i, h, kind="gate_up")
+                run(f"{model}/gate_up_deferred", _gate_up_kernel, gu_sig, pg, nmb, True, NORM=2, XSPLIT=p.split,
+                    **deferred_pieces(1, pg.block_k, pg.chunks_per_split, p.split))
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
     if not quick:       # Qwen3-30B-A3B's out_proj with its RMSNorm epilogue (MoE layers; preload at 1 row block)
         from lowlat.config import preset

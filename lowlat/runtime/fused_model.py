@@ -7,6 +7,8 @@
         x     = residual_gemv(attn)   x + attn Wo^T                                 (kernels/out_proj)
         act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
         x     = residual_gemv(act)    x + act Wd^T                                  (kernels/out_proj)
+                (dense layers at 1 row with a split-K out_proj plan: out_proj stores its split partials and
+                 gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`)
                 (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
@@ -43,7 +45,7 @@ from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
-from lowlat.kernels.out_proj import out_proj, residual_gemv
+from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
 from lowlat.kernels.rms_norm import MAX_HIDDEN as RMS_MAX_HIDDEN
 from lowlat.kernels.rms_norm import rms_norm_into
 from lowlat.step import MAX_ROWS, StepBatch
@@ -51,6 +53,9 @@ from lowlat.weights import LayerWeights, ModelWeights
 
 #: Step widths captured by default (the engine's; see lowlat/runtime/engine.py).
 DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
+#: steps of up to this many rows (their width) defer out_proj's split-K reduction to gate/up (`FusedModel.defers`):
+#: measured to pay at 1 row only (Llama-3.2-1B, session 20 call 5: -17 us a step at 1 row, +29 / +84 at 6 / 16)
+DEFER_MAX_WIDTH = 1
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -89,6 +94,8 @@ class _Buffers:
     req_indices: torch.Tensor   # [w] int32
     nvalid: torch.Tensor        # [1] int32
     x: torch.Tensor             # [w, H] bf16 residual stream
+    x2: torch.Tensor            # [w, H] bf16 the residual stream after out_proj when its reduction is deferred
+    deferred: torch.Tensor      # [S, w, H] fp32 out_proj's split-K partials when deferred (S = its split)
     q: torch.Tensor             # [w, Hq, D] bf16
     attn: torch.Tensor          # [w, Hq, D] bf16
     rstd: torch.Tensor          # [w] fp32
@@ -116,6 +123,9 @@ class FusedModel:
         use_pdl          chain launches with PDL (default: on for sm_90+ when not interpreting)
         validate         check each step's contract on the host first (syncs; raises
                          StepContractError before any KV write)
+        defer            dense layers: leave the output projection's split-K reduction to the gate/up launch
+                         (`out_proj.residual_gemv_deferred`) at widths of up to this many rows (0: never; at most
+                         48) when its plan splits K; the same bits either way (default DEFER_MAX_WIDTH = 1)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -129,8 +139,11 @@ class FusedModel:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
-                 use_pdl: bool | None = None, validate: bool = True) -> None:
+                 use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH) -> None:
         self.cfg = cfg
+        if isinstance(defer, bool) or not isinstance(defer, int) or not 0 <= defer <= MAX_ROWS:
+            raise StepContractError(f"defer={defer!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)")
+        self.defer = defer
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -209,6 +222,7 @@ class FusedModel:
             out_cache_loc=torch.zeros(wmax, dtype=torch.int32, **z),
             req_indices=torch.zeros(wmax, dtype=torch.int32, **z),
             x=torch.zeros(wmax, cfg.hidden_size, dtype=bf, **z),
+            x2=torch.zeros(wmax, cfg.hidden_size if not cfg.is_moe else 1, dtype=bf, **z),
             q=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             rstd=torch.zeros(wmax, dtype=torch.float32, **z),
@@ -228,7 +242,11 @@ class FusedModel:
         self._draft_one_hot: dict[DraftKey, bool] = {}
         self._nvalid = torch.ones(1, dtype=torch.int32, device=dev)
         self._page_table: torch.Tensor | None = None      # [wmax, C] int32, C from the first step
-        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, **{k: v[:w] for k, v in self._full.items()})
+        s_o = self.plan_o.split
+        self._deferred = torch.zeros(s_o * wmax * cfg.hidden_size, dtype=torch.float32, device=dev)
+        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid,
+                                  deferred=self._deferred[:s_o * w * cfg.hidden_size].view(s_o, w, cfg.hidden_size),
+                                  **{k: v[:w] for k, v in self._full.items()})
                       for w in self.widths}
 
     # ------------------------------------------------------------------------------------ run
@@ -405,10 +423,24 @@ class FusedModel:
         self._graphs[key] = g
         g.replay()
 
+    def defers(self, width: int) -> bool:
+        """Whether a step of this width leaves the dense layers' output-projection reduction to the gate/up
+        launch: a dense model, an out_proj plan with split-K, and width <= `defer` (each gate/up program first
+        reduces S fp32 partials per element of its x slice, which delays its weight stream: with one row that is
+        one round trip; measured to pay at 1 row only, NOTES session 20)."""
+        return not self.cfg.is_moe and self.plan_o.split > 1 and width <= self.defer
+
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
         """x += attn Wo^T, then x += FFN(rms_norm(x)): three launches (dense) or out_proj + MoE."""
         cfg, pdl, w, x = self.cfg, self.use_pdl, bufs.width, bufs.x
-        if L.moe is None:
+        if L.moe is None and self.defers(w):      # out_proj's reduction done by the gate/up launch (same bits)
+            d = residual_gemv_deferred(attn.view(w, -1), L.wo, x, bufs.x2, partials=bufs.deferred,
+                                       workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            gate_up_act(d, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
+                        workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
+            residual_gemv(bufs.act, L.w_down, bufs.x2, out=x, workspace=self.gemv_ws, plan=self.plan_down,
+                          use_pdl=pdl)
+        elif L.moe is None:
             residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)

@@ -55,12 +55,12 @@ def layer_caches(case, num_layers: int, seed: int):
     return ks, vs
 
 
-def compare_step(cfg, weights, case, *, seed=0, widths=(1, 2, 4, 6, 8, 12, 16, 24, 32, 48)):
+def compare_step(cfg, weights, case, *, seed=0, widths=(1, 2, 4, 6, 8, 12, 16, 24, 32, 48), **fm_kw):
     """Run one step fused and through the reference (float64 oracle, bf16 baseline) on identical
     caches; check logits, padding rows, tokens, and the K/V the step wrote."""
     ks, vs = layer_caches(case, cfg.num_layers, seed)
     pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
-    fm = FusedModel(cfg, weights, device="cpu", widths=widths)
+    fm = FusedModel(cfg, weights, device="cpu", widths=widths, **fm_kw)
     logits = fm.forward(case.step, pool).clone()
     k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
     oracle = ReferenceModel(cfg, weights.to(dtype=torch.float64)).forward(case.step, k64, v64)
@@ -99,6 +99,54 @@ def test_two_layer_model_padded_to_width_within_policy():
     assert case.step.num_rows == 7
     logits = compare_step(cfg, w, case, seed=5, widths=(4, 8))
     assert logits.shape == (7, cfg.vocab_size)
+
+
+def _split_out_proj_table(cfg, tmp_path, monkeypatch, split=2):
+    """A plan table giving the dense out_proj (residual, H x q) a split-K plan, so FusedModel defers its reduction."""
+    from lowlat.kernels import _gemv
+
+    plan = _gemv.plan_gemv(cfg.hidden_size, cfg.q_size, kind="residual", split=split, block_k=16)
+    table = tmp_path / "plans.json"
+    table.write_text(json.dumps([dict(kind="residual", n=cfg.hidden_size, k=cfg.q_size, plan=plan.describe())]))
+    monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(table))
+
+
+def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
+    """`FusedModel.defers`: up to `defer` rows a dense layer's out_proj with split-K stores its split partials and
+    the gate/up launch reduces them (`out_proj.residual_gemv_deferred`). The step is within the policy of the
+    reference, and its logits and KV are bitwise those of defer=0 (never) and, row for row, of a 24-row width."""
+    cfg = tiny(num_layers=2)
+    _split_out_proj_table(cfg, tmp_path, monkeypatch)
+    w = random_model_weights(cfg, seed=3)
+    case = random_step(ctx_lens=[9, 2, 0], new_rows=[1, 1, 5], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+    models = dict(on=FusedModel(cfg, w, device="cpu", widths=(8,), defer=8),
+                  off=FusedModel(cfg, w, device="cpu", widths=(8,), defer=0),
+                  wide=FusedModel(cfg, w, device="cpu", widths=(24,), defer=8))
+    assert models["on"].plan_o.split == 2 and models["on"].defers(8)
+    assert not models["off"].defers(8) and not models["wide"].defers(24)
+    default = FusedModel(cfg, w, device="cpu", widths=(1, 2))       # DEFER_MAX_WIDTH: 1 row
+    assert default.defers(1) and not default.defers(2)
+    logits = compare_step(cfg, w, case, seed=5, widths=(8,), defer=8)
+    ks, vs = layer_caches(case, cfg.num_layers, 5)
+    on = same_steps(models, case, ks, vs, cfg.num_layers)
+    check_bitwise("fused_model", on, logits, output="logits_rerun")
+
+
+def same_steps(models: dict, case, ks, vs, num_layers: int, tag: str = ""):
+    """Run the step of `case` with every model in `models` (keys "on", "off", "wide") on copies of the caches ks / vs;
+    check the logits and every layer's K / V of "off" and "wide" bitwise those of "on"; return "on"'s logits."""
+    runs = {}
+    for name, fm in models.items():
+        pool = fresh_pool(ks, vs)
+        runs[name] = (fm.forward(case.step, pool).clone(), pool)
+    for name in ("off", "wide"):
+        check_bitwise("fused_model", runs[name][0], runs["on"][0], output=f"logits_{name}{tag}")
+        for i in range(num_layers):
+            for kind in ("k_caches", "v_caches"):
+                check_bitwise("fused_model", getattr(runs[name][1], kind)[i].nan_to_num(7.0),
+                              getattr(runs["on"][1], kind)[i].nan_to_num(7.0), output=f"{kind}_{name}{tag}")
+    return runs["on"][0]
 
 
 def assert_tokens_equal_or_near_tie(cfg, weights, device, prompts, got, want, *, slots=64, ctx=32):
@@ -191,6 +239,9 @@ def test_a_pool_with_a_bad_later_layer_is_refused_before_any_kv_write():
 
 
 def test_unsupported_configs_are_refused():
+    for bad in (True, -1, 49, 1.0):
+        with pytest.raises(StepContractError, match=r"defer=.* must be an int in 0\.\.48"):
+            FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", defer=bad)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
     with pytest.raises(StepContractError, match="widths"):
@@ -246,6 +297,27 @@ def graph_vs_eager_steps(cfg, w, device, rows_seeds, **fm_kw):
         check_bitwise("fused_model", b, a, output="logits_graph_vs_eager")
         check_bitwise("fused_model", c, a, output="logits_replay_vs_eager")
         yield rows, case, ks, vs, pa, pb, a
+
+
+@pytest.mark.gpu
+def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
+    """Llama-3.2-1B's shapes (2 layers, random weights; its out_proj plan splits K 8 ways): graphed steps of 1 / 6 / 16
+    rows with out_proj's reduction deferred to gate/up (defer=16; the default defers at 1 row) give bitwise the
+    logits and KV of defer=0 and of a 24-row width (never deferred) for the same rows, and the same logits on a
+    pure replay."""
+    cfg = preset("Llama-3.2-1B").replace(num_layers=2)
+    w = random_model_weights(cfg, seed=0).to(device=device)
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=16),
+                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0),
+                  wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16))
+    default = FusedModel(cfg, w, device=device, widths=(1, 2))
+    assert default.defers(1) and not default.defers(2) and not models["off"].defers(1)
+    assert models["on"].plan_o.split > 1 and all(models["on"].defers(r) for r in (1, 6, 16))
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        check_bitwise("fused_model", models["on"].forward(case.step, fresh_pool(ks, vs)), on,
+                      output=f"logits_replay_r{rows}")
 
 
 @pytest.mark.gpu
