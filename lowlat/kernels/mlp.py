@@ -38,7 +38,7 @@ from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
                                   store_split_ss, sum_partials, sum_split_ss, to_bf16)
-from lowlat.kernels.out_proj import DeferredX, _launch_residual_gemv, check_deferred
+from lowlat.kernels.out_proj import DeferredX, _launch_residual_gemv, check_deferred, overlap
 
 
 def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -223,7 +223,8 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     Parameters:
         x            [M, H] bf16 (M = 1..48), or a `DeferredX` (`out_proj.residual_gemv_deferred`): the rows are
                      then bf16(residual + the partials summed in split order), the bits `residual_gemv` would
-                     have stored, and this launch writes them to its `out` (the programs of column tile 0)
+                     have stored, and this launch writes them to its `out` (every program its K slice; `out`
+                     must not overlap act `out`)
         w_gate_up    [2I, H] bf16 contiguous (`pack_gate_up`)
         norm_weight  [H] bf16, with either rstd [M] fp32 (h = norm_weight * bf16(x * rstd), the
                      reference's rounding order) or eps > 0 (h = rms_norm(x, norm_weight, eps) with
@@ -263,6 +264,11 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
         check_tensor("rstd", rstd, (m,), torch.float32, dev)
     out = torch.empty((m, i), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("act out", out, (m, i), torch.bfloat16, dev)
+    if deferred is not None:
+        for name, t in (("out", deferred.out), ("residual", deferred.residual), ("partials", deferred.partials)):
+            if overlap(out, t):
+                raise StepContractError(f"act out overlaps deferred {name}: this launch reads or writes it while "
+                                        "it writes act")
     ws = GemvWorkspace.create(i, dev) if workspace is None else workspace
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan

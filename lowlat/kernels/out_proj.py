@@ -25,7 +25,7 @@ down projection, and let the gate/up kernel compute the FFN norm's statistics it
 `residual_gemv_deferred` is the same kernel with its split-K reduction left to the next launch (`DEFER`): each
 program stores its split's fp32 partial product and exits, and the gate/up launch computes x = bf16(residual + the
 partials in split order) (`lowlat.kernels.mlp.gate_up_act` given the returned `DeferredX`): the same bits, without
-the finisher's chain of round trips in this launch. The fused model runs it at 1-16 rows (`FusedModel.defers`).
+the finisher's chain of round trips in this launch. The fused model runs it at 1 row (`FusedModel.defers`).
 """
 
 from __future__ import annotations
@@ -198,33 +198,41 @@ class DeferredX(NamedTuple):
     arithmetic of `residual_gemv`'s own finisher, hence its bits; it writes x to `out`."""
     partials: torch.Tensor       # [S, M, N] fp32 contiguous: split s's partial product a W^T over its K slice
     residual: torch.Tensor       # [M, N] bf16
-    out: torch.Tensor            # [M, N] bf16, written by the consuming launch; never overlaps residual
+    out: torch.Tensor            # [M, N] bf16, written by the consuming launch; never overlaps residual / partials
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' byte ranges overlap (same storage)."""
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte spans of two tensors (first to last element, strides included) share a byte: a conservative
+    aliasing test (tensors of one storage whose spans interleave without sharing an element count as overlapping)."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+    def span(t):
+        last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
     """Validate a `DeferredX` for [m, n] rows on `device`; returns its split count S. Raises StepContractError
-    naming the field whose shape, dtype, device or layout is wrong, or an `out` that overlaps `residual`."""
+    naming the field whose type, shape, dtype, device or layout is wrong, or an `out` that overlaps `residual` or
+    `partials` (the consuming launch reads those while it writes out)."""
     if not isinstance(d, DeferredX):
         raise StepContractError(f"deferred must be a DeferredX, got {type(d).__name__}")
-    if d.partials.dim() != 3 or d.partials.shape[0] < 2:
-        raise StepContractError(f"deferred partials must be [S >= 2, M, N] fp32, got shape {tuple(d.partials.shape)}")
+    check_tensor("deferred partials", d.partials, (None, m, n), torch.float32, device)
     split = d.partials.shape[0]
-    check_tensor("deferred partials", d.partials, (split, m, n), torch.float32, device)
+    if split < 2:
+        raise StepContractError(f"deferred partials must be [S >= 2, M, N] fp32, got shape {tuple(d.partials.shape)}")
     if not d.partials.is_contiguous():
         raise StepContractError("deferred partials must be contiguous")
     check_tensor("deferred residual", d.residual, (m, n), torch.bfloat16, device)
     check_tensor("deferred out", d.out, (m, n), torch.bfloat16, device)
-    if _overlap(d.out, d.residual):
-        raise StepContractError("deferred out overlaps deferred residual: the consuming launch reads the residual "
-                                "while it writes out")
+    for name, t in (("residual", d.residual), ("partials", d.partials)):
+        if overlap(d.out, t):
+            raise StepContractError(f"deferred out overlaps deferred {name}: the consuming launch reads the {name} "
+                                    "while it writes out")
     return split
 
 
@@ -361,7 +369,8 @@ def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     given the returned `DeferredX`) already loads x after its wait; it loads the partials and the residual
     instead, in the same round trip, and computes exactly `residual_gemv`'s output (same bits), writing it to
     `out`. Pays where the consumer's extra bytes (S fp32 partials per x element, read by each of its column
-    tiles) are few: the fused model defers at one row block (1-16 rows), `FusedModel` "defer".
+    tiles) are few and its weight stream is not held back long: the fused model defers at 1 row (`FusedModel`
+    "defer"; measured slower at 6 / 16 rows, NOTES session 20).
 
     Parameters:
         a [M, K] bf16, w [N, K] bf16 contiguous, residual [M, N] bf16 (M = 1..48)

@@ -31,8 +31,8 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
     import inspect
 
     names = kernel.arg_names
-    defaults = {k: v.default for k, v in inspect.signature(kernel.fn).parameters.items()
-                if v.default is not inspect.Parameter.empty}
+    defaults = {k: v.default for k, v in inspect.signature(kernel.fn).parameters.items()   # constexprs with a default
+                if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
     constexprs = {**{k: v for k, v in defaults.items() if k not in signature}, **constexprs}
     sig = {}
     attrs = {}
@@ -41,7 +41,8 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
             sig[name] = "constexpr"
         else:
             sig[name] = signature[name]
-            if sig[name].startswith("*") or name.startswith("stride") or name in ("N", "K", "I", "V"):
+            if (sig[name].startswith("*") or name.startswith("stride") or "_stride_" in name
+                    or name in ("N", "K", "I", "V")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -170,12 +171,12 @@ def compile_all(quick: bool = False) -> list[dict]:
                 NT_P2=nt, BH=512, N_COLS=h)
             run(f"{model}/gate_up", _gate_up_kernel, gu_sig, plan_gemv(i, h, kind="gate_up"), nmb, True, NORM=2)
             p = plan_gemv(h, q, kind="residual")
-            if p.split > 1 and nmb == 1:   # out_proj's reduction deferred to gate/up (FusedModel.defers)
+            if p.split > 1:   # out_proj's reduction deferred to gate/up (FusedModel.defers; defer=N allows 48 rows)
                 run(f"{model}/out_proj_deferred", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=False,
                     WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, DEFER=True)
                 pg = plan_gemv(i, h, kind="gate_up")
                 run(f"{model}/gate_up_deferred", _gate_up_kernel, gu_sig, pg, nmb, True, NORM=2, XSPLIT=p.split,
-                    **deferred_pieces(1, pg.block_k, pg.chunks_per_split, p.split))
+                    **deferred_pieces(1 if nmb == 1 else 16 * nmb, pg.block_k, pg.chunks_per_split, p.split))
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
     if not quick:       # Qwen3-30B-A3B's out_proj with its RMSNorm epilogue (MoE layers; preload at 1 row block)
         from lowlat.config import preset

@@ -94,8 +94,8 @@ class _Buffers:
     req_indices: torch.Tensor   # [w] int32
     nvalid: torch.Tensor        # [1] int32
     x: torch.Tensor             # [w, H] bf16 residual stream
-    x2: torch.Tensor            # [w, H] bf16 the residual stream after out_proj when its reduction is deferred
-    deferred: torch.Tensor      # [S, w, H] fp32 out_proj's split-K partials when deferred (S = its split)
+    x2: torch.Tensor | None     # [w, H] bf16 the residual stream after out_proj when its reduction is deferred
+    deferred: torch.Tensor | None  # [S, w, H] fp32 out_proj's split-K partials then (S = its split); else None
     q: torch.Tensor             # [w, Hq, D] bf16
     attn: torch.Tensor          # [w, Hq, D] bf16
     rstd: torch.Tensor          # [w] fp32
@@ -143,7 +143,7 @@ class FusedModel:
         self.cfg = cfg
         if isinstance(defer, bool) or not isinstance(defer, int) or not 0 <= defer <= MAX_ROWS:
             raise StepContractError(f"defer={defer!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)")
-        self.defer = defer
+        self._defer = defer               # fixed at build: the graphs are captured per width
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -222,7 +222,6 @@ class FusedModel:
             out_cache_loc=torch.zeros(wmax, dtype=torch.int32, **z),
             req_indices=torch.zeros(wmax, dtype=torch.int32, **z),
             x=torch.zeros(wmax, cfg.hidden_size, dtype=bf, **z),
-            x2=torch.zeros(wmax, cfg.hidden_size if not cfg.is_moe else 1, dtype=bf, **z),
             q=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             rstd=torch.zeros(wmax, dtype=torch.float32, **z),
@@ -242,10 +241,12 @@ class FusedModel:
         self._draft_one_hot: dict[DraftKey, bool] = {}
         self._nvalid = torch.ones(1, dtype=torch.int32, device=dev)
         self._page_table: torch.Tensor | None = None      # [wmax, C] int32, C from the first step
-        s_o = self.plan_o.split
-        self._deferred = torch.zeros(s_o * wmax * cfg.hidden_size, dtype=torch.float32, device=dev)
-        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid,
-                                  deferred=self._deferred[:s_o * w * cfg.hidden_size].view(s_o, w, cfg.hidden_size),
+        # out_proj's deferred reduction (`defers`): x2 and the partials, for the deferring widths only
+        s_o, h, dmax = self.plan_o.split, cfg.hidden_size, max((w for w in self.widths if self.defers(w)), default=0)
+        self._x2 = torch.zeros(dmax, h, dtype=bf, device=dev)
+        self._deferred = torch.zeros(s_o * dmax * h, dtype=torch.float32, device=dev)
+        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, x2=self._x2[:w] if w <= dmax else None,
+                                  deferred=self._deferred[:s_o * w * h].view(s_o, w, h) if w <= dmax else None,
                                   **{k: v[:w] for k, v in self._full.items()})
                       for w in self.widths}
 
@@ -428,7 +429,12 @@ class FusedModel:
         launch: a dense model, an out_proj plan with split-K, and width <= `defer` (each gate/up program first
         reduces S fp32 partials per element of its x slice, which delays its weight stream: with one row that is
         one round trip; measured to pay at 1 row only, NOTES session 20)."""
-        return not self.cfg.is_moe and self.plan_o.split > 1 and width <= self.defer
+        return not self.cfg.is_moe and self.plan_o.split > 1 and width <= self._defer
+
+    @property
+    def defer(self) -> int:
+        """The widest width (rows) whose steps defer out_proj's reduction (the `defer` argument; fixed at build)."""
+        return self._defer
 
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
         """x += attn Wo^T, then x += FFN(rms_norm(x)): three launches (dense) or out_proj + MoE."""

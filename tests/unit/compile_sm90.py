@@ -45,9 +45,9 @@ def compile_for_sm90(fn, spec: dict) -> dict:
 
     constexprs, pointers = spec.get("constexprs", {}), spec.get("pointers", {})
     scalars = spec.get("scalars") or {}
-    # parameters with a default that the spec does not name take their default as a constexpr (as a launch does)
+    # constexpr parameters with a default that the spec does not name take their default (as a launch does)
     defaults = {k: v.default for k, v in inspect.signature(fn.fn).parameters.items()
-                if v.default is not inspect.Parameter.empty and v.default is not None}
+                if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
     constexprs = {**{k: v for k, v in defaults.items() if k not in pointers and k not in scalars}, **constexprs}
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
     aligned = set(spec["divisible"]) | {n for n, t in pointers.items() if t.startswith("*")} if "divisible" in spec \

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
-from lowlat.kernels.out_proj import DeferredX, residual_gemv, residual_gemv_deferred
+from lowlat.kernels.out_proj import DeferredX, check_deferred, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
 
 EPS = 1e-5
@@ -118,6 +118,31 @@ def test_residual_gemv_deferred_bad_input_raises_typed_error_and_writes_nothing(
         assert torch.equal(a["out"].isnan(), out_before.isnan())
 
 
+def test_overlapping_deferred_buffers_are_refused():
+    """out sharing bytes with the residual or the partials, also through strided views (rows with gaps), and act
+    sharing bytes with the DeferredX: the consuming launch would read what it (or another program) writes."""
+    a = _args()
+    x, nw, wgu = a["x"], a["nw"], a["wgu"]
+    big = torch.empty(4 * 64, dtype=torch.bfloat16)
+    res_gapped = big.as_strided((3, 64), (96, 1))          # rows at 0, 96, 192: row 2 ends at 256
+    out_inside = big[192:].view(1, 64).expand(3, 64)      # not (3, 64)-shaped storage, but a view over row 2
+    parts = torch.empty(2, 3, 64)
+    out_in_parts = parts.view(-1).view(torch.bfloat16)[:192].view(3, 64)
+    for d, match in [
+        (DeferredX(parts, res_gapped, big[192:].clone().view(1, 64).expand(3, 64).contiguous()), None),
+        (DeferredX(parts, res_gapped, out_inside), "deferred out overlaps deferred residual"),
+        (DeferredX(parts, x, out_in_parts), "deferred out overlaps deferred partials"),
+    ]:
+        if match is None:
+            assert check_deferred(d, 3, 64, torch.device("cpu")) == 2
+        else:
+            with pytest.raises(StepContractError, match=match):
+                check_deferred(d, 3, 64, torch.device("cpu"))
+    base = torch.empty(3 * 96, dtype=torch.bfloat16)       # act [3, I = 96] over the DeferredX's out [3, 64]
+    with pytest.raises(StepContractError, match="act out overlaps deferred out"):
+        gate_up_act(DeferredX(parts, x, base[:192].view(3, 64)), wgu, norm_weight=nw, eps=EPS, out=base.view(3, 96))
+
+
 def test_gate_up_act_bad_deferred_raises_typed_error():
     a = _args()
     x, nw, wgu = a["x"], a["nw"], a["wgu"]
@@ -127,6 +152,8 @@ def test_gate_up_act_bad_deferred_raises_typed_error():
         (DeferredX(torch.empty(2, 3, 64), x, x), "overlaps deferred residual"),
         (DeferredX(torch.empty(2, 3, 64), x, torch.empty(3, 64)), "deferred out must be torch.bfloat16"),
         (DeferredX(torch.empty(2, 3, 64), x, torch.empty(2, 64, dtype=torch.bfloat16)), "deferred out has shape"),
+        (DeferredX([1, 2], x, torch.empty_like(x)), "deferred partials must be a torch.Tensor"),
+        (DeferredX(None, x, torch.empty_like(x)), "deferred partials must be a torch.Tensor"),
     ]:
         with pytest.raises(StepContractError, match=match):
             gate_up_act(d, wgu, norm_weight=nw, eps=EPS)
