@@ -174,7 +174,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
     from lowlat.kernels.lm_head import lm_head
     from lowlat.kernels.mlp import gate_up_act, mlp
-    from lowlat.kernels.out_proj import out_proj, residual_gemv
+    from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
     from lowlat.reference import lm_head as ref_lm
     from lowlat.reference import out_proj as ref_op
     from lowlat.reference.mlp import swiglu_mlp
@@ -207,13 +207,13 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     wos = [rnd(h, q, scale=q ** -0.5) for _ in range(nc)]
     plan_o = plan_gemv(h, q, kind="out_proj")
     plan_r = plan_gemv(h, q, kind="residual")
-    from lowlat.kernels.out_proj import residual_gemv_deferred
     cop = torch.compile(ref_op.out_proj, dynamic=True) if compiled else None
     for rows in rows_list:
         attn, x = rnd(rows, q), rnd(rows, h)
         xo, hh = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(rows, dtype=torch.float32, device=device)
-        parts = torch.empty(plan_r.split, rows, h, dtype=torch.float32, device=device)
+        deferrable = plan_r.split > 1 and rows <= 16
+        parts = torch.empty(plan_r.split, rows, h, dtype=torch.float32, device=device) if deferrable else None
         fns = {
             "fused": lambda k: residual_gemv(attn, wos[k % nc], x, out=xo, workspace=ws, plan=plan_r, use_pdl=True),
             # the partial products only (the fused step's out_proj at 1 row block: its reduction runs in gate/up)
@@ -228,7 +228,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         for var in variants:
             run("out_proj", rows, var, fns, max(nc, MIN_LAUNCHES),
                 nbytes + (_nbytes(hh, rstd) if var != "fused" else 0))
-        if "fused" in variants and plan_r.split > 1 and rows <= 16:
+        if "fused" in variants and deferrable:
             run("out_proj", rows, "fused_deferred", fns, max(nc, MIN_LAUNCHES), h * q * 2 + _nbytes(attn, parts))
     del wos
 

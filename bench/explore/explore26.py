@@ -119,8 +119,7 @@ def main() -> None:
         cfg = cfg.replace(num_layers=a.layers)
     w = random_weights_on_device(cfg, dev)
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
-    defer = {} if a.defer is None else dict(defer={"on": 16, "off": 0}.get(a.defer) if a.defer in ("on", "off")
-                                            else int(a.defer))
+    defer = {} if a.defer is None else dict(defer=int({"on": 16, "off": 0}.get(a.defer, a.defer)))
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})

@@ -71,8 +71,8 @@ def _reduce_deferred(r_ptr, stride_rm, xp_ptr, xp_stride_s, xp_stride_m, xout_pt
                      KS: tl.constexpr, XSPLIT: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, KC: tl.constexpr,
                      UPCAST: tl.constexpr):
     """xout[m, k] = bf16(sum_{s < XSPLIT} xp[s, m, k] + r[m, k]) for rows m < M and this program's K slice
-    [k_begin, k_begin + KS) (columns >= k_end masked), in NRB x KS / KC pieces of [RB, KC] (`deferred_pieces`: at 1 row the whole
-    slice in one piece, so one round trip). The partials are added to zeros in split order, then r: the arithmetic
+    [k_begin, k_begin + KS) (columns >= k_end masked), in NRB x KS / KC pieces of [RB, KC] (`deferred_pieces`: at
+    1 row the whole slice in one piece, so one round trip). The partials are added to zeros in split order, then r: the arithmetic
     of `sum_partials` + `out_proj._finish_tile`. A loop of its own: its pipelined loads never share the GEMV loop's
     shared memory (folded into the GEMV loop's x loads, Triton staged them beside the weights: 238 KB)."""
     for mb in tl.static_range(NRB):

@@ -15,6 +15,7 @@ tuned table included).
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -23,17 +24,20 @@ import tempfile
 import time
 
 
+def constexpr_defaults(kernel) -> dict:
+    """{name: default} of a @triton.jit kernel's tl.constexpr parameters that have a default: a launch that does not
+    name them compiles them at that value, so a compile for inspection must too."""
+    return {k: v.default for k, v in inspect.signature(kernel.fn).parameters.items()
+            if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
+
+
 def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, pdl: bool):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import inspect
-
     names = kernel.arg_names
-    defaults = {k: v.default for k, v in inspect.signature(kernel.fn).parameters.items()   # constexprs with a default
-                if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
-    constexprs = {**{k: v for k, v in defaults.items() if k not in signature}, **constexprs}
+    constexprs = {**{k: v for k, v in constexpr_defaults(kernel).items() if k not in signature}, **constexprs}
     sig = {}
     attrs = {}
     for i, name in enumerate(names):

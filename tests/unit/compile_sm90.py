@@ -41,14 +41,13 @@ def compile_for_sm90(fn, spec: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import inspect
+    from lowlat.kernels.sm90_check import constexpr_defaults
 
     constexprs, pointers = spec.get("constexprs", {}), spec.get("pointers", {})
     scalars = spec.get("scalars") or {}
     # constexpr parameters with a default that the spec does not name take their default (as a launch does)
-    defaults = {k: v.default for k, v in inspect.signature(fn.fn).parameters.items()
-                if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
-    constexprs = {**{k: v for k, v in defaults.items() if k not in pointers and k not in scalars}, **constexprs}
+    constexprs = {**{k: v for k, v in constexpr_defaults(fn).items() if k not in pointers and k not in scalars},
+                  **constexprs}
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
     aligned = set(spec["divisible"]) | {n for n, t in pointers.items() if t.startswith("*")} if "divisible" in spec \
         else set()

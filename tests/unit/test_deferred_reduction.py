@@ -80,13 +80,46 @@ def test_deferred_reduction_padding_rows_never_change_valid_rows():
     plan_o = plan_gemv(h, q, kind="residual", block_k=16, split=3, preload=False, bn=16)
     plan_gu = plan_gemv(i, h, kind="gate_up", block_k=16, split=2, preload=True, bn=64)
     ws = GemvWorkspace.create(max(h, i), "cpu")
-    _, (x_new, act) = both_ways(attn, wo, x, wgu, nw, plan_o, plan_gu, ws)
+    (x_ref, act_ref), (x_new, act) = both_ways(attn, wo, x, wgu, nw, plan_o, plan_gu, ws)
+    check_bitwise("out_proj", x_new, x_ref, output="x_all_rows")       # every row, the padding rows too
+    check_bitwise("mlp", act, act_ref, output="act_all_rows")
     attn2, x2 = attn.clone(), x.clone()
     attn2[n:] = float("nan")
     x2[n:] = float("nan")
     _, (x_new2, act2) = both_ways(attn2, wo, x2, wgu, nw, plan_o, plan_gu, ws)
     check_bitwise("out_proj", x_new2[:n], x_new[:n], output="x_valid_rows")
     check_bitwise("mlp", act2[:n], act[:n], output="act_valid_rows")
+
+
+def test_each_partial_slot_holds_its_splits_k_slice():
+    """partials[s] = a[:, ks] W[:, ks]^T over split s's K slice ks = [s * CPS * BK, (s + 1) * CPS * BK): against a
+    float64 product, within an fp32 accumulation bound (2^-20 times sum |a||w| over the slice: the kernel adds at most
+    80 bf16-exact products in fp32, whose rounding stays below 80 * 2^-24 of that sum). Another split's slice would
+    be off by a whole partial sum."""
+    h, q, i = CPU_SHAPES[1]
+    attn, wo, x, _, _ = make_inputs(7, h, q, i, 5, "cpu")
+    plan = plan_gemv(h, q, kind="residual", block_k=16, split=3, preload=False, bn=16)
+    d = residual_gemv_deferred(attn, wo, x, poison(torch.empty_like(x)),
+                               partials=poison(torch.empty(3, 7, h, dtype=torch.float32)), plan=plan)
+    width = plan.chunks_per_split * plan.block_k
+    for s_ in range(plan.split):
+        ks = slice(s_ * width, min((s_ + 1) * width, q))
+        want = attn[:, ks].double() @ wo[:, ks].double().T
+        bound = 2.0 ** -20 * (attn[:, ks].double().abs() @ wo[:, ks].double().abs().T)
+        got = d.partials[s_].double()
+        assert bool(torch.isfinite(got).all()), f"partials[{s_}] not all written"
+        assert bool(((got - want).abs() <= bound).all()), f"partials[{s_}] is not split {s_}'s product"
+
+
+def test_gate_up_reduces_the_partials_in_split_order():
+    """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse.
+    x = bf16(((p0 + p1) + p2) + r) with r = 0 must come out 0 in every element."""
+    m, h, i = 2, 64, 96
+    _, _, _, wgu, nw = make_inputs(m, h, 64, i, 1, "cpu")
+    parts = torch.stack([torch.full((m, h), v) for v in (1.0, 1e8, -1e8)])
+    d = DeferredX(parts, torch.zeros(m, h, dtype=torch.bfloat16), poison(torch.empty(m, h, dtype=torch.bfloat16)))
+    gate_up_act(d, wgu, norm_weight=nw, eps=EPS, plan=plan_gemv(i, h, kind="gate_up", block_k=16, split=2))
+    assert bool((d.out == 0).all()), f"x not summed in split order: {d.out.unique().tolist()}"
 
 
 def _args(m=3):
