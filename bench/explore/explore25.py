@@ -290,14 +290,14 @@ def main() -> None:
         spare = torch.empty_like(fm._full["attn"])
         real_ffn = fm._ffn
 
-        def ffn(L, bufs, attn, how=a.attn_feed):
+        def ffn(L, bufs, attn, *rest, how=a.attn_feed):
             w = bufs.width
             if how == "copy":
                 spare[:w].copy_(attn)
                 attn = spare[:w]
             else:
                 spare[:1].zero_()
-            return real_ffn(L, bufs, attn)
+            return real_ffn(L, bufs, attn, *rest)
         fm._ffn = ffn
     if a.plan_o:
         import dataclasses

@@ -27,7 +27,11 @@ x^2 are reduced in split order by the last program to arrive (deterministic what
     q -> out_q [M, Hq, D] bf16 (all rows); k, v -> k_cache / v_cache [out_cache_loc] (valid rows only)
 
 A row's arithmetic never depends on M or on the other rows (rows are padded to blocks of 16, the plan
-is a function of the weight's shape only). All buffers are preallocated (`PrologueWorkspace`): one
+is a function of the weight's shape only). Given a `lowlat.kernels.out_proj.DeferredX` (the previous down
+projection's split-K partials and residual, `out_proj.residual_gemv_deferred`), each program first reduces its K
+slice of its row block, x = bf16(residual + partials in split order), into the DeferredX's `out` (the bits
+`residual_gemv` would have stored) right after its wait, its preloaded weights still in flight, then runs on it.
+All buffers are preallocated (`PrologueWorkspace`): one
 launch, CUDA-graph capturable. PDL (`use_pdl`): a preload plan issues all its weight loads, a stream
 plan its L2 prefetch, before `gdc_wait`; dependents are released right after it.
 
@@ -63,6 +67,7 @@ from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks,
                                   rstd_of, store_partial, store_split_ss, sum_partials, sum_split_ss)
+from lowlat.kernels.out_proj import DeferredX, _reduce_deferred, check_deferred, deferred_kernel_args, overlap
 from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import LayerWeights
 
@@ -262,13 +267,19 @@ def _attn_prologue_kernel(
         b_ptr, qn_ptr, kn_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, kc_ptr, vc_ptr, tab_ptr, q_ptr,
         M, NP, K, Hq, Hkv, max_pos, eps,
         stride_qm, stride_qh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+        xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om,
         D: tl.constexpr, HALF: tl.constexpr,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
         HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, NVR_FROM_PTR: tl.constexpr, EARLY: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, XSPLIT: tl.constexpr = 0, RB: tl.constexpr = 16,
+        NRB: tl.constexpr = 1, KC: tl.constexpr = 16):
     # grid (tile, split, row block): each program one block of 16 rows (NUM_MB is the launch's row-block
-    # count, for the workspace layout; the GEMV helpers run with one block at rows m0..m0+15)
+    # count, for the workspace layout; the GEMV helpers run with one block at rows m0..m0+15).
+    # XSPLIT > 0 (`out_proj.DeferredX`): x_ptr holds the residual and xp the XSPLIT split-K partials of the
+    # previous residual GEMV (the down projection); right after the wait every program first computes its K slice of
+    # its row block's x = bf16(partials in split order + residual) into xout (`_reduce_deferred`; the programs of
+    # one K slice store the same bits), then runs on xout, the preloaded weights' loads in flight meanwhile.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -297,6 +308,13 @@ def _attn_prologue_kernel(
     if EARLY:
         pos = tl.load(pos_ptr + rm, mask=rm < M, other=0)
         loc = tl.load(loc_ptr + rm, mask=(rm < M) & (rm < nvr), other=0).to(tl.int64)
+    if XSPLIT > 0:                     # after the EARLY loads: they share its first round trip
+        _reduce_deferred(x_ptr + m0 * stride_xm, stride_xm, xp_ptr + m0 * xp_stride_m, xp_stride_s, xp_stride_m,
+                         xout_ptr + m0 * stride_om, stride_om, M - m0, k_begin, k_end, CPS * BK, XSPLIT, RB, NRB, KC,
+                         UPCAST)
+        tl.debug_barrier()          # this program's xout stores before its own loads of them
+        x_ptr = xout_ptr
+        stride_xm = stride_om
     xb = x_ptr + m0 * stride_xm                        # this program's row block, as rows 0..15 of the helpers
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
@@ -338,7 +356,7 @@ def _attn_prologue_kernel(
 
 
 # --------------------------------------------------------------------------- the wrapper
-def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
+def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
                   attn_norm: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                   positions: torch.Tensor, out_cache_loc: torch.Tensor, num_valid_rows: int | torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *,
@@ -350,7 +368,11 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py).
 
     Parameters:
-        x             [M, H] bf16 (M = 1..48), last dim contiguous: the layer's input rows (pre-norm)
+        x             [M, H] bf16 (M = 1..48), last dim contiguous: the layer's input rows (pre-norm); or a
+                      `DeferredX` (`out_proj.residual_gemv_deferred` of the previous layer's down projection): the
+                      rows are then bf16(residual + the partials summed in split order), the bits `residual_gemv`
+                      would have stored, and this launch writes them to its `out` (every program its K slice of
+                      its row block) before its GEMV reads them; `out` must not overlap out_q or the KV caches
         qkv_weight    [N, H] bf16 contiguous, N = Hq*D + 2*Hkv*D (`pack_qkv`)
         qkv_bias      [N] bf16 (`pack_qkv_bias`) or None
         attn_norm     [H] bf16; q_norm, k_norm: [D] bf16, both given (Qwen3 QK-norm) or both None
@@ -369,9 +391,15 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows] (bf16); padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value; nothing is written then.
     """
+    deferred = x if isinstance(x, DeferredX) else None
+    if deferred is not None:
+        x = deferred.residual
+        if not isinstance(x, torch.Tensor):
+            raise StepContractError(f"deferred residual must be a torch.Tensor, got {type(x).__name__}")
     dev = x.device
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
     m, hidden = x.shape
+    xsplit = 0 if deferred is None else check_deferred(deferred, m, hidden, dev)
     if not 1 <= m <= MAX_ROWS:
         raise StepContractError(f"x has M={m} rows; the fused prologue takes 1..{MAX_ROWS}")
     d = cfg.head_dim
@@ -424,6 +452,12 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
             f"{workspace.gemv.max_n} on {workspace.counters.device}) does not fit a weight of {n} rows (N/2={n // 2} "
             "rotary pairs, each bn a multiple of D/2), "
             f"H={hidden}, D={d} on {dev}")
+    if deferred is not None:
+        for wname, wt in (("out_q", out_q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            for name, t in (("out", deferred.out), ("residual", deferred.residual), ("partials", deferred.partials)):
+                if overlap(wt, t):
+                    raise StepContractError(f"{wname} overlaps deferred {name}: this launch reads or writes it "
+                                            f"while it writes {wname}")
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], s_slots)
@@ -432,6 +466,7 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
     pdl = bool(use_pdl) and pdl_supported(dev)
     gws = workspace.gemv
     dummy = attn_norm
+    dargs, dconst = deferred_kernel_args(deferred, xsplit, min(m, 16), tiles, gws.row_ss, x)
     _attn_prologue_kernel[(*tiles.grid, nmb)](
         x, x.stride(0), qkv_weight, qkv_weight.stride(0), attn_norm, gws.partials, gws.split_ss, gws.counters,
         qkv_bias if qkv_bias is not None else dummy, q_norm if q_norm is not None else dummy,
@@ -439,9 +474,10 @@ def attn_prologue(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Ten
         nvr_t if nvr_t is not None else out_cache_loc, nvr_int, k_cache, v_cache, cos_sin_table, out_q,
         m, plan.n, hidden, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps),
         out_q.stride(0), out_q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None, NVR_FROM_PTR=nvr_t is not None,
+        *dargs, D=d, HALF=d // 2, HAS_BIAS=qkv_bias is not None, QK_NORM=q_norm is not None,
+        NVR_FROM_PTR=nvr_t is not None,
         EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl,
-        **launch_constexprs(plan, nmb, program_row_blocks=1))       # one row block per program
+        **launch_constexprs(plan, nmb, program_row_blocks=1), **dconst)       # one row block per program
     return out_q
 
 

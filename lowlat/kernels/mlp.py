@@ -38,7 +38,8 @@ from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
                                   store_split_ss, sum_partials, sum_split_ss, to_bf16)
-from lowlat.kernels.out_proj import DeferredX, _launch_residual_gemv, check_deferred, overlap
+from lowlat.kernels.out_proj import (DeferredX, _launch_residual_gemv, _reduce_deferred, check_deferred,
+                                     deferred_kernel_args, overlap)
 
 
 def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -64,44 +65,6 @@ def _load_rstd(rstd_ptr, m0, M, NORM: tl.constexpr):
         return tl.load(rstd_ptr + rm, mask=rm < M, other=0.0)
     else:
         return tl.zeros((16,), dtype=tl.float32)
-
-
-@triton.jit
-def _reduce_deferred(r_ptr, stride_rm, xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om, M, k_begin, k_end,
-                     KS: tl.constexpr, XSPLIT: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, KC: tl.constexpr,
-                     UPCAST: tl.constexpr):
-    """xout[m, k] = bf16(sum_{s < XSPLIT} xp[s, m, k] + r[m, k]) for rows m < M and this program's K slice
-    [k_begin, k_begin + KS) (columns >= k_end masked), in NRB x KS / KC pieces of [RB, KC] (`deferred_pieces`: at
-    1 row the whole slice in one piece, so one round trip). The partials are added to zeros in split order, then r: the arithmetic
-    of `sum_partials` + `out_proj._finish_tile`. A loop of its own: its pipelined loads never share the GEMV loop's
-    shared memory (folded into the GEMV loop's x loads, Triton staged them beside the weights: 238 KB)."""
-    for mb in tl.static_range(NRB):
-        rm = mb * RB + tl.arange(0, RB)
-        for c in range(KS // KC):
-            rk = k_begin + c * KC + tl.arange(0, KC)
-            msk = (rm < M)[:, None] & (rk < k_end)[None, :]
-            offs = rm[:, None] * xp_stride_m + rk[None, :]
-            tot = tl.zeros((RB, KC), dtype=tl.float32)
-            for s in tl.static_range(XSPLIT):
-                tot += tl.load(xp_ptr + s * xp_stride_s + offs, mask=msk, other=0.0, cache_modifier=".cg")
-            r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=msk, other=0.0).to(tl.float32)
-            tl.store(xout_ptr + rm[:, None] * stride_om + rk[None, :], to_bf16(tot + r, UPCAST), mask=msk)
-
-
-#: bytes of fp32 partials one piece of `_reduce_deferred` loads (all splits): 32 KB, i.e. 32 registers a thread at 8
-#: warps; Llama-3.2-1B's gate/up at 1 row reduces its 1024-column slice of 8 partials in one piece
-DEFERRED_PIECE_BYTES = 32768
-
-
-def deferred_pieces(m: int, block_k: int, cps: int, split: int) -> dict:
-    """The piece constexprs of `_reduce_deferred` for m rows and a K slice of cps chunks of block_k columns: RB rows
-    (a power of two <= 16, >= m up to 16) in NRB = ceil(m / RB) row pieces, by KC columns (a power of two dividing the
-    slice, at least min(16, block_k)), as wide as keeps RB * KC * split fp32 within DEFERRED_PIECE_BYTES."""
-    rb = min(16, triton.next_power_of_2(m))
-    kc = block_k * (cps & -cps)           # the largest power of two dividing the slice (block_k is one)
-    while kc > 16 and rb * kc * split * 4 > DEFERRED_PIECE_BYTES:
-        kc //= 2
-    return dict(RB=rb, NRB=triton.cdiv(m, rb), KC=kc)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -277,14 +240,12 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     nmb = row_blocks(m)
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
+    dargs, dconst = deferred_kernel_args(deferred, xsplit, m, plan.at(nmb), ws.row_ss, x)
     _gate_up_kernel[plan.at(nmb).grid](
         x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
-        rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters,
-        deferred.partials if xsplit else ws.row_ss, m * h, h, deferred.out if xsplit else x,
-        deferred.out.stride(0) if xsplit else 0,
+        rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters, *dargs,
         m, i, h, float(eps) if norm == 2 else 0.0,
-        NORM=norm, USE_PDL=pdl, UPCAST=upcast, XSPLIT=xsplit, launch_pdl=pdl, **launch_constexprs(plan, nmb),
-        **(deferred_pieces(m, plan.block_k, plan.chunks_per_split, xsplit) if xsplit else {}))
+        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb), **dconst)
     return out
 
 

@@ -23,9 +23,11 @@ down projection, and let the gate/up kernel compute the FFN norm's statistics it
 `out_proj` with h written.
 
 `residual_gemv_deferred` is the same kernel with its split-K reduction left to the next launch (`DEFER`): each
-program stores its split's fp32 partial product and exits, and the gate/up launch computes x = bf16(residual + the
-partials in split order) (`lowlat.kernels.mlp.gate_up_act` given the returned `DeferredX`): the same bits, without
-the finisher's chain of round trips in this launch. The fused model runs it at 1 row (`FusedModel.defers`).
+program stores its split's fp32 partial product and exits, and the next launch computes x = bf16(residual + the
+partials in split order) (`lowlat.kernels.mlp.gate_up_act` after the output projection, the next layer's
+`lowlat.kernels.attn_prologue.attn_prologue` after the down projection, each given the returned `DeferredX`;
+`_reduce_deferred`): the same bits, without the finisher's chain of round trips in this launch. The fused model runs
+it at 1 row (`FusedModel.defers`, `FusedModel.defers_down`).
 """
 
 from __future__ import annotations
@@ -193,9 +195,10 @@ def _residual_gemv_kernel(
 
 class DeferredX(NamedTuple):
     """The output x = bf16(residual + a W^T) of a residual GEMV whose split-K reduction is left to the next
-    launch (`residual_gemv_deferred`). The consuming launch (`lowlat.kernels.mlp.gate_up_act`) reads each x tile
-    as bf16(sum_s partials[s] + residual), partials added to zeros in split order, then the residual: the
-    arithmetic of `residual_gemv`'s own finisher, hence its bits; it writes x to `out`."""
+    launch (`residual_gemv_deferred`). The consuming launch (`lowlat.kernels.mlp.gate_up_act` after the output
+    projection, `lowlat.kernels.attn_prologue.attn_prologue` after the down projection) reads each x tile as
+    bf16(sum_s partials[s] + residual), partials added to zeros in split order, then the residual: the arithmetic
+    of `residual_gemv`'s own finisher, hence its bits; it writes x to `out` (`_reduce_deferred`)."""
     partials: torch.Tensor       # [S, M, N] fp32 contiguous: split s's partial product a W^T over its K slice
     residual: torch.Tensor       # [M, N] bf16
     out: torch.Tensor            # [M, N] bf16, written by the consuming launch; never overlaps residual / partials
@@ -234,6 +237,57 @@ def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
             raise StepContractError(f"deferred out overlaps deferred {name}: the consuming launch reads the {name} "
                                     "while it writes out")
     return split
+
+
+@triton.jit
+def _reduce_deferred(r_ptr, stride_rm, xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om, M, k_begin, k_end,
+                     KS: tl.constexpr, XSPLIT: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, KC: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """xout[m, k] = bf16(sum_{s < XSPLIT} xp[s, m, k] + r[m, k]) for rows m < M and this program's K slice
+    [k_begin, k_begin + KS) (columns >= k_end masked), in NRB x KS / KC pieces of [RB, KC] (`deferred_pieces`: at
+    1 row the whole slice in one piece, so one round trip). The partials are added to zeros in split order, then r:
+    the arithmetic of `sum_partials` + `_finish_tile`, hence the finisher's bits. The consumers (gate/up, the
+    attention prologue) call it right after their wait, in a loop of its own: its pipelined loads never share the
+    GEMV loop's shared memory (folded into the GEMV loop's x loads, Triton staged them beside the weights: 238 KB)."""
+    for mb in tl.static_range(NRB):
+        rm = mb * RB + tl.arange(0, RB)
+        for c in range(KS // KC):
+            rk = k_begin + c * KC + tl.arange(0, KC)
+            msk = (rm < M)[:, None] & (rk < k_end)[None, :]
+            offs = rm[:, None] * xp_stride_m + rk[None, :]
+            tot = tl.zeros((RB, KC), dtype=tl.float32)
+            for s in tl.static_range(XSPLIT):
+                tot += tl.load(xp_ptr + s * xp_stride_s + offs, mask=msk, other=0.0, cache_modifier=".cg")
+            r = tl.load(r_ptr + rm[:, None] * stride_rm + rk[None, :], mask=msk, other=0.0).to(tl.float32)
+            tl.store(xout_ptr + rm[:, None] * stride_om + rk[None, :], to_bf16(tot + r, UPCAST), mask=msk)
+
+
+#: bytes of fp32 partials one piece of `_reduce_deferred` loads (all splits): 32 KB, i.e. 32 registers a thread at 8
+#: warps; Llama-3.2-1B's gate/up at 1 row reduces its 1024-column slice of 8 partials in one piece
+DEFERRED_PIECE_BYTES = 32768
+
+
+def deferred_pieces(m: int, block_k: int, cps: int, split: int) -> dict:
+    """The piece constexprs of `_reduce_deferred` for m rows and a K slice of cps chunks of block_k columns: RB rows
+    (a power of two <= 16, >= m up to 16) in NRB = ceil(m / RB) row pieces, by KC columns (a power of two dividing the
+    slice, at least min(16, block_k)), as wide as keeps RB * KC * split fp32 within DEFERRED_PIECE_BYTES."""
+    rb = min(16, triton.next_power_of_2(m))
+    kc = block_k * (cps & -cps)           # the largest power of two dividing the slice (block_k is one)
+    while kc > 16 and rb * kc * split * 4 > DEFERRED_PIECE_BYTES:
+        kc //= 2
+    return dict(RB=rb, NRB=triton.cdiv(m, rb), KC=kc)
+
+
+def deferred_kernel_args(d: DeferredX | None, split: int, rows: int, plan: GemvPlan, f32_dummy: torch.Tensor,
+                         bf16_dummy: torch.Tensor) -> tuple[tuple, dict]:
+    """A consumer kernel's deferred-x arguments (xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om) and
+    constexprs (XSPLIT, RB, NRB, KC) for `_reduce_deferred` over `rows` rows a program, in the K slices of `plan`
+    (the consumer's); d None (split 0): dummies and XSPLIT 0."""
+    if d is None:
+        return (f32_dummy, 0, 0, bf16_dummy, 0), dict(XSPLIT=0)
+    m, n = d.residual.shape
+    return ((d.partials, m * n, n, d.out, d.out.stride(0)),
+            dict(XSPLIT=split, **deferred_pieces(rows, plan.block_k, plan.chunks_per_split, split)))
 
 
 class OutProjResult(NamedTuple):
@@ -365,12 +419,13 @@ def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Ten
 
     The finisher of `residual_gemv` costs its launch a chain of dependent round trips after the split products
     (release fence + arrival atomic, partial loads, the residual add, the stores): 2.1 of Llama-3.2-1B's 3.6 us
-    out_proj in the step at 1 row (NOTES, session 20). The consuming launch (`lowlat.kernels.mlp.gate_up_act`
-    given the returned `DeferredX`) already loads x after its wait; it loads the partials and the residual
-    instead, in the same round trip, and computes exactly `residual_gemv`'s output (same bits), writing it to
-    `out`. Pays where the consumer's extra bytes (S fp32 partials per x element, read by each of its column
-    tiles) are few and its weight stream is not held back long: the fused model defers at 1 row (`FusedModel`
-    "defer"; measured slower at 6 / 16 rows, NOTES session 20).
+    out_proj in the step at 1 row (NOTES, session 20). The consuming launch (`lowlat.kernels.mlp.gate_up_act` or
+    `lowlat.kernels.attn_prologue.attn_prologue` given the returned `DeferredX`) already loads x after its wait;
+    it loads the partials and the residual instead, in the same round trip, and computes exactly `residual_gemv`'s
+    output (same bits), writing it to `out`. Pays where the consumer's extra bytes (S fp32 partials per x element,
+    read by each of its column tiles) are few and its weight stream is not held back long: the fused model defers
+    out_proj's at 1 row (`FusedModel` "defer"; measured slower at 6 / 16 rows, NOTES session 20) and the down
+    projection's by the bytes its prologue's pre-pass reads ("defer_down", NOTES session 21).
 
     Parameters:
         a [M, K] bf16, w [N, K] bf16 contiguous, residual [M, N] bf16 (M = 1..48)

@@ -132,8 +132,8 @@ def compile_all(quick: bool = False) -> list[dict]:
 
     from lowlat.kernels._gemv import launch_constexprs, plan_gemv
     from lowlat.kernels.lm_head import _lm_head_kernel
-    from lowlat.kernels.mlp import _gate_up_kernel, deferred_pieces
-    from lowlat.kernels.out_proj import _residual_gemv_kernel
+    from lowlat.kernels.mlp import _gate_up_kernel
+    from lowlat.kernels.out_proj import _residual_gemv_kernel, deferred_pieces
 
     out = []
     shapes = [("SmolLM2", 576, 576, 1536, 49152)] if quick else [
@@ -202,21 +202,29 @@ def compile_all(quick: bool = False) -> list[dict]:
                     "nvr_ptr": "*i32", "tab_ptr": "*fp32", "nvr_int": "i32", "stride_xm": "i32", "stride_wn": "i32",
                     "M": "i32", "NP": "i32", "K": "i32", "Hq": "i32", "Hkv": "i32", "max_pos": "i32", "eps": "fp32",
                     "stride_qm": "i32", "stride_qh": "i32", "stride_kcs": "i32", "stride_kch": "i32",
-                    "stride_vcs": "i32", "stride_vch": "i32"})
+                    "stride_vcs": "i32", "stride_vch": "i32", "xp_ptr": "*fp32", "xp_stride_s": "i32",
+                    "xp_stride_m": "i32", "xout_ptr": "*bf16", "stride_om": "i32"})
     for name in ["SmolLM2-135M"] + ([] if quick else ["Llama-3.2-1B", "Qwen3-30B-A3B"]):
         cfg = preset(name)
         w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
         ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
+        down_split = 0 if cfg.is_moe else plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual").split
         for nmb in row_blocks:
             p = ws.plan.at(nmb)                                    # the plan a launch of nmb row blocks runs
             lc = launch_constexprs(p, nmb, program_row_blocks=1)
             warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
             const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
                          NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)
-            t = time.time()
-            c = _compile(_attn_prologue_kernel, pro_sig, const, num_warps=warps, num_stages=stages, pdl=True)
-            out.append(_report(f"{name}/attn_prologue/{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}"
-                               f"/mb{nmb}", c, time.time() - t, preload=p.preload, programs=p.n_tiles * p.split * nmb))
+            # the down projection's reduction deferred to the prologue (FusedModel.defers_down) where down splits K
+            for xsplit in (0, down_split) if down_split > 1 else (0,):
+                dconst = {} if not xsplit else dict(XSPLIT=xsplit, **deferred_pieces(
+                    1 if nmb == 1 else 16, p.block_k, p.chunks_per_split, xsplit))
+                t = time.time()
+                c = _compile(_attn_prologue_kernel, pro_sig, dict(const, **dconst), num_warps=warps, num_stages=stages,
+                             pdl=True)
+                out.append(_report(f"{name}/attn_prologue{'_deferred' if xsplit else ''}/"
+                                   f"{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}/mb{nmb}", c,
+                                   time.time() - t, preload=p.preload, programs=p.n_tiles * p.split * nmb))
     return out
 
 

@@ -8,7 +8,8 @@
         act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
         x     = residual_gemv(act)    x + act Wd^T                                  (kernels/out_proj)
                 (dense layers at 1 row with a split-K out_proj plan: out_proj stores its split partials and
-                 gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`)
+                 gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`; the same for the
+                 down projection, reduced by the next layer's prologue: `FusedModel.defers_down`)
                 (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
@@ -39,13 +40,13 @@ import torch
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import GemvWorkspace, pdl_available, plan_gemv
+from lowlat.kernels._gemv import GemvPlan, GemvWorkspace, pdl_available, plan_gemv, row_blocks
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
 from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
-from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
+from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
 from lowlat.kernels.rms_norm import MAX_HIDDEN as RMS_MAX_HIDDEN
 from lowlat.kernels.rms_norm import rms_norm_into
 from lowlat.step import MAX_ROWS, StepBatch
@@ -56,8 +57,21 @@ DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 #: steps of up to this many rows (their width) defer out_proj's split-K reduction to gate/up (`FusedModel.defers`):
 #: measured to pay at 1 row only (Llama-3.2-1B, session 20 call 5: -17 us a step at 1 row, +29 / +84 at 6 / 16)
 DEFER_MAX_WIDTH = 1
+#: by default (`FusedModel(defer_down=None)`) a step defers the down projection's split-K reduction to the next layer's
+#: attention prologue while that prologue's pre-pass reads at most this many bytes of partials in all
+#: (`down_prepass_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials); session 21
+#: (bench/results/session21): SmolLM2-135M (8 tiles, S 6) -35 / -30 / -9 us a step at 1 / 6 / 16 rows (0.1 / 0.6 /
+#: 1.7 MiB), Llama-3.2-1B (48 tiles, S 4) -14 us at 1 row (1.5 MiB), +12 / +61 at 6 / 16 (9 / 24 MiB)
+DEFER_DOWN_MAX_BYTES = 2 << 20
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
+
+
+def down_prepass_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: GemvPlan, width: int) -> int:
+    """Bytes of fp32 partials the attention prologue's pre-pass reads in all when a step of `width` rows defers the
+    down projection's reduction to it: each of the prologue's column tiles (at the launch's row-block count) reads
+    its K slices of every row's S = down_plan.split partials, i.e. tiles x width x H x S x 4."""
+    return prologue_plan.at(row_blocks(width)).n_tiles * width * cfg.hidden_size * down_plan.split * 4
 
 
 class DraftKey(NamedTuple):
@@ -93,9 +107,11 @@ class _Buffers:
     out_cache_loc: torch.Tensor  # [w] int32
     req_indices: torch.Tensor   # [w] int32
     nvalid: torch.Tensor        # [1] int32
-    x: torch.Tensor             # [w, H] bf16 residual stream
-    x2: torch.Tensor | None     # [w, H] bf16 the residual stream after out_proj when its reduction is deferred
+    x: torch.Tensor             # [w, H] bf16 residual stream (where the last layer a graph runs writes it)
+    x2: torch.Tensor | None     # [w, H] bf16 the other residual stream buffer when a reduction is deferred (a
+    #                             deferred x is written by its consumer, so never over the residual it reads)
     deferred: torch.Tensor | None  # [S, w, H] fp32 out_proj's split-K partials then (S = its split); else None
+    deferred_down: torch.Tensor | None  # [S, w, H] fp32 the down projection's then (S = its split); else None
     q: torch.Tensor             # [w, Hq, D] bf16
     attn: torch.Tensor          # [w, Hq, D] bf16
     rstd: torch.Tensor          # [w] fp32
@@ -126,6 +142,10 @@ class FusedModel:
         defer            dense layers: leave the output projection's split-K reduction to the gate/up launch
                          (`out_proj.residual_gemv_deferred`) at widths of up to this many rows (0: never; at most
                          48) when its plan splits K; the same bits either way (default DEFER_MAX_WIDTH = 1)
+        defer_down       the same for the down projection's reduction, left to the next layer's attention
+                         prologue (never the last layer a graph runs): at widths of up to this many rows, or by
+                         default (None) at the widths whose prologue pre-pass reads at most DEFER_DOWN_MAX_BYTES
+                         (`down_prepass_bytes`; measured per model, session 21)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -139,11 +159,17 @@ class FusedModel:
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
-                 use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH) -> None:
+                 use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
+                 defer_down: int | None = None) -> None:
         self.cfg = cfg
-        if isinstance(defer, bool) or not isinstance(defer, int) or not 0 <= defer <= MAX_ROWS:
-            raise StepContractError(f"defer={defer!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)")
+        for name, v in (("defer", defer), ("defer_down", defer_down)):
+            if name == "defer_down" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ROWS:
+                raise StepContractError(f"{name}={v!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)"
+                                        + (" or None (by DEFER_DOWN_MAX_BYTES)" if name == "defer_down" else ""))
         self._defer = defer               # fixed at build: the graphs are captured per width
+        self._defer_down = defer_down
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -241,13 +267,18 @@ class FusedModel:
         self._draft_one_hot: dict[DraftKey, bool] = {}
         self._nvalid = torch.ones(1, dtype=torch.int32, device=dev)
         self._page_table: torch.Tensor | None = None      # [wmax, C] int32, C from the first step
-        # out_proj's deferred reduction (`defers`): x2 and the partials, for the deferring widths only
-        s_o, h, dmax = self.plan_o.split, cfg.hidden_size, max((w for w in self.widths if self.defers(w)), default=0)
-        self._x2 = torch.zeros(dmax, h, dtype=bf, device=dev)
-        self._deferred = torch.zeros(s_o * dmax * h, dtype=torch.float32, device=dev)
-        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, x2=self._x2[:w] if w <= dmax else None,
-                                  deferred=self._deferred[:s_o * w * h].view(s_o, w, h) if w <= dmax else None,
-                                  **{k: v[:w] for k, v in self._full.items()})
+        # the deferred reductions (`defers`, `defers_down`): x2 and the partials, for the deferring widths only
+        h = cfg.hidden_size
+        omax = max((w for w in self.widths if self.defers(w)), default=0)
+        dmax = max((w for w in self.widths if self.defers_down(w)), default=0)
+        s_o, s_d = self.plan_o.split, (self.plan_down.split if dmax else 0)
+        self._x2 = torch.zeros(max(omax, dmax), h, dtype=bf, device=dev)
+        self._deferred = torch.zeros(s_o * omax * h, dtype=torch.float32, device=dev)
+        self._deferred_down = torch.zeros(s_d * dmax * h, dtype=torch.float32, device=dev)
+        self._bufs = {w: _Buffers(width=w, nvalid=self._nvalid, x2=self._x2[:w] if w <= max(omax, dmax) else None,
+                                  deferred=self._deferred[:s_o * w * h].view(s_o, w, h) if w <= omax else None,
+                                  deferred_down=self._deferred_down[:s_d * w * h].view(s_d, w, h) if w <= dmax
+                                  else None, **{k: v[:w] for k, v in self._full.items()})
                       for w in self.widths}
 
     # ------------------------------------------------------------------------------------ run
@@ -431,30 +462,62 @@ class FusedModel:
         one round trip; measured to pay at 1 row only, NOTES session 20)."""
         return not self.cfg.is_moe and self.plan_o.split > 1 and width <= self._defer
 
+    def defers_down(self, width: int) -> bool:
+        """Whether a step of this width leaves the dense layers' down-projection reduction to the next layer's
+        attention prologue (not the last layer a graph runs): a dense model, a down plan with split-K, and width
+        <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_BYTES (`down_prepass_bytes`).
+        The prologue preloads its weights before its wait, so its pre-pass runs beside their loads; what it costs
+        grows with the partials its column tiles re-read (NOTES session 21)."""
+        if self.cfg.is_moe or self.plan_down.split < 2:
+            return False
+        if self._defer_down is not None:
+            return width <= self._defer_down
+        return down_prepass_bytes(self.cfg, self.pro_ws.plan, self.plan_down, width) <= DEFER_DOWN_MAX_BYTES
+
     @property
     def defer(self) -> int:
         """The widest width (rows) whose steps defer out_proj's reduction (the `defer` argument; fixed at build)."""
         return self._defer
 
-    def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor) -> None:
-        """x += attn Wo^T, then x += FFN(rms_norm(x)): three launches (dense) or out_proj + MoE."""
-        cfg, pdl, w, x = self.cfg, self.use_pdl, bufs.width, bufs.x
-        if L.moe is None and self.defers(w):      # out_proj's reduction done by the gate/up launch (same bits)
-            d = residual_gemv_deferred(attn.view(w, -1), L.wo, x, bufs.x2, partials=bufs.deferred,
+    @property
+    def defer_down(self) -> int | None:
+        """The `defer_down` argument: the widest width (rows) whose steps defer the down projection's reduction, or
+        None (by DEFER_DOWN_MAX_BYTES); fixed at build."""
+        return self._defer_down
+
+    def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor, xs: torch.Tensor | None = None,
+             defer_down: bool = False) -> torch.Tensor | DeferredX:
+        """xs += attn Wo^T, then xs += FFN(rms_norm(xs)): three launches (dense) or out_proj + MoE. xs is the
+        residual stream buffer the layer's prologue read (bufs.x or bufs.x2; default bufs.x). Returns the next
+        layer's input: bufs.x, or with `defer_down` (dense layers of a deferring width) the down projection's
+        `DeferredX`, whose out is the buffer the layer's stream is not in."""
+        cfg, pdl, w = self.cfg, self.use_pdl, bufs.width
+        xs = bufs.x if xs is None else xs
+
+        def other(t):                             # a deferred x is written beside the residual it is reduced from
+            return bufs.x2 if t.data_ptr() == bufs.x.data_ptr() else bufs.x
+
+        if L.moe is not None:                     # MoE models never defer: the stream stays in bufs.x
+            out_proj(attn.view(w, -1), L.wo, xs, L.mlp_norm, cfg.rms_eps, out=xs, h_out=bufs.h,
+                     rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            self._moe.moe_forward(bufs.h, xs, L.moe, cfg, bufs.nvalid, out=xs, workspace=self.moe_ws, use_pdl=pdl)
+            return xs
+        if self.defers(w):                        # out_proj's reduction done by the gate/up launch (same bits)
+            xa = other(xs)
+            d = residual_gemv_deferred(attn.view(w, -1), L.wo, xs, xa, partials=bufs.deferred,
                                        workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             gate_up_act(d, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
-            residual_gemv(bufs.act, L.w_down, bufs.x2, out=x, workspace=self.gemv_ws, plan=self.plan_down,
-                          use_pdl=pdl)
-        elif L.moe is None:
-            residual_gemv(attn.view(w, -1), L.wo, x, out=x, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
-            gate_up_act(x, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
-                        workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
-            residual_gemv(bufs.act, L.w_down, x, out=x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
         else:
-            out_proj(attn.view(w, -1), L.wo, x, L.mlp_norm, cfg.rms_eps, out=x, h_out=bufs.h,
-                     rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
-            self._moe.moe_forward(bufs.h, x, L.moe, cfg, bufs.nvalid, out=x, workspace=self.moe_ws, use_pdl=pdl)
+            xa = xs
+            residual_gemv(attn.view(w, -1), L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            gate_up_act(xs, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
+                        workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
+        if defer_down and self.defers_down(w):    # down's reduction done by the next prologue (same bits)
+            return residual_gemv_deferred(bufs.act, L.w_down, xa, other(xa), partials=bufs.deferred_down,
+                                          workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
+        residual_gemv(bufs.act, L.w_down, xa, out=bufs.x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
+        return bufs.x
 
     def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True, num_layers: int | None = None,
              final_norm: bool = False, sample: tuple[DraftSample, int, bool] | None = None) -> None:
@@ -469,14 +532,17 @@ class FusedModel:
         x = bufs.x
         torch.index_select(self.embed, 0, bufs.input_ids, out=x)
         page_table = self._page_table[:w]
-        for i, L in enumerate(self.layers[:num_layers]):
-            q = attn_prologue(x, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
+        layers = self.layers[:num_layers]
+        xin: torch.Tensor | DeferredX = x         # the layer's input: a stream buffer or the down's DeferredX
+        for i, L in enumerate(layers):
+            q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                               bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
                                     out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
                                     use_pdl=pdl)
-            self._ffn(L, bufs, attn)
+            xin = self._ffn(L, bufs, attn, xin.out if isinstance(xin, DeferredX) else xin, i + 1 < len(layers))
+        assert xin is x                           # the last layer's down wrote the stream into bufs.x
         if final_norm or sample is not None:
             rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)
         if sample is not None:

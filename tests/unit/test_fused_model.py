@@ -101,13 +101,18 @@ def test_two_layer_model_padded_to_width_within_policy():
     assert logits.shape == (7, cfg.vocab_size)
 
 
-def _split_out_proj_table(cfg, tmp_path, monkeypatch, split=2):
-    """A plan table giving the dense out_proj (residual, H x q) a split-K plan, so FusedModel defers its reduction."""
+def _split_out_proj_table(cfg, tmp_path, monkeypatch, split=2, down_split=None):
+    """A plan table giving the dense out_proj (residual, H x q) a split-K plan, so FusedModel defers its reduction;
+    with down_split the down projection (residual, H x I) too."""
     from lowlat.kernels import _gemv
 
-    plan = _gemv.plan_gemv(cfg.hidden_size, cfg.q_size, kind="residual", split=split, block_k=16)
+    entries = []
+    for k, s_ in ((cfg.q_size, split), (cfg.intermediate_size, down_split)):
+        if s_ is not None:
+            plan = _gemv.plan_gemv(cfg.hidden_size, k, kind="residual", split=s_, block_k=16)
+            entries.append(dict(kind="residual", n=cfg.hidden_size, k=k, plan=plan.describe()))
     table = tmp_path / "plans.json"
-    table.write_text(json.dumps([dict(kind="residual", n=cfg.hidden_size, k=cfg.q_size, plan=plan.describe())]))
+    table.write_text(json.dumps(entries))
     monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(table))
 
 
@@ -133,14 +138,71 @@ def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_
     check_bitwise("fused_model", on, logits, output="logits_rerun")
 
 
+def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
+    """`FusedModel.defers_down`: up to `defer_down` rows a dense layer's down projection with split-K stores its split
+    partials and the next layer's attention prologue reduces them; the last layer never defers (its x feeds the LM
+    head / final norm). With and without out_proj deferred too (the stream then alternates between x and x2 in
+    different orders), 3 layers: within the policy of the reference, and logits and KV bitwise those of no deferral
+    and of a 24-row width; the early-exit hidden states after 2 of 3 layers (layer 0 deferring, layer 1 the last
+    run) bitwise those of no deferral."""
+    cfg = tiny(num_layers=3)
+    _split_out_proj_table(cfg, tmp_path, monkeypatch, down_split=3)
+    w = random_model_weights(cfg, seed=3)
+    case = random_step(ctx_lens=[9, 2, 0], new_rows=[1, 1, 5], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+    models = dict(on=FusedModel(cfg, w, device="cpu", widths=(8,), defer=8, defer_down=8),
+                  down=FusedModel(cfg, w, device="cpu", widths=(8,), defer=0, defer_down=8),
+                  off=FusedModel(cfg, w, device="cpu", widths=(8,), defer=0, defer_down=0),
+                  wide=FusedModel(cfg, w, device="cpu", widths=(24,), defer=8, defer_down=8))
+    assert models["on"].plan_down.split == 3 and models["on"].defers_down(8) and models["down"].defers_down(8)
+    assert not models["down"].defers(8) and not models["off"].defers_down(8) and not models["wide"].defers_down(24)
+    default = FusedModel(cfg, w, device="cpu", widths=(1, 2))       # by DEFER_DOWN_MAX_BYTES: a tiny pre-pass
+    assert default.defer_down is None and default.defers_down(1) and default.defers_down(2)
+    logits = compare_step(cfg, w, case, seed=5, widths=(8,), defer=8, defer_down=8)
+    ks, vs = layer_caches(case, cfg.num_layers, 5)
+    on = same_steps(models, case, ks, vs, cfg.num_layers)
+    check_bitwise("fused_model", on, logits, output="logits_rerun")
+    hidden = {name: models[name].early_exit_hidden(case.step, fresh_pool(ks, vs), 2) for name in ("on", "off")}
+    check_bitwise("fused_model", hidden["on"], hidden["off"], output="early_exit_hidden")
+
+
+@pytest.mark.parametrize("model, widths", [("Llama-3.2-1B", (1,)), ("SmolLM2-135M", (1, 2, 4, 6, 8, 12, 16)),
+                                           ("Qwen3-30B-A3B", ())])
+def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
+    """The default rule (defer_down=None): the widths of DEFAULT_WIDTHS whose prologue pre-pass reads at most
+    DEFER_DOWN_MAX_BYTES of partials (`down_prepass_bytes`, from the production plans): Llama-3.2-1B at 1 row (1.5
+    MiB; 3 MiB at 2 rows), SmolLM2-135M up to 16 rows (1.7 MiB; 2.5 at 24), none for an MoE model (no down
+    projection). These are the widths session 21 measured to pay (NOTES)."""
+    from lowlat.kernels._gemv import plan_gemv
+    from lowlat.kernels.attn_prologue import make_prologue_workspace
+    from lowlat.runtime.fused_model import DEFAULT_WIDTHS, DEFER_DOWN_MAX_BYTES, down_prepass_bytes
+
+    cfg = preset(model)
+    if cfg.is_moe:
+        assert FusedModel.defers_down(SimpleNamespace(cfg=cfg), 1) is False
+        return
+    qkv = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
+    fm = SimpleNamespace(cfg=cfg, pro_ws=make_prologue_workspace(qkv, cfg.head_dim), _defer_down=None,
+                         plan_down=plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual"))
+    assert fm.plan_down.split > 1
+    assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == widths
+    got = {w: down_prepass_bytes(cfg, fm.pro_ws.plan, fm.plan_down, w) for w in (1, widths[-1])}
+    assert got[1] == fm.pro_ws.plan.n_tiles * cfg.hidden_size * fm.plan_down.split * 4
+    assert max(got.values()) <= DEFER_DOWN_MAX_BYTES
+    fm._defer_down = 0
+    assert not any(FusedModel.defers_down(fm, w) for w in DEFAULT_WIDTHS)
+    fm._defer_down = 24
+    assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == (1, 2, 4, 6, 8, 12, 16, 24)
+
+
 def same_steps(models: dict, case, ks, vs, num_layers: int, tag: str = ""):
-    """Run the step of `case` with every model in `models` (keys "on", "off", "wide") on copies of the caches ks / vs;
-    check the logits and every layer's K / V of "off" and "wide" bitwise those of "on"; return "on"'s logits."""
+    """Run the step of `case` with every model in `models` (keys "on" and any others) on copies of the caches ks / vs;
+    check the logits and every layer's K / V of the others bitwise those of "on"; return "on"'s logits."""
     runs = {}
     for name, fm in models.items():
         pool = fresh_pool(ks, vs)
         runs[name] = (fm.forward(case.step, pool).clone(), pool)
-    for name in ("off", "wide"):
+    for name in (n for n in runs if n != "on"):
         check_bitwise("fused_model", runs[name][0], runs["on"][0], output=f"logits_{name}{tag}")
         for i in range(num_layers):
             for kind in ("k_caches", "v_caches"):
@@ -240,8 +302,9 @@ def test_a_pool_with_a_bad_later_layer_is_refused_before_any_kv_write():
 
 def test_unsupported_configs_are_refused():
     for bad in (True, -1, 49, 1.0):
-        with pytest.raises(StepContractError, match=r"defer=.* must be an int in 0\.\.48"):
-            FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", defer=bad)
+        for arg in ("defer", "defer_down"):
+            with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
+                FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
     with pytest.raises(StepContractError, match="widths"):
@@ -257,7 +320,9 @@ def test_kernels_compile_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("kernel=")]
-    assert len(lines) == 12, res.stdout         # 10 GEMV launches + the attention prologue at 1 and 3 row blocks
+    # 10 GEMV launches + the attention prologue at 1 and 3 row blocks, plain and with down's reduction deferred
+    assert len(lines) == 14, res.stdout
+    assert sum("/attn_prologue_deferred/" in ln for ln in lines) == 2, res.stdout
     for ln in lines:
         assert "tensor_cores=True" in ln and "griddepcontrol=True" in ln and "local_memory=False" in ln, ln
         if "/preload-" in ln:
@@ -301,18 +366,22 @@ def graph_vs_eager_steps(cfg, w, device, rows_seeds, **fm_kw):
 
 @pytest.mark.gpu
 def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
-    """Llama-3.2-1B's shapes (2 layers, random weights; its out_proj plan splits K 8 ways): graphed steps of 1 / 6 / 16
-    rows with out_proj's reduction deferred to gate/up (defer=16; the default defers at 1 row) give bitwise the
-    logits and KV of defer=0 and of a 24-row width (never deferred) for the same rows, and the same logits on a
+    """Llama-3.2-1B's shapes (2 layers, random weights; its out_proj plan splits K 8 ways, its down 4 ways): graphed
+    steps of 1 / 6 / 16 rows with out_proj's reduction deferred to gate/up and layer 0's down reduction deferred to
+    layer 1's prologue (defer=16, defer_down=16; the defaults defer at 1 row), or the down's alone, give bitwise the
+    logits and KV of no deferral and of a 24-row width (never deferred) for the same rows, and the same logits on a
     pure replay."""
     cfg = preset("Llama-3.2-1B").replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
-    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=16),
-                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0),
-                  wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16))
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=16, defer_down=16),
+                  down=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=16),
+                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=0),
+                  wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16, defer_down=16))
     default = FusedModel(cfg, w, device=device, widths=(1, 2))
     assert default.defers(1) and not default.defers(2) and not models["off"].defers(1)
+    assert default.defers_down(1) and not default.defers_down(2) and not models["off"].defers_down(1)
     assert models["on"].plan_o.split > 1 and all(models["on"].defers(r) for r in (1, 6, 16))
+    assert models["on"].plan_down.split > 1 and all(models["on"].defers_down(r) for r in (1, 6, 16))
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
