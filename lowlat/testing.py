@@ -113,3 +113,20 @@ def spy_launch_constexprs(monkeypatch, module) -> list[dict]:
         return lc
     monkeypatch.setattr(module, "launch_constexprs", spy)
     return seen
+
+
+def reverse_interpreter_grid(monkeypatch) -> None:
+    """Make the Triton CPU interpreter run every launch's programs in reverse grid order (the last program id on each
+    axis first), for the rest of the test. The interpreter otherwise runs them in order, pid 0 of axis 0 first, so a
+    kernel that wrongly relies on another program of the same launch having run (e.g. one program per K slice
+    writing what the others read) passes under it by luck; a test run in both orders catches that."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    forward = type(builder).set_grid_idx
+
+    def reversed_idx(self, x, y, z):
+        nx, ny, nz = self.grid_dim
+        return forward(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    monkeypatch.setattr(type(builder), "set_grid_idx", reversed_idx)

@@ -29,11 +29,11 @@ x^2 are reduced in split order by the last program to arrive (deterministic what
 A row's arithmetic never depends on M or on the other rows (rows are padded to blocks of 16, the plan
 is a function of the weight's shape only). Given a `lowlat.kernels.out_proj.DeferredX` (the previous down
 projection's split-K partials and residual, `out_proj.residual_gemv_deferred`), each program first reduces its K
-slice of its row block, x = bf16(residual + partials in split order), into the DeferredX's `out` (the bits
-`residual_gemv` would have stored) right after its wait, its preloaded weights still in flight, then runs on it.
-All buffers are preallocated (`PrologueWorkspace`): one
-launch, CUDA-graph capturable. PDL (`use_pdl`): a preload plan issues all its weight loads, a stream
-plan its L2 prefetch, before `gdc_wait`; dependents are released right after it.
+slice of its row block, x = bf16((partials added to zeros in split order) + residual), into the DeferredX's `out`
+(the bits `residual_gemv` would have stored) right after its wait, its preloaded weights still in flight, then runs
+on it. All buffers are preallocated (`PrologueWorkspace`): one launch, CUDA-graph capturable. PDL (`use_pdl`): a
+preload plan issues all its weight loads, a stream plan its L2 prefetch, before `gdc_wait`; dependents are released
+right after it.
 
 Measured on an H200 (session 5, bench/results/session5/call4/attn_prologue_h200.json, `python
 bench/bench_attn_prologue.py`, PDL-chained launches on rotating cold copies, copy bandwidth 4154 GB/s):

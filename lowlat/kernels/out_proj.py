@@ -27,7 +27,8 @@ program stores its split's fp32 partial product and exits, and the next launch c
 partials in split order) (`lowlat.kernels.mlp.gate_up_act` after the output projection, the next layer's
 `lowlat.kernels.attn_prologue.attn_prologue` after the down projection, each given the returned `DeferredX`;
 `_reduce_deferred`): the same bits, without the finisher's chain of round trips in this launch. The fused model runs
-it at 1 row (`FusedModel.defers`, `FusedModel.defers_down`).
+it for out_proj at 1 row (`FusedModel.defers`) and for the down projection where the prologue's pre-pass reads few
+partial bytes (`FusedModel.defers_down`).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def compile_all(quick: bool = False) -> list[dict]:
                     "stride_qm": "i32", "stride_qh": "i32", "stride_kcs": "i32", "stride_kch": "i32",
                     "stride_vcs": "i32", "stride_vch": "i32", "xp_ptr": "*fp32", "xp_stride_s": "i32",
                     "xp_stride_m": "i32", "xout_ptr": "*bf16", "stride_om": "i32"})
-    for name in ["SmolLM2-135M"] + ([] if quick else ["Llama-3.2-1B", "Qwen3-30B-A3B"]):
+    for name in ["SmolLM2-135M"] + ([] if quick else ["Llama-3.2-1B", "Qwen3-30B-A3B", "Qwen2.5-0.5B", "Qwen3-0.6B"]):
         cfg = preset(name)
         w = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
         ws = make_prologue_workspace(w, cfg.head_dim)          # its plan and epilogue-load rule, as launched
@@ -215,14 +215,16 @@ def compile_all(quick: bool = False) -> list[dict]:
             warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
             const = dict(lc, D=cfg.head_dim, HALF=cfg.head_dim // 2, HAS_BIAS=cfg.qkv_bias, QK_NORM=cfg.qk_norm,
                          NVR_FROM_PTR=True, EARLY=ws.early_inputs, USE_PDL=True, UPCAST=False)
-            # the down projection's reduction deferred to the prologue (FusedModel.defers_down) where down splits K
-            for xsplit in (0, down_split) if down_split > 1 else (0,):
+            # the down projection's reduction deferred to the prologue (FusedModel.defers_down) where down splits K:
+            # pieces of 1 and 16 rows a program at one row block (1-16 rows), 16 past it
+            variants = [(0, 0)] + [(down_split, r) for r in ((1, 16) if nmb == 1 else (16,)) if down_split > 1]
+            for xsplit, rows in variants:
                 dconst = {} if not xsplit else dict(XSPLIT=xsplit, **deferred_pieces(
-                    1 if nmb == 1 else 16, p.block_k, p.chunks_per_split, xsplit))
+                    rows, p.block_k, p.chunks_per_split, xsplit))
                 t = time.time()
                 c = _compile(_attn_prologue_kernel, pro_sig, dict(const, **dconst), num_warps=warps, num_stages=stages,
                              pdl=True)
-                out.append(_report(f"{name}/attn_prologue{'_deferred' if xsplit else ''}/"
+                out.append(_report(f"{name}/attn_prologue{f'_deferred_r{rows}' if xsplit else ''}/"
                                    f"{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}/mb{nmb}", c,
                                    time.time() - t, preload=p.preload, programs=p.n_tiles * p.split * nmb))
     return out

@@ -8,8 +8,9 @@
         act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
         x     = residual_gemv(act)    x + act Wd^T                                  (kernels/out_proj)
                 (dense layers at 1 row with a split-K out_proj plan: out_proj stores its split partials and
-                 gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`; the same for the
-                 down projection, reduced by the next layer's prologue: `FusedModel.defers_down`)
+                 gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`; the down
+                 projection's, at the widths where the next layer's prologue reduces few partial bytes, by that
+                 prologue: `FusedModel.defers_down`)
                 (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
@@ -59,10 +60,12 @@ DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 DEFER_MAX_WIDTH = 1
 #: by default (`FusedModel(defer_down=None)`) a step defers the down projection's split-K reduction to the next layer's
 #: attention prologue while that prologue's pre-pass reads at most this many bytes of partials in all
-#: (`down_prepass_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials); session 21
-#: (bench/results/session21): SmolLM2-135M (8 tiles, S 6) -35 / -30 / -9 us a step at 1 / 6 / 16 rows (0.1 / 0.6 /
-#: 1.7 MiB), Llama-3.2-1B (48 tiles, S 4) -14 us at 1 row (1.5 MiB), +12 / +61 at 6 / 16 (9 / 24 MiB)
-DEFER_DOWN_MAX_BYTES = 2 << 20
+#: (`down_prepass_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials). Fitted
+#: to the two models measured in session 21 (bench/results/session21, explore26 alternated twice): SmolLM2-135M (8
+#: tiles, S 6) -35 / -30 / -7 / -52 / -54 / -66 us a step at 1 / 6 / 16 / 24 / 32 / 48 rows (0.1-5.06 MiB);
+#: Llama-3.2-1B (48 tiles, S 4) -17 / -13 us at 1 / 2 rows (1.5 / 3 MiB), +0.8 at 4 (6 MiB), +12 / +61 at 6 / 16
+#: (9 / 24 MiB). Other models get the same byte bound, unmeasured (Qwen2.5-0.5B: 1-16 rows, Qwen3-0.6B: 1-4).
+DEFER_DOWN_MAX_BYTES = 11 << 19          # 5.5 MiB
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -145,7 +148,7 @@ class FusedModel:
         defer_down       the same for the down projection's reduction, left to the next layer's attention
                          prologue (never the last layer a graph runs): at widths of up to this many rows, or by
                          default (None) at the widths whose prologue pre-pass reads at most DEFER_DOWN_MAX_BYTES
-                         (`down_prepass_bytes`; measured per model, session 21)
+                         (`down_prepass_bytes`; one bound fitted to two measured models, session 21)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -487,10 +490,11 @@ class FusedModel:
 
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor, xs: torch.Tensor | None = None,
              defer_down: bool = False) -> torch.Tensor | DeferredX:
-        """xs += attn Wo^T, then xs += FFN(rms_norm(xs)): three launches (dense) or out_proj + MoE. xs is the
-        residual stream buffer the layer's prologue read (bufs.x or bufs.x2; default bufs.x). Returns the next
-        layer's input: bufs.x, or with `defer_down` (dense layers of a deferring width) the down projection's
-        `DeferredX`, whose out is the buffer the layer's stream is not in."""
+        """x = xs + attn Wo^T, then x + FFN(rms_norm(x)): three launches (dense) or out_proj + MoE. xs is the residual
+        stream buffer the layer's prologue read (bufs.x or bufs.x2; default bufs.x); a deferred reduction writes its
+        x into the other buffer, never over the residual it reads. Returns the next layer's input: bufs.x, or with
+        `defer_down` (dense layers of a deferring width) the down projection's `DeferredX`, whose out the next
+        prologue writes."""
         cfg, pdl, w = self.cfg, self.use_pdl, bufs.width
         xs = bufs.x if xs is None else xs
 
@@ -542,7 +546,8 @@ class FusedModel:
                                     out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
                                     use_pdl=pdl)
             xin = self._ffn(L, bufs, attn, xin.out if isinstance(xin, DeferredX) else xin, i + 1 < len(layers))
-        assert xin is x                           # the last layer's down wrote the stream into bufs.x
+        if xin is not x:                          # the last layer's down writes the stream into bufs.x
+            raise RuntimeError("the last layer run left the residual stream outside bufs.x")
         if final_norm or sample is not None:
             rms_norm_into(x, self.final_norm, cfg.rms_eps, bufs.hn, use_pdl=pdl)
         if sample is not None:

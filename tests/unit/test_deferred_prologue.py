@@ -6,7 +6,8 @@ then the residual, one bf16 rounding) before its own GEMV.
 
 Outputs, the partials buffer and the KV caches' unowned slots are poisoned (NaN) before every run, so an element
 never written fails; the residual must come back untouched. CPU: tiny shapes under the interpreter, every plan mode
-of both launches; GPU: Llama-3.2-1B's down (2048 x 8192, split 4) into its prologue, SmolLM2-135M's (split 6).
+of both launches; GPU: Llama-3.2-1B's down (2048 x 8192, split 4) into its prologue, SmolLM2-135M's (split 6),
+Qwen2.5-0.5B's (QKV bias) and Qwen3-0.6B's (QK-norm).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table
 from lowlat.kernels.out_proj import DeferredX, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
-from lowlat.testing import random_step, tiny_config
+from lowlat.testing import random_step, reverse_interpreter_grid, tiny_config
 from lowlat.weights import random_layer_weights
 
 MAX_POS = 256
@@ -55,26 +56,32 @@ def make_case(cfg, m, pad, inter, seed, device):
             case.v_cache.to(device))
 
 
-def prologue(cfg, lw, step, x, kc, vc, ws, use_pdl):
+def prologue_fn(cfg, lw, step, kc, vc, ws, use_pdl):
+    """The prologue launch as a function of x, everything else (packed weights, RoPE table, poisoned out_q) made now:
+    between a down launch and this one nothing else runs, so on a GPU the prologue's wait is the PDL hand-off."""
+    args = (pack_qkv(lw), pack_qkv_bias(lw), lw.attn_norm, lw.q_norm, lw.k_norm, step.positions, step.out_cache_loc,
+            step.num_valid_rows, kc, vc, rope_table(cfg, MAX_POS, kc.device))
     out_q = poison(torch.empty((step.num_rows, cfg.num_heads, cfg.head_dim), dtype=torch.bfloat16, device=kc.device))
-    return attn_prologue(x, pack_qkv(lw), pack_qkv_bias(lw), lw.attn_norm, lw.q_norm, lw.k_norm, step.positions,
-                         step.out_cache_loc, step.num_valid_rows, kc, vc, rope_table(cfg, MAX_POS, kc.device),
-                         cfg=cfg, out_q=out_q, workspace=ws, use_pdl=use_pdl)
+    return lambda x: attn_prologue(x, *args, cfg=cfg, out_q=out_q, workspace=ws, use_pdl=use_pdl)
+
+
+def prologue(cfg, lw, step, x, kc, vc, ws, use_pdl):
+    return prologue_fn(cfg, lw, step, kc, vc, ws, use_pdl)(x)
 
 
 def both_ways(cfg, lw, step, x, act, w_down, kc0, vc0, plan_down, ws_pro, ws, use_pdl=False):
     """((x, q, k_cache, v_cache) with the reduction in the down projection, the same deferred to the prologue)."""
     kc, vc = kc0.clone(), vc0.clone()
-    x_ref = residual_gemv(act, w_down, x, out=poison(torch.empty_like(x)), workspace=ws, plan=plan_down,
-                          use_pdl=use_pdl)
-    q_ref = prologue(cfg, lw, step, x_ref, kc, vc, ws_pro, use_pdl)
+    x_ref, run = poison(torch.empty_like(x)), prologue_fn(cfg, lw, step, kc, vc, ws_pro, use_pdl)
+    residual_gemv(act, w_down, x, out=x_ref, workspace=ws, plan=plan_down, use_pdl=use_pdl)
+    q_ref = run(x_ref)
     ref = (x_ref, q_ref, kc, vc)
     kc, vc = kc0.clone(), vc0.clone()
     x_before = x.clone()
     parts = poison(torch.empty(plan_down.split, *x.shape, dtype=torch.float32, device=x.device))
-    d = residual_gemv_deferred(act, w_down, x, poison(torch.empty_like(x)), partials=parts, workspace=ws,
-                               plan=plan_down, use_pdl=use_pdl)
-    q = prologue(cfg, lw, step, d, kc, vc, ws_pro, use_pdl)
+    x_out, run = poison(torch.empty_like(x)), prologue_fn(cfg, lw, step, kc, vc, ws_pro, use_pdl)
+    d = residual_gemv_deferred(act, w_down, x, x_out, partials=parts, workspace=ws, plan=plan_down, use_pdl=use_pdl)
+    q = run(d)
     assert torch.equal(x.view(torch.int16), x_before.view(torch.int16)), "the residual was written"
     assert int(ws_pro.counters.abs().sum()) == 0 and int(ws.counters.abs().sum()) == 0
     return ref, (d.out, q, kc, vc)
@@ -109,8 +116,13 @@ def test_deferred_down_into_prologue_bitwise_equals_down_finisher(m, pad, hidden
     check_same(ref, new)
 
 
-def test_deferred_prologue_padding_rows_never_change_valid_rows():
-    """NaN in the padding rows' act and residual stays in those rows (x, q; the caches get only valid rows)."""
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_deferred_prologue_padding_rows_never_change_valid_rows(monkeypatch, order):
+    """NaN in the padding rows' act and residual stays in those rows (x, q; the caches get only valid rows). Run with
+    the interpreter's programs in grid order and reversed (`reverse_interpreter_grid`): every program reduces its own
+    K slice before reading it, so no order may matter (several column tiles, splits and row blocks here)."""
+    if order == "reverse":
+        reverse_interpreter_grid(monkeypatch)
     cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32, qkv_bias=True, qk_norm=True)
     lw, step, x, act, w_down, kc, vc = make_case(cfg, 18, 3, 80, 7, "cpu")
     n = step.num_valid_rows
@@ -127,16 +139,17 @@ def test_deferred_prologue_padding_rows_never_change_valid_rows():
 
 
 def test_prologue_reduces_the_partials_in_split_order():
-    """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse.
-    x = bf16(((p0 + p1) + p2) + r) with r = 0 must come out 0 in every element of every row block."""
+    """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
+    and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
+    come out 1 in every element of every row block."""
     cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32)
     lw, step, x, _, _, kc, vc = make_case(cfg, 20, 0, 80, 1, "cpu")
     m = step.num_rows
     parts = torch.stack([torch.full((m, 64), v) for v in (1.0, 1e8, -1e8)])
-    d = DeferredX(parts, torch.zeros(m, 64, dtype=torch.bfloat16), poison(torch.empty(m, 64, dtype=torch.bfloat16)))
+    d = DeferredX(parts, torch.ones(m, 64, dtype=torch.bfloat16), poison(torch.empty(m, 64, dtype=torch.bfloat16)))
     ws_pro = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, block_k=16, split=2)
     prologue(cfg, lw, step, d, kc, vc, ws_pro, False)
-    assert bool((d.out == 0).all()), f"x not summed in split order: {d.out.unique().tolist()}"
+    assert bool((d.out == 1).all()), f"x not partials in split order, then r: {d.out.unique().tolist()}"
 
 
 def test_prologue_refuses_deferred_buffers_it_writes():
@@ -153,6 +166,9 @@ def test_prologue_refuses_deferred_buffers_it_writes():
         (DeferredX(parts, x, q_buf[:m * 64].view(m, 64)), out_q, "out_q overlaps deferred out"),
         (DeferredX(parts, kc_flat[:m * 64].view(m, 64), torch.empty_like(x)), None, "k_cache overlaps deferred "
                                                                                    "residual"),
+        (DeferredX(parts, x, vc.view(-1)[64:64 + m * 64].view(m, 64)), None, "v_cache overlaps deferred out"),
+        (DeferredX(kc_flat.view(torch.float32)[:2 * m * 64].view(2, m, 64), x, torch.empty_like(x)), None,
+         "k_cache overlaps deferred partials"),
         (DeferredX(parts, x, x), None, "deferred out overlaps deferred residual"),
         (DeferredX(torch.randn(1, m, 64), x, torch.empty_like(x)), None, r"\[S >= 2, M, N\]"),
         (DeferredX(parts, x, torch.empty(m, 64)), None, "deferred out must be torch.bfloat16"),
@@ -172,9 +188,10 @@ def test_prologue_refuses_deferred_buffers_it_writes():
 
 # ------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M"])
+@pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M", "Qwen2.5-0.5B", "Qwen3-0.6B"])
 def test_deferred_prologue_gpu_bitwise_equals_down_finisher(device, model):
-    """The production plans of the model's down projection (split-K) and prologue, PDL on, 1-48 rows."""
+    """The production plans of the model's down projection (split-K) and prologue, PDL on, 1-48 rows; the Qwen
+    presets bring the QKV bias and the QK-norm epilogue."""
     full = preset(model)
     cfg = full.replace(num_layers=1)
     plan_down = plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual")

@@ -20,6 +20,7 @@ from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
 from lowlat.kernels.out_proj import DeferredX, check_deferred, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
+from lowlat.testing import reverse_interpreter_grid
 
 EPS = 1e-5
 #: (H, Q, I): out_proj [H, Q], gate/up [2I, H]; even, ragged H, ragged Q
@@ -73,8 +74,13 @@ def test_deferred_reduction_bitwise_equals_out_proj_finisher(m, shape, mode_o, m
     assert int(ws.counters.abs().sum()) == 0
 
 
-def test_deferred_reduction_padding_rows_never_change_valid_rows():
-    """NaN in padding rows' attention and residual stays in those rows."""
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_deferred_reduction_padding_rows_never_change_valid_rows(monkeypatch, order):
+    """NaN in padding rows' attention and residual stays in those rows. Run with the interpreter's programs in grid
+    order and reversed (`reverse_interpreter_grid`): every gate/up program reduces its own K slice before reading it,
+    so no order may matter."""
+    if order == "reverse":
+        reverse_interpreter_grid(monkeypatch)
     m, n, (h, q, i) = 18, 5, CPU_SHAPES[1]
     attn, wo, x, wgu, nw = make_inputs(m, h, q, i, 3, "cpu")
     plan_o = plan_gemv(h, q, kind="residual", block_k=16, split=3, preload=False, bn=16)
@@ -112,14 +118,15 @@ def test_each_partial_slot_holds_its_splits_k_slice():
 
 
 def test_gate_up_reduces_the_partials_in_split_order():
-    """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse.
-    x = bf16(((p0 + p1) + p2) + r) with r = 0 must come out 0 in every element."""
+    """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
+    and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
+    come out 1 in every element."""
     m, h, i = 2, 64, 96
     _, _, _, wgu, nw = make_inputs(m, h, 64, i, 1, "cpu")
     parts = torch.stack([torch.full((m, h), v) for v in (1.0, 1e8, -1e8)])
-    d = DeferredX(parts, torch.zeros(m, h, dtype=torch.bfloat16), poison(torch.empty(m, h, dtype=torch.bfloat16)))
+    d = DeferredX(parts, torch.ones(m, h, dtype=torch.bfloat16), poison(torch.empty(m, h, dtype=torch.bfloat16)))
     gate_up_act(d, wgu, norm_weight=nw, eps=EPS, plan=plan_gemv(i, h, kind="gate_up", block_k=16, split=2))
-    assert bool((d.out == 0).all()), f"x not summed in split order: {d.out.unique().tolist()}"
+    assert bool((d.out == 1).all()), f"x not partials in split order, then r: {d.out.unique().tolist()}"
 
 
 def _args(m=3):
