@@ -61,11 +61,13 @@ DEFER_MAX_WIDTH = 1
 #: by default (`FusedModel(defer_down=None)`) a step defers the down projection's split-K reduction to the next layer's
 #: attention prologue while that prologue's pre-pass reads at most this many bytes of partials in all
 #: (`down_prepass_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials). Fitted
-#: to the two models measured in session 21 (bench/results/session21, explore26 alternated twice): SmolLM2-135M (8
-#: tiles, S 6) -35 / -30 / -7 / -52 / -54 / -66 us a step at 1 / 6 / 16 / 24 / 32 / 48 rows (0.1-5.06 MiB);
-#: Llama-3.2-1B (48 tiles, S 4) -17 / -13 us at 1 / 2 rows (1.5 / 3 MiB), +0.8 at 4 (6 MiB), +12 / +61 at 6 / 16
-#: (9 / 24 MiB). Other models get the same byte bound, unmeasured (Qwen2.5-0.5B: 1-16 rows, Qwen3-0.6B: 1-4).
-DEFER_DOWN_MAX_BYTES = 11 << 19          # 5.5 MiB
+#: to the three models measured in session 21 (bench/results/session21, explore26 alternated twice) so that no
+#: measured width gets slower: SmolLM2-135M (8 tiles, S 6) -35 / -30 / -7 / -52 / -54 us a step at 1 / 6 / 16 / 24
+#: / 32 rows (0.1-3.4 MiB), -66 at 48 (5.1 MiB, forgone); Llama-3.2-1B (48 tiles, S 4) -17 / -13 us at 1 / 2 rows
+#: (1.5 / 3 MiB), +0.8 at 4 (6 MiB), +12 / +61 at 6 / 16 (9 / 24 MiB); Qwen2.5-0.5B (14 tiles, S 8) -28 / -23 us at
+#: 1 / 6 rows (0.25 / 1.5 MiB), +10 at 16 (3.9 MiB), -17 at 24 (5.9 MiB, forgone). Bytes alone do not order these
+#: (what a deferral saves grows with the rows differently per model); Qwen3-0.6B (1-2 rows) is not measured.
+DEFER_DOWN_MAX_BYTES = 7 << 19          # 3.5 MiB
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
