@@ -67,7 +67,8 @@ from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks,
                                   rstd_of, store_partial, store_split_ss, sum_partials, sum_split_ss)
-from lowlat.kernels.out_proj import DeferredX, _reduce_deferred, check_deferred, deferred_kernel_args, overlap
+from lowlat.kernels.out_proj import (DeferredX, _reduce_deferred, check_deferred, check_writes_apart, consumer_input,
+                                     deferred_kernel_args)
 from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import LayerWeights
 
@@ -391,11 +392,7 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows] (bf16); padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value; nothing is written then.
     """
-    deferred = x if isinstance(x, DeferredX) else None
-    if deferred is not None:
-        x = deferred.residual
-        if not isinstance(x, torch.Tensor):
-            raise StepContractError(f"deferred residual must be a torch.Tensor, got {type(x).__name__}")
+    x, deferred = consumer_input(x)
     dev = x.device
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
     m, hidden = x.shape
@@ -453,11 +450,7 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
             "rotary pairs, each bn a multiple of D/2), "
             f"H={hidden}, D={d} on {dev}")
     if deferred is not None:
-        for wname, wt in (("out_q", out_q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            for name, t in (("out", deferred.out), ("residual", deferred.residual), ("partials", deferred.partials)):
-                if overlap(wt, t):
-                    raise StepContractError(f"{wname} overlaps deferred {name}: this launch reads or writes it "
-                                            f"while it writes {wname}")
+        check_writes_apart(deferred, {"out_q": out_q, "k_cache": k_cache, "v_cache": v_cache})
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], s_slots)

@@ -39,7 +39,7 @@ from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_
                                   preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
                                   store_split_ss, sum_partials, sum_split_ss, to_bf16)
 from lowlat.kernels.out_proj import (DeferredX, _launch_residual_gemv, _reduce_deferred, check_deferred,
-                                     deferred_kernel_args, overlap)
+                                     check_writes_apart, consumer_input, deferred_kernel_args)
 
 
 def pack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -200,11 +200,7 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     Raises StepContractError for wrong shapes / dtypes / devices, a norm_weight without rstd or eps,
     or a plan made for another shape.
     """
-    deferred = x if isinstance(x, DeferredX) else None
-    if deferred is not None:
-        x = deferred.residual
-        if not isinstance(x, torch.Tensor):
-            raise StepContractError(f"deferred residual must be a torch.Tensor, got {type(x).__name__}")
+    x, deferred = consumer_input(x)
     dev = x.device
     if x.dim() != 2 or w_gate_up.dim() != 2:
         raise StepContractError(f"x [M, H] and w_gate_up [2I, H] expected, got {tuple(x.shape)}, "
@@ -228,10 +224,7 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     out = torch.empty((m, i), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("act out", out, (m, i), torch.bfloat16, dev)
     if deferred is not None:
-        for name, t in (("out", deferred.out), ("residual", deferred.residual), ("partials", deferred.partials)):
-            if overlap(out, t):
-                raise StepContractError(f"act out overlaps deferred {name}: this launch reads or writes it while "
-                                        "it writes act")
+        check_writes_apart(deferred, {"act out": out})
     ws = GemvWorkspace.create(i, dev) if workspace is None else workspace
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan

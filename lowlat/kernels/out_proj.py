@@ -279,6 +279,26 @@ def deferred_pieces(m: int, block_k: int, cps: int, split: int) -> dict:
     return dict(RB=rb, NRB=triton.cdiv(m, rb), KC=kc)
 
 
+def consumer_input(x) -> tuple[torch.Tensor, DeferredX | None]:
+    """A consuming launch's x argument as (the [M, N] tensor its shapes and residual come from, the DeferredX or
+    None). Raises StepContractError for a DeferredX whose residual is not a tensor."""
+    if not isinstance(x, DeferredX):
+        return x, None
+    if not isinstance(x.residual, torch.Tensor):
+        raise StepContractError(f"deferred residual must be a torch.Tensor, got {type(x.residual).__name__}")
+    return x.residual, x
+
+
+def check_writes_apart(d: DeferredX, writes: dict[str, torch.Tensor]) -> None:
+    """Raise StepContractError when a tensor the consuming launch writes (name -> tensor) overlaps the DeferredX's
+    out, residual or partials, which the launch reads or writes while it writes that tensor."""
+    for wname, wt in writes.items():
+        for name, t in (("out", d.out), ("residual", d.residual), ("partials", d.partials)):
+            if overlap(wt, t):
+                raise StepContractError(f"{wname} overlaps deferred {name}: this launch reads or writes it while it "
+                                        f"writes {wname}")
+
+
 def deferred_kernel_args(d: DeferredX | None, split: int, rows: int, plan: GemvPlan, f32_dummy: torch.Tensor,
                          bf16_dummy: torch.Tensor) -> tuple[tuple, dict]:
     """A consumer kernel's deferred-x arguments (xp_ptr, xp_stride_s, xp_stride_m, xout_ptr, stride_om) and
