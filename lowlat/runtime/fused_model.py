@@ -59,15 +59,19 @@ DEFAULT_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 #: measured to pay at 1 row only (Llama-3.2-1B, session 20 call 5: -17 us a step at 1 row, +29 / +84 at 6 / 16)
 DEFER_MAX_WIDTH = 1
 #: by default (`FusedModel(defer_down=None)`) a step defers the down projection's split-K reduction to the next layer's
-#: attention prologue while that prologue's pre-pass reads at most this many bytes of partials in all
-#: (`down_prepass_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials). Fitted
-#: to the three models measured in session 21 (bench/results/session21, explore26 alternated twice) so that no
-#: measured width gets slower: SmolLM2-135M (8 tiles, S 6) -35 / -30 / -7 / -52 / -54 us a step at 1 / 6 / 16 / 24
-#: / 32 rows (0.1-3.4 MiB), -66 at 48 (5.1 MiB, forgone); Llama-3.2-1B (48 tiles, S 4) -17 / -13 us at 1 / 2 rows
-#: (1.5 / 3 MiB), +0.8 at 4 (6 MiB), +12 / +61 at 6 / 16 (9 / 24 MiB); Qwen2.5-0.5B (14 tiles, S 8) -28 / -23 us at
-#: 1 / 6 rows (0.25 / 1.5 MiB), +10 at 16 (3.9 MiB), -17 at 24 (5.9 MiB, forgone). Bytes alone do not order these
-#: (what a deferral saves grows with the rows differently per model); Qwen3-0.6B (1-2 rows) is not measured.
-DEFER_DOWN_MAX_BYTES = 7 << 19          # 3.5 MiB
+#: attention prologue while that prologue's pre-pass reads at most this many bytes of partials per SM
+#: (`down_prepass_sm_bytes`: every prologue column tile re-reads the whole [rows, H] block of S fp32 partials, and
+#: the prologue's programs share the SMs). Fitted to the 21 widths of four models measured in sessions 21-22
+#: (bench/results/session21, session22; explore26 alternated twice; us a step, deferral on minus off, KiB per SM):
+#: SmolLM2-135M -35 / -30 / -7 / -52 / -54 / -66 at 1 / 6 / 16 / 24 / 32 / 48 rows (2.7-43.2 KiB: all defer);
+#: Llama-3.2-1B -17 / -13 at 1 / 2 (11.6 / 23.3), +0.8 / +12 / +61 at 4 / 6 / 16 (46.5 / 70 / 186); Qwen2.5-0.5B
+#: -28 / -23 / -15 at 1 / 6 / 8 (4-32), +1.7 / +10 at 12 / 16 (48 / 64), -17 at 24 (48, forgone); Qwen3-0.6B -31 /
+#: -34 / -36 at 1 / 2 / 4 (7.8-31), -27 at 6 (46.5, forgone). Every measured loss lies above it, every deferring
+#: width measured pays. (Session 21's bound on the total bytes, 3.5 MiB, had to forgo SmolLM2 at 48 rows and Qwen3
+#: past 2 and still lost at Qwen2.5's 12: the total does not say how much of it each SM waits for.)
+DEFER_DOWN_MAX_SM_BYTES = 44 << 10      # 44 KiB
+#: SMs assumed where the model is not on a CUDA device (the CPU interpreter): an H100 / H200 SXM's 132
+ASSUMED_SMS = 132
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -77,6 +81,19 @@ def down_prepass_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: Gem
     down projection's reduction to it: each of the prologue's column tiles (at the launch's row-block count) reads
     its K slices of every row's S = down_plan.split partials, i.e. tiles x width x H x S x 4."""
     return prologue_plan.at(row_blocks(width)).n_tiles * width * cfg.hidden_size * down_plan.split * 4
+
+
+def down_prepass_sm_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: GemvPlan, width: int,
+                          num_sms: int) -> float:
+    """Bytes of that pre-pass each SM reads: `down_prepass_bytes` over the SMs the prologue's grid (column tiles x K
+    slices x row blocks) occupies, min(programs, num_sms). Each program reduces its slice before its GEMV, so this
+    is the pre-pass's share of the prologue's critical path (the rule `DEFER_DOWN_MAX_SM_BYTES`)."""
+    if num_sms < 1:
+        raise ValueError(f"num_sms={num_sms} must be >= 1")
+    nmb = row_blocks(width)
+    tiles = prologue_plan.at(nmb)
+    programs = tiles.n_tiles * tiles.split * nmb
+    return down_prepass_bytes(cfg, prologue_plan, down_plan, width) / min(programs, num_sms)
 
 
 class DraftKey(NamedTuple):
@@ -149,8 +166,8 @@ class FusedModel:
                          48) when its plan splits K; the same bits either way (default DEFER_MAX_WIDTH = 1)
         defer_down       the same for the down projection's reduction, left to the next layer's attention
                          prologue (never the last layer a graph runs): at widths of up to this many rows, or by
-                         default (None) at the widths whose prologue pre-pass reads at most DEFER_DOWN_MAX_BYTES
-                         (`down_prepass_bytes`; one bound fitted to two measured models, session 21)
+                         default (None) at the widths whose prologue pre-pass reads at most
+                         DEFER_DOWN_MAX_SM_BYTES per SM (`down_prepass_sm_bytes`; fitted to four measured models)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -172,7 +189,7 @@ class FusedModel:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ROWS:
                 raise StepContractError(f"{name}={v!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)"
-                                        + (" or None (by DEFER_DOWN_MAX_BYTES)" if name == "defer_down" else ""))
+                                        + (" or None (by DEFER_DOWN_MAX_SM_BYTES)" if name == "defer_down" else ""))
         self._defer = defer               # fixed at build: the graphs are captured per width
         self._defer_down = defer_down
         self.device = torch.device(device)
@@ -188,6 +205,9 @@ class FusedModel:
         self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
         self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
         self.validate = validate
+        #: SMs of the device (the default down-deferral rule divides its pre-pass by them); ASSUMED_SMS on the CPU
+        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else ASSUMED_SMS)
         self._moe = None
         if cfg.is_moe:
             try:
@@ -470,14 +490,16 @@ class FusedModel:
     def defers_down(self, width: int) -> bool:
         """Whether a step of this width leaves the dense layers' down-projection reduction to the next layer's
         attention prologue (not the last layer a graph runs): a dense model, a down plan with split-K, and width
-        <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_BYTES (`down_prepass_bytes`).
-        The prologue preloads its weights before its wait, so its pre-pass runs beside their loads; what it costs
-        grows with the partials its column tiles re-read (NOTES session 21)."""
+        <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_SM_BYTES per SM
+        (`down_prepass_sm_bytes` on this device's SMs). The prologue preloads its weights before its wait, so its
+        pre-pass runs beside their loads; what it costs grows with the partials each SM's programs re-read (NOTES
+        sessions 21-22)."""
         if self.cfg.is_moe or self.plan_down.split < 2:
             return False
         if self._defer_down is not None:
             return width <= self._defer_down
-        return down_prepass_bytes(self.cfg, self.pro_ws.plan, self.plan_down, width) <= DEFER_DOWN_MAX_BYTES
+        return (down_prepass_sm_bytes(self.cfg, self.pro_ws.plan, self.plan_down, width, self.num_sms)
+                <= DEFER_DOWN_MAX_SM_BYTES)
 
     @property
     def defer(self) -> int:
@@ -487,7 +509,7 @@ class FusedModel:
     @property
     def defer_down(self) -> int | None:
         """The `defer_down` argument: the widest width (rows) whose steps defer the down projection's reduction, or
-        None (by DEFER_DOWN_MAX_BYTES); fixed at build."""
+        None (by DEFER_DOWN_MAX_SM_BYTES); fixed at build."""
         return self._defer_down
 
     def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor, xs: torch.Tensor | None = None,

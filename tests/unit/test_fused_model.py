@@ -163,7 +163,7 @@ def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path
                   wide=FusedModel(cfg, w, device="cpu", widths=(24,), defer=8, defer_down=8))
     assert models["on"].plan_down.split == 3 and models["on"].defers_down(8) and models["down"].defers_down(8)
     assert not models["down"].defers(8) and not models["off"].defers_down(8) and not models["wide"].defers_down(24)
-    default = FusedModel(cfg, w, device="cpu", widths=(1, 2))       # by DEFER_DOWN_MAX_BYTES: a tiny pre-pass
+    default = FusedModel(cfg, w, device="cpu", widths=(1, 2))       # by DEFER_DOWN_MAX_SM_BYTES: a tiny pre-pass
     assert default.defer_down is None and default.defers_down(1) and default.defers_down(2)
     logits = compare_step(cfg, w, case, seed=5, widths=(8,), defer=8, defer_down=8)
     assert fed == [False, True, True], fed     # layers 1 and 2 take layer 0's / 1's deferred down; the last none
@@ -179,17 +179,18 @@ def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path
 
 
 @pytest.mark.parametrize("model, widths", [
-    ("Llama-3.2-1B", (1, 2)), ("SmolLM2-135M", (1, 2, 4, 6, 8, 12, 16, 24, 32)),
-    ("Qwen2.5-0.5B", (1, 2, 4, 6, 8, 12)), ("Qwen3-0.6B", (1, 2)), ("Qwen3-30B-A3B", ())])
+    ("Llama-3.2-1B", (1, 2)), ("SmolLM2-135M", (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)),
+    ("Qwen2.5-0.5B", (1, 2, 4, 6, 8)), ("Qwen3-0.6B", (1, 2, 4)), ("Qwen3-30B-A3B", ())])
 def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
     """The default rule (defer_down=None): the widths of DEFAULT_WIDTHS whose prologue pre-pass reads at most
-    DEFER_DOWN_MAX_BYTES of partials (`down_prepass_bytes`, from the production plans): Llama-3.2-1B at 1-2 rows
-    (3 MiB; 6 at 4 rows), SmolLM2-135M up to 32 rows (3.4 MiB; 5.1 at 48), Qwen2.5-0.5B up to 12 (3.9 MiB at 16,
-    measured slower), Qwen3-0.6B at 1-2 (unmeasured), none for an MoE model (no down projection). NOTES session 21
-    has the measurements."""
+    DEFER_DOWN_MAX_SM_BYTES of partials per SM (`down_prepass_sm_bytes`, from the production plans, 132 SMs):
+    Llama-3.2-1B at 1-2 rows (23.3 KiB; 46.5 at 4, measured +0.8 us), SmolLM2-135M at every width (43.2 KiB at 48),
+    Qwen2.5-0.5B up to 8 (48 KiB at 12, measured +1.7 us), Qwen3-0.6B up to 4 (46.5 KiB at 6), none for an MoE
+    model (no down projection). NOTES sessions 21-22 have the measurements the bound was fitted to."""
     from lowlat.kernels._gemv import plan_gemv
     from lowlat.kernels.attn_prologue import make_prologue_workspace
-    from lowlat.runtime.fused_model import DEFAULT_WIDTHS, DEFER_DOWN_MAX_BYTES, down_prepass_bytes
+    from lowlat.runtime.fused_model import (ASSUMED_SMS, DEFAULT_WIDTHS, DEFER_DOWN_MAX_SM_BYTES, down_prepass_bytes,
+                                            down_prepass_sm_bytes)
 
     cfg = preset(model)
     if cfg.is_moe:
@@ -197,12 +198,20 @@ def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
         return
     qkv = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
     fm = SimpleNamespace(cfg=cfg, pro_ws=make_prologue_workspace(qkv, cfg.head_dim), _defer_down=None,
-                         plan_down=plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual"))
-    assert fm.plan_down.split > 1
+                         plan_down=plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual"),
+                         num_sms=ASSUMED_SMS)
+    assert fm.plan_down.split > 1 and ASSUMED_SMS == 132 and DEFER_DOWN_MAX_SM_BYTES == 44 << 10
     assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == widths
-    got = {w: down_prepass_bytes(cfg, fm.pro_ws.plan, fm.plan_down, w) for w in (1, widths[-1])}
-    assert got[1] == fm.pro_ws.plan.n_tiles * cfg.hidden_size * fm.plan_down.split * 4
-    assert DEFER_DOWN_MAX_BYTES == 7 << 19
+    pro = fm.pro_ws.plan
+    total = down_prepass_bytes(cfg, pro, fm.plan_down, 1)
+    assert total == pro.n_tiles * cfg.hidden_size * fm.plan_down.split * 4
+    programs = pro.n_tiles * pro.split
+    assert down_prepass_sm_bytes(cfg, pro, fm.plan_down, 1, ASSUMED_SMS) == total / min(programs, ASSUMED_SMS)
+    assert down_prepass_sm_bytes(cfg, pro, fm.plan_down, 1, 1) == total            # one SM reads it all
+    with pytest.raises(ValueError, match="num_sms=0"):
+        down_prepass_sm_bytes(cfg, pro, fm.plan_down, 1, 0)
+    fm.num_sms = 1                             # fewer SMs, more bytes each: never more widths
+    assert set(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) <= set(widths)
     fm._defer_down = 0
     assert not any(FusedModel.defers_down(fm, w) for w in DEFAULT_WIDTHS)
     fm._defer_down = 24
