@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
+from lowlat.kernels.attn_combine import DeferredAttention
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, cuda_props, gdc_launch_dependents,
                                          gdc_wait, interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
 
@@ -272,10 +273,10 @@ def _split_partial(qd, start, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
 def _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j, row, Hq, heads, gmask, omask, dd,
                    kc_ptr, vc_ptr, pt_ptr, wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs, stride_vch,
                    stride_pt, GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                   INTERP: tl.constexpr):
+                   FOLD: tl.constexpr, INTERP: tl.constexpr):
     """Block f of a grouped program's blocks: block i of its k-th split s = gi + k GROUPS. At a split's first block
     the state restarts (-inf, 0, 0: exactly a fresh program's); after its last, its partial is stored (when the row
-    has more than one split)."""
+    has more than one split, or with FOLD always)."""
     k = f // per_split
     i = f - k * per_split
     s = gi + k * GROUPS
@@ -286,7 +287,10 @@ def _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j,
     acc = tl.where(i == 0, 0.0, acc)
     m_i, l_i, acc = _attend_block(qd, m_i, l_i, acc, t0, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
                                   stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, D, BLOCK_N, INTERP)
-    if (nsplits > 1) & (t0 + BLOCK_N >= end):
+    last = t0 + BLOCK_N >= end
+    if not FOLD:
+        last = last & (nsplits > 1)
+    if last:
         _store_partial(wso_ptr, wsml_ptr, row.to(tl.int64) * Hq + heads, s, m_i, l_i, acc, gmask, omask, dd, D,
                        MAX_SPLITS)
     return m_i, l_i, acc
@@ -337,7 +341,7 @@ def _decode_attention_kernel(
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
         MAX_SPLITS: tl.constexpr, GROUPS: tl.constexpr, CHUNK: tl.constexpr, NVR_FROM_PTR: tl.constexpr,
         PRE_KV: tl.constexpr, LOC_PAD: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_AFTER_KV: tl.constexpr,
-        INTERP: tl.constexpr):
+        INTERP: tl.constexpr, FOLD: tl.constexpr = False):
     gi = tl.program_id(0)          # split group: splits gi, gi + GROUPS, gi + 2 GROUPS, ...
     j = tl.program_id(1)           # KV head
     row = tl.program_id(2)
@@ -388,9 +392,10 @@ def _decode_attention_kernel(
         v0 = tl.load(vc_ptr + slot0[:, None] * stride_vcs + j * stride_vch + dd[None, :], mask=fresh[:, None],
                      other=v0)
 
-    if row >= nvr:
-        if gi == 0:  # padding rows output 0 and read no KV, page table or q
-            tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
+    if row >= nvr:   # padding rows read no KV, page table or q, and output 0 (with FOLD the consumer writes it)
+        if not FOLD:
+            if gi == 0:
+                tl.store(o_ptr + orow, tl.zeros([G_PAD, D], dtype=o_ptr.dtype.element_ty), mask=omask)
     else:
         if gi < nsplits:
             qv = tl.load(q_ptr + row.to(tl.int64) * stride_qm + heads[:, None] * stride_qh + dd[None, :],
@@ -411,14 +416,16 @@ def _decode_attention_kernel(
                         m_i, l_i, acc = _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j,
                                                        row, Hq, heads, gmask, omask, dd, kc_ptr, vc_ptr, pt_ptr,
                                                        wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs,
-                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, INTERP)
+                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, FOLD,
+                                                       INTERP)
                         f += 1
                 else:
                     for f in range(0, nb):
                         m_i, l_i, acc = _grouped_block(qd, m_i, l_i, acc, f, gi, per_split, length, nsplits, req, j,
                                                        row, Hq, heads, gmask, omask, dd, kc_ptr, vc_ptr, pt_ptr,
                                                        wso_ptr, wsml_ptr, qk_scale, stride_kcs, stride_kch, stride_vcs,
-                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, INTERP)
+                                                       stride_vch, stride_pt, GROUPS, D, BLOCK_N, MAX_SPLITS, FOLD,
+                                                       INTERP)
             else:
                 m_i, l_i, acc = _split_partial(qd, start, end, req, j, kc_ptr, vc_ptr, pt_ptr, qk_scale,
                                                stride_kcs, stride_kch, stride_vcs, stride_vch, stride_pt, k0, v0,
@@ -426,7 +433,12 @@ def _decode_attention_kernel(
             if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting
                 gdc_launch_dependents()
 
-            if nsplits == 1:
+            if FOLD:   # every split's partial, also a single one's (grouped: stored in the loop); the consumer
+                #          combines (`attn_combine.fold_attention_slice`)
+                if GROUPS == MAX_SPLITS:
+                    _store_partial(wso_ptr, wsml_ptr, row.to(tl.int64) * Hq + heads, gi, m_i, l_i, acc, gmask, omask,
+                                   dd, D, MAX_SPLITS)
+            elif nsplits == 1:
                 tl.store(o_ptr + orow, to_bf16(acc / l_i[:, None], INTERP), mask=omask)
             else:
                 # the partial (m, l, acc) of its split (grouped: stored in the loop); the combining program sums all
@@ -457,7 +469,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out: torch.Tensor | None = None, workspace: DecodeAttentionWorkspace | None = None,
                      num_splits: int | None = None, block_n: int | None = None, sm_scale: float | None = None,
                      split_groups: int | None = None, kv_stages: int | None = None, use_pdl: bool = False,
-                     pdl_trigger: str = "after_kv", check_values: bool = False) -> torch.Tensor:
+                     pdl_trigger: str = "after_kv", check_values: bool = False,
+                     fold_combine: bool = False) -> torch.Tensor | DeferredAttention:
     """Causal GQA attention of M decode / verify rows over the paged KV cache (page size 1).
 
     Matches `lowlat.reference.attention.paged_attention`.
@@ -502,7 +515,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      docstring for why "after_kv". No effect without PDL (use_pdl False,
                      not sm_90, or under the interpreter).
         check_values also check req_indices / positions / visible page-table values (host sync)
-    Returns: out [M, Hq, D] bf16; padding rows are 0.
+        fold_combine leave the split combine to the next launch (`lowlat.kernels.attn_combine`): every program
+                     stores its split's partial (m, l, acc), also a row's single split's, and exits; nothing is
+                     written to out, which the consumer (the output projection given the returned
+                     DeferredAttention) fills with the same bits. The workspace must then stay untouched until
+                     the consumer has run.
+    Returns: out [M, Hq, D] bf16 (padding rows 0), or with fold_combine a DeferredAttention(workspace partials,
+    positions, num_valid_rows as a [1] int32 tensor, out, block_n).
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
     and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
     Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages too); ValueError for an
@@ -530,9 +549,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
     nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
         check_tensor("out", out, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)), device=dev)
+        if fold_combine and not out.is_contiguous():
+            raise StepContractError("out must be contiguous with fold_combine (the consumer writes it as [M, Hq*D])")
     if workspace is None:
         workspace = make_decode_workspace(m, hq, hkv, d, dev, num_splits=num_splits or MAX_SPLITS,
                                           block_n=block_n or BLOCK_N)
@@ -590,7 +611,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         NVR_FROM_PTR=nvr_t is not None, PRE_KV=pre_kv, LOC_PAD=max(16, triton.next_power_of_2(m)) if pre_kv else 16,
         USE_PDL=pdl,
         TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
-        num_warps=4, num_stages=kv_stages, **extra)
+        FOLD=bool(fold_combine), num_warps=4, num_stages=kv_stages, **extra)
+    if fold_combine:
+        nvr = nvr_t if nvr_t is not None else torch.full((1,), nvr_int, dtype=torch.int32, device=dev)
+        return DeferredAttention(workspace.partial_o, workspace.partial_ml, positions, nvr, out, workspace.block_n)
     return out
 
 

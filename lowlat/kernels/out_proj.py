@@ -41,6 +41,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
+from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
+                                         fold_pieces)
+from lowlat.kernels.decode_attention import COMBINE_CHUNK
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
                                   interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
                                   preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial, sum_partials,
@@ -105,19 +108,28 @@ def _store_deferred(dp_ptr, acc, m0, M, n0, N, dp_stride_m, BN: tl.constexpr):
 def _residual_gemv_kernel(
         a_ptr, stride_am, w_ptr, stride_wn, res_ptr, stride_rm, out_ptr, stride_om,
         nw_ptr, h_ptr, stride_hm, rstd_ptr, ws_ptr, ss_ptr, cnt_ptr, dp_ptr, dp_stride_s, dp_stride_m,
+        fo_ptr, fml_ptr, fpos_ptr, fnvr_ptr, f_hq,
         M, N, K, n_tiles, eps,
         SPLIT: tl.constexpr, CPS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_MB: tl.constexpr,
         NORM: tl.constexpr, WRITE_H: tl.constexpr, NT_P2: tl.constexpr, BH: tl.constexpr, N_COLS: tl.constexpr,
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
-        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False):
+        USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False, FOLD: tl.constexpr = False,
+        F_D: tl.constexpr = 64, F_BLOCK_N: tl.constexpr = 64, F_SPLITS: tl.constexpr = 32, F_HS: tl.constexpr = 1,
+        F_HP: tl.constexpr = 1, F_RB: tl.constexpr = 1, F_NRB: tl.constexpr = 1, F_CHUNK: tl.constexpr = 4):
     """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc).
     DEFER: each program stores its split's partial product to dp[pid_k] (rows < M) and exits: no residual, no
-    arrival, no finisher (the next launch reduces, `residual_gemv`'s `deferred`)."""
+    arrival, no finisher (the next launch reduces, `residual_gemv`'s `deferred`).
+    FOLD: a is the attention output, computed here first from the decode attention's split partials (fo, fml; the
+    rows' positions and num_valid_rows give each row's split count) for this program's K slice of whole heads, F_RB
+    rows at a time (`attn_combine.fold_attention_slice`), written to a; then the GEMV reads it back."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BN
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
+    if FOLD:    # the first piece's split counts before the wait (positions / num_valid_rows precede the step)
+        f_nvr = tl.load(fnvr_ptr)
+        ns0, ex0 = fold_nsplits(fpos_ptr, f_nvr, 0, M, k_begin, k_end, F_D, F_BLOCK_N, F_SPLITS, F_HS, F_HP, F_RB)
     if PRELOAD:                                       # weight loads issued before the wait
         ws = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
@@ -137,6 +149,15 @@ def _residual_gemv_kernel(
         r1 = _load_res(res_ptr, stride_rm, 16, n0, M, N, BN)
     if NUM_MB > 2 and not DEFER:
         r2 = _load_res(res_ptr, stride_rm, 32, n0, M, N, BN)
+    if FOLD:    # the attention output of this K slice, every row (each column tile writes the same bits)
+        fold_attention_slice(fo_ptr, fml_ptr, ns0, ex0, a_ptr, stride_am, f_hq, 0, k_begin, F_D, F_SPLITS, F_HP, F_RB,
+                             F_CHUNK, UPCAST)
+        for p in range(1, F_NRB):       # further pieces of F_RB rows (a loop: unrolled, 48 rows took minutes to compile)
+            ns, ex = fold_nsplits(fpos_ptr, f_nvr, p * F_RB, M, k_begin, k_end, F_D, F_BLOCK_N, F_SPLITS, F_HS, F_HP,
+                                  F_RB)
+            fold_attention_slice(fo_ptr, fml_ptr, ns, ex, a_ptr, stride_am, f_hq, p * F_RB, k_begin, F_D, F_SPLITS,
+                                 F_HP, F_RB, F_CHUNK, UPCAST)
+        tl.debug_barrier()   # this CTA's stores of a, visible to its GEMV loads
     z = tl.zeros((16,), dtype=tl.float32)
     if PRELOAD:
         a0, a1, a2, b0, b1, b2, s0, s1, s2 = preload_product(
@@ -317,8 +338,39 @@ class OutProjResult(NamedTuple):
     rstd: torch.Tensor           # [M] fp32 1 / sqrt(mean(x^2) + eps) of each row
 
 
+def gemv_activations(a) -> tuple[torch.Tensor, DeferredAttention | None]:
+    """A residual GEMV's activations argument as (the [M, K] bf16 tensor it reads, the DeferredAttention or None):
+    a DeferredAttention (`decode_attention(..., fold_combine=True)`) is validated and its out viewed [M, Hq*D].
+    Raises StepContractError for a malformed DeferredAttention."""
+    if not isinstance(a, DeferredAttention):
+        return a, None
+    if not isinstance(a.out, torch.Tensor) or a.out.dim() != 3:
+        raise StepContractError("deferred attention out must be a [M, Hq, D] tensor")
+    m, hq, d = a.out.shape
+    check_deferred_attention(a, m, hq * d, a.out.device)
+    return a.out.view(m, hq * d), a
+
+
+def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], writes: dict[str, torch.Tensor]) -> None:
+    """Raise StepContractError when a tensor the folding launch writes (its x, h, rstd, partials) overlaps what it
+    reads or writes of the attention (partials, positions, out), or the attention's out overlaps a tensor the
+    launch reads (its residual)."""
+    theirs = dict(partial_o=attn.partial_o, partial_ml=attn.partial_ml, positions=attn.positions,
+                  num_valid_rows=attn.num_valid_rows, out=attn.out)
+    for wname, wt in writes.items():
+        for name, t in theirs.items():
+            if wt is not None and overlap(wt, t):
+                raise StepContractError(f"{wname} overlaps the deferred attention's {name}: this launch reads or "
+                                        f"writes it while it writes {wname}")
+    for rname, rt in reads.items():
+        if overlap(attn.out, rt):
+            raise StepContractError(f"the deferred attention's out overlaps {rname}, which this launch reads while it "
+                                    "writes the attention output")
+
+
 def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
-                          h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None) -> None:
+                          h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None,
+                          attn: DeferredAttention | None = None) -> None:
     m, k = a.shape
     n = w.shape[0]
     norm = norm_weight is not None
@@ -330,25 +382,40 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
     dummy = out
+    fold_args, fold = (ws.row_ss, ws.row_ss, ws.row_ss, ws.row_ss, 0), {}
+    if attn is not None:
+        hq, dh = attn.out.shape[1], attn.out.shape[2]
+        if tiles.span % dh:
+            raise StepContractError(f"plan {n}x{k} slices K by {tiles.span} columns, not whole heads of D={dh}: the "
+                                    "attention's combine cannot fold into it")
+        check_fold_apart(attn, dict(residual=residual), dict(out=out, h=h, rstd=rstd, partials=deferred))
+        splits = attn.partial_o.shape[2]
+        fold_args = (attn.partial_o, attn.partial_ml, attn.positions, attn.num_valid_rows, hq)
+        fold = dict(FOLD=True, F_D=dh, F_BLOCK_N=attn.block_n, F_SPLITS=splits,
+                    **fold_pieces(m, tiles.span, dh, min(COMBINE_CHUNK, splits)))
     _residual_gemv_kernel[tiles.grid](
         a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
         norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
         rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
-        deferred if deferred is not None else ws.row_ss, m * n, n,
-        m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None,
+        deferred if deferred is not None else ws.row_ss, m * n, n, *fold_args,
+        m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None, **fold,
         NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
         USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
 
 
-def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor, eps: float,
+def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor,
+             eps: float,
              *, out: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
              rstd_out: torch.Tensor | None = None, write_h: bool = True, workspace: GemvWorkspace | None = None,
              plan: GemvPlan | None = None, use_pdl: bool = False) -> OutProjResult:
     """x = residual + attn Wo^T and h = rms_norm(x, mlp_norm), one launch.
 
     Parameters:
-        attn      [M, Hq*D] bf16, rows contiguous (M = 1..48; padding rows are computed like any row)
+        attn      [M, Hq*D] bf16, rows contiguous (M = 1..48; padding rows are computed like any row), or the
+                  DeferredAttention of `decode_attention(..., fold_combine=True)`: the split combine runs here
+                  first, each program for its K slice (the plan must slice K by whole heads), and writes
+                  attn.out (the same bits as decode_attention's output)
         wo        [H, Hq*D] bf16 contiguous
         residual  [M, H] bf16; may be the same tensor as `out` (in-place residual update)
         mlp_norm  [H] bf16;  eps: RMSNorm epsilon (> 0)
@@ -357,10 +424,12 @@ def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_n
         workspace preallocated `GemvWorkspace` (needed for CUDA-graph capture); plan: tiling override
         use_pdl   programmatic dependent launch (Hopper; ignored under the interpreter)
     Returns: OutProjResult(x [M, H] bf16, h [M, H] bf16 or None, rstd [M] fp32).
-    Raises: StepContractError naming the tensor whose shape, dtype or device is wrong, or M > 48.
+    Raises: StepContractError naming the tensor whose shape, dtype or device is wrong, or M > 48; for a
+    DeferredAttention also a plan not slicing K by whole heads, or outputs overlapping its buffers.
     Numerics: fp32 accumulation; x is rounded to bf16 once (the reference rounds the projection and
     the sum separately); rstd from the stored bf16 x, as the reference computes it.
     """
+    attn, folded = gemv_activations(attn)
     dev = attn.device
     if attn.dim() != 2:
         raise StepContractError(f"attn must be [M, Hq*D], got shape {tuple(attn.shape)}")
@@ -389,7 +458,7 @@ def out_proj(attn: torch.Tensor, wo: torch.Tensor, residual: torch.Tensor, mlp_n
     plan = plan_gemv(n, k, kind="out_proj") if plan is None else plan
     check_plan_for(plan, n, k, "wo")
     _launch_residual_gemv(attn, wo, residual, out, plan, ws, norm_weight=mlp_norm, h=h_out, rstd=rstd_out,
-                          eps=eps, use_pdl=use_pdl)
+                          eps=eps, use_pdl=use_pdl, attn=folded)
     return OutProjResult(out, h_out, rstd_out)
 
 
@@ -409,7 +478,8 @@ def _check_gemv_inputs(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]
     return m, k, n
 
 
-def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
+def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual: torch.Tensor, *,
+                  out: torch.Tensor | None = None,
                   workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
                   use_pdl: bool = False) -> torch.Tensor:
     """out = residual + a W^T (bf16; fp32 accumulation, one rounding). a [M, K], w [N, K], residual [M, N].
@@ -418,8 +488,11 @@ def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, o
     (`lowlat.kernels.mlp`). `out` may alias `residual` (a program reads its residual tile before it
     writes that tile; no program reads another's). plan: tiling (default `plan_gemv(N, K,
     kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
+    a may be a DeferredAttention (the output projection of `decode_attention(..., fold_combine=True)`: the split
+    combine folded in, as `out_proj` describes).
     Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape.
     """
+    a, folded = gemv_activations(a)
     dev = a.device
     m, k, n = _check_gemv_inputs(a, w)
     check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
@@ -428,11 +501,12 @@ def residual_gemv(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *, o
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
     check_plan_for(plan, n, k, "w")
-    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl)
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, attn=folded)
     return out
 
 
-def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, out: torch.Tensor, *,
+def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual: torch.Tensor,
+                           out: torch.Tensor, *,
                            partials: torch.Tensor | None = None, workspace: GemvWorkspace | None = None,
                            plan: GemvPlan | None = None, use_pdl: bool = False) -> DeferredX:
     """x = residual + a W^T with its split-K reduction left to the next launch: one launch that stores each
@@ -449,7 +523,8 @@ def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     projection's by the bytes its prologue's pre-pass reads ("defer_down", NOTES session 21).
 
     Parameters:
-        a [M, K] bf16, w [N, K] bf16 contiguous, residual [M, N] bf16 (M = 1..48)
+        a [M, K] bf16 (or a DeferredAttention, folded as in `out_proj`), w [N, K] bf16 contiguous,
+                  residual [M, N] bf16 (M = 1..48)
         out       [M, N] bf16: where the consumer will write x; must not overlap residual
         partials  [S, M, N] fp32 contiguous, S = the plan's split (allocated when None)
         workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl: as `residual_gemv`
@@ -457,6 +532,7 @@ def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
     `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`.
     """
+    a, folded = gemv_activations(a)
     dev = a.device
     m, k, n = _check_gemv_inputs(a, w)
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
@@ -471,5 +547,5 @@ def residual_gemv_deferred(a: torch.Tensor, w: torch.Tensor, residual: torch.Ten
     if partials.shape[0] != plan.split:
         raise StepContractError(f"deferred partials hold {partials.shape[0]} splits; the plan has split={plan.split}")
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
-    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials)
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials, attn=folded)
     return d

@@ -136,14 +136,15 @@ def compile_all(quick: bool = False) -> list[dict]:
     from lowlat.kernels.out_proj import _residual_gemv_kernel, deferred_pieces
 
     out = []
-    shapes = [("SmolLM2", 576, 576, 1536, 49152)] if quick else [
-        ("SmolLM2", 576, 576, 1536, 49152), ("Llama-3.2-1B", 2048, 2048, 8192, 128256)]
+    shapes = [("SmolLM2", 576, 576, 1536, 49152, 64)] if quick else [
+        ("SmolLM2", 576, 576, 1536, 49152, 64), ("Llama-3.2-1B", 2048, 2048, 8192, 128256, 64)]
     row_blocks = (1, 3) if quick else (1, 2, 3)
     res_sig = {a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
     res_sig.update({"rstd_ptr": "*fp32", "ws_ptr": "*fp32", "ss_ptr": "*fp32", "cnt_ptr": "*i32",
                     "stride_am": "i32", "stride_wn": "i32", "stride_rm": "i32", "stride_om": "i32",
                     "stride_hm": "i32", "M": "i32", "N": "i32", "K": "i32", "n_tiles": "i32", "eps": "fp32",
-                    "dp_ptr": "*fp32", "dp_stride_s": "i32", "dp_stride_m": "i32"})
+                    "dp_ptr": "*fp32", "dp_stride_s": "i32", "dp_stride_m": "i32", "fo_ptr": "*fp32", "fml_ptr": "*fp32",
+                    "fpos_ptr": "*i64", "fnvr_ptr": "*i32", "f_hq": "i32"})
     gu_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "nw_ptr": "*bf16", "rstd_ptr": "*fp32", "act_ptr": "*bf16",
               "ws_ptr": "*fp32", "sss_ptr": "*fp32", "cnt_ptr": "*i32", "stride_xm": "i32", "stride_wn": "i32",
               "stride_am": "i32", "M": "i32", "I": "i32", "K": "i32", "eps": "fp32", "xp_ptr": "*fp32",
@@ -163,7 +164,10 @@ def compile_all(quick: bool = False) -> list[dict]:
         out.append(_report(f"{name}/{'preload' if plan.preload else 'stream'}-bn{plan.bn}-split{plan.split}/mb{nmb}",
                            c, time.time() - t, preload=plan.preload and pdl, programs=plan.n_tiles * plan.split))
 
-    for model, h, q, i, v in shapes:
+    from lowlat.kernels.attn_combine import fold_pieces
+    from lowlat.kernels.decode_attention import BLOCK_N, COMBINE_CHUNK, MAX_SPLITS
+
+    for model, h, q, i, v, hd in shapes:
         for nmb in row_blocks:
             for name, n, k in (("out_proj", h, q), ("down", h, i)):
                 p = plan_gemv(n, k, kind="residual")
@@ -181,6 +185,16 @@ def compile_all(quick: bool = False) -> list[dict]:
                 pg = plan_gemv(i, h, kind="gate_up")
                 run(f"{model}/gate_up_deferred", _gate_up_kernel, gu_sig, pg, nmb, True, NORM=2, XSPLIT=p.split,
                     **deferred_pieces(1 if nmb == 1 else 16 * nmb, pg.block_k, pg.chunks_per_split, p.split))
+            # the attention's split combine folded into out_proj (FusedModel.folds): pieces for 1 row and a full
+            # launch, as residual_gemv and (1 row block) as residual_gemv_deferred
+            for rows in ((1, 16) if nmb == 1 else (16 * nmb,)):
+                fold = dict(FOLD=True, F_D=hd, F_BLOCK_N=BLOCK_N, F_SPLITS=MAX_SPLITS,
+                            **fold_pieces(rows, p.at(nmb).span, hd, COMBINE_CHUNK))
+                run(f"{model}/out_proj_fold_r{rows}", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=False,
+                    WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, **fold)
+                if p.split > 1 and rows == 1:
+                    run(f"{model}/out_proj_deferred_fold_r1", _residual_gemv_kernel, res_sig, p, nmb, True,
+                        NORM=False, WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, DEFER=True, **fold)
             run(f"{model}/lm_head", _lm_head_kernel, lm_sig, plan_gemv(v, h, kind="lm_head"), nmb, True)
     if not quick:       # Qwen3-30B-A3B's out_proj with its RMSNorm epilogue (MoE layers; preload at 1 row block)
         from lowlat.config import preset

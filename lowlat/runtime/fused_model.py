@@ -42,6 +42,7 @@ import torch
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import GemvPlan, GemvWorkspace, pdl_available, plan_gemv, row_blocks
+from lowlat.kernels.attn_combine import DeferredAttention
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
 from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
@@ -72,6 +73,13 @@ DEFER_MAX_WIDTH = 1
 DEFER_DOWN_MAX_SM_BYTES = 44 << 10      # 44 KiB
 #: SMs assumed where the model is not on a CUDA device (the CPU interpreter): an H100 / H200 SXM's 132
 ASSUMED_SMS = 132
+#: steps of up to this many rows (their width) fold the decode attention's split combine into the output projection
+#: (`FusedModel.folds`, `lowlat.kernels.attn_combine`): never by default, measured slower at every width and model
+#: tried (session 22, bench/results/session22/call2, explore26 fold 16 / 0 alternated twice, us a step): Llama-3.2-1B
+#: +18 / +35 / +80 / +241 at 1 / 2 / 6 / 16 rows (at 1 row the attention 6.59 -> 2.77 us a layer, out_proj 1.44 ->
+#: 6.37), SmolLM2-135M +60 / +336 / +948 at 1 / 6 / 16 (its split-1 out_proj: 36 column tiles each combining all 9
+#: heads of every row), Qwen3-0.6B +41 / +98 at 1 / 6, Qwen2.5-0.5B +35 / +42 at 1 / 6.
+FOLD_MAX_WIDTH = 0
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -168,6 +176,10 @@ class FusedModel:
                          prologue (never the last layer a graph runs): at widths of up to this many rows, or by
                          default (None) at the widths whose prologue pre-pass reads at most
                          DEFER_DOWN_MAX_SM_BYTES per SM (`down_prepass_sm_bytes`; fitted to four measured models)
+        fold             fold the decode attention's split combine into the output projection
+                         (`decode_attention(fold_combine=True)`, `lowlat.kernels.attn_combine`) at widths of up to
+                         this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads; the
+                         same bits either way (default FOLD_MAX_WIDTH)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -182,16 +194,17 @@ class FusedModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
-                 defer_down: int | None = None) -> None:
+                 defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH) -> None:
         self.cfg = cfg
-        for name, v in (("defer", defer), ("defer_down", defer_down)):
+        for name, v in (("defer", defer), ("defer_down", defer_down), ("fold", fold)):
             if name == "defer_down" and v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ROWS:
-                raise StepContractError(f"{name}={v!r} must be an int in 0..{MAX_ROWS} (the widest deferring width)"
+                raise StepContractError(f"{name}={v!r} must be an int in 0..{MAX_ROWS} (the widest width it applies to)"
                                         + (" or None (by DEFER_DOWN_MAX_SM_BYTES)" if name == "defer_down" else ""))
         self._defer = defer               # fixed at build: the graphs are captured per width
         self._defer_down = defer_down
+        self._fold = fold
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -501,6 +514,18 @@ class FusedModel:
         return (down_prepass_sm_bytes(self.cfg, self.pro_ws.plan, self.plan_down, width, self.num_sms)
                 <= DEFER_DOWN_MAX_SM_BYTES)
 
+    def folds(self, width: int) -> bool:
+        """Whether a step of this width folds the decode attention's split combine into the output projection:
+        width <= `fold` and out_proj's plan (at the width's row blocks) slices K by whole heads. Each out_proj
+        program then combines its K slice's splits after its wait (re-read by every column tile) instead of the
+        attention's arrival counter and combining program (NOTES session 22)."""
+        return width <= self._fold and self.plan_o.at(row_blocks(width)).span % self.cfg.head_dim == 0
+
+    @property
+    def fold(self) -> int:
+        """The widest width (rows) whose steps fold the attention's combine into out_proj (fixed at build)."""
+        return self._fold
+
     @property
     def defer(self) -> int:
         """The widest width (rows) whose steps defer out_proj's reduction (the `defer` argument; fixed at build)."""
@@ -512,7 +537,7 @@ class FusedModel:
         None (by DEFER_DOWN_MAX_SM_BYTES); fixed at build."""
         return self._defer_down
 
-    def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor, xs: torch.Tensor | None = None,
+    def _ffn(self, L: _Layer, bufs: _Buffers, attn: torch.Tensor | DeferredAttention, xs: torch.Tensor | None = None,
              defer_down: bool = False) -> torch.Tensor | DeferredX:
         """x = xs + attn Wo^T, then x + FFN(rms_norm(x)): three launches (dense) or out_proj + MoE. xs is the residual
         stream buffer the layer's prologue read (bufs.x or bufs.x2; default bufs.x); a deferred reduction writes its
@@ -525,20 +550,22 @@ class FusedModel:
         def other(t):                             # a deferred x is written beside the residual it is reduced from
             return bufs.x2 if t.data_ptr() == bufs.x.data_ptr() else bufs.x
 
+        if not isinstance(attn, DeferredAttention):
+            attn = attn.view(w, -1)
         if L.moe is not None:                     # MoE models never defer: the stream stays in bufs.x
-            out_proj(attn.view(w, -1), L.wo, xs, L.mlp_norm, cfg.rms_eps, out=xs, h_out=bufs.h,
+            out_proj(attn, L.wo, xs, L.mlp_norm, cfg.rms_eps, out=xs, h_out=bufs.h,
                      rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             self._moe.moe_forward(bufs.h, xs, L.moe, cfg, bufs.nvalid, out=xs, workspace=self.moe_ws, use_pdl=pdl)
             return xs
         if self.defers(w):                        # out_proj's reduction done by the gate/up launch (same bits)
             xa = other(xs)
-            d = residual_gemv_deferred(attn.view(w, -1), L.wo, xs, xa, partials=bufs.deferred,
+            d = residual_gemv_deferred(attn, L.wo, xs, xa, partials=bufs.deferred,
                                        workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             gate_up_act(d, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
         else:
             xa = xs
-            residual_gemv(attn.view(w, -1), L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            residual_gemv(attn, L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             gate_up_act(xs, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
         if defer_down and self.defers_down(w):    # down's reduction done by the next prologue (same bits)
@@ -568,7 +595,7 @@ class FusedModel:
                               workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
                                     out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
-                                    use_pdl=pdl)
+                                    use_pdl=pdl, fold_combine=self.folds(w))
             xin = self._ffn(L, bufs, attn, xin.out if isinstance(xin, DeferredX) else xin, i + 1 < len(layers))
         if xin is not x:                          # the last layer's down writes the stream into bufs.x
             raise RuntimeError("the last layer run left the residual stream outside bufs.x")

@@ -27,7 +27,7 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.engine import Engine, SamplingParams, reference_engine
-from lowlat.runtime.fused_model import FusedModel
+from lowlat.runtime.fused_model import FOLD_MAX_WIDTH, FusedModel
 from lowlat.runtime.kv_cache import KVCachePool
 from lowlat.step import StepBatch
 from lowlat.testing import random_step, tiny_config
@@ -178,6 +178,44 @@ def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path
     check_bitwise("fused_model", hidden["on"], hidden["off"], output="early_exit_hidden")
 
 
+def test_folded_attention_combine_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
+    """`FusedModel.folds`: up to `fold` rows the decode attention stores its split partials and the output projection
+    combines them (`decode_attention(fold_combine=True)`); alone, and with both split-K reductions deferred too (the
+    projection then both consumes the attention's partials and leaves its own to gate/up). 2 layers, rows with 0 to
+    130 cached tokens (1-3 splits of 64-token blocks) and padding: within the policy of the reference, and logits
+    and KV bitwise those of no fold and of a 24-row width (never folding); the early-exit hidden states after 1 of
+    2 layers bitwise too. A spy counts the attention launches that folded."""
+    import lowlat.kernels.decode_attention as da
+
+    cfg = tiny(num_layers=2)
+    _split_out_proj_table(cfg, tmp_path, monkeypatch, down_split=3)
+    w = random_model_weights(cfg, seed=3)
+    case = random_step(ctx_lens=[130, 2, 0, 70], new_rows=[1, 1, 5, 1], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=10,
+                       generator=torch.Generator().manual_seed(4))
+    folded = []
+    plain = da.decode_attention
+    monkeypatch.setattr(da, "decode_attention", lambda *a, **k: folded.append(bool(k.get("fold_combine"))) or
+                        plain(*a, **k))
+    models = dict(on=FusedModel(cfg, w, device="cpu", widths=(12,), fold=12, defer=12, defer_down=12),
+                  fold=FusedModel(cfg, w, device="cpu", widths=(12,), fold=12, defer=0, defer_down=0),
+                  off=FusedModel(cfg, w, device="cpu", widths=(12,), fold=0, defer=0, defer_down=0),
+                  wide=FusedModel(cfg, w, device="cpu", widths=(24,), fold=12, defer=12, defer_down=12))
+    assert models["on"].plan_o.split == 2 and models["on"].folds(12) and models["fold"].folds(12)
+    assert not models["off"].folds(12) and not models["wide"].folds(24) and models["on"].fold == 12
+    default = FusedModel(cfg, w, device="cpu", widths=(1, 2))
+    assert [default.folds(r) for r in (1, 2)] == [r <= FOLD_MAX_WIDTH for r in (1, 2)]
+    logits = compare_step(cfg, w, case, seed=5, widths=(12,), fold=12, defer=12, defer_down=12)
+    assert folded == [True, True], folded
+    ks, vs = layer_caches(case, cfg.num_layers, 5)
+    folded.clear()
+    on = same_steps(models, case, ks, vs, cfg.num_layers)
+    assert folded == [True] * 4 + [False] * 4, folded
+    check_bitwise("fused_model", on, logits, output="logits_rerun")
+    hidden = {name: models[name].early_exit_hidden(case.step, fresh_pool(ks, vs), 1) for name in ("on", "off")}
+    check_bitwise("fused_model", hidden["on"], hidden["off"], output="early_exit_hidden")
+
+
 @pytest.mark.parametrize("model, widths", [
     ("Llama-3.2-1B", (1, 2)), ("SmolLM2-135M", (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)),
     ("Qwen2.5-0.5B", (1, 2, 4, 6, 8)), ("Qwen3-0.6B", (1, 2, 4)), ("Qwen3-30B-A3B", ())])
@@ -325,7 +363,7 @@ def test_a_pool_with_a_bad_later_layer_is_refused_before_any_kv_write():
 
 def test_unsupported_configs_are_refused():
     for bad in (True, -1, 49, 1.0):
-        for arg in ("defer", "defer_down"):
+        for arg in ("defer", "defer_down", "fold"):
             with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
                 FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
@@ -344,9 +382,11 @@ def test_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("kernel=")]
     # 10 GEMV launches + the attention prologue at 1 and 3 row blocks, plain and with down's reduction deferred (pieces
-    # of 1 and 16 rows at 1 row block, 16 at 3)
-    assert len(lines) == 15, res.stdout
+    # of 1 and 16 rows at 1 row block, 16 at 3), + out_proj with the attention's combine folded in (1 and 16 rows at
+    # 1 row block, 48 at 3; SmolLM2's out_proj does not split K, so no deferred form)
+    assert len(lines) == 18, res.stdout
     assert sum("/attn_prologue_deferred_r" in ln for ln in lines) == 3, res.stdout
+    assert sum("/out_proj_fold_r" in ln for ln in lines) == 3, res.stdout
     for ln in lines:
         assert "tensor_cores=True" in ln and "griddepcontrol=True" in ln and "local_memory=False" in ln, ln
         if "/preload-" in ln:
@@ -415,6 +455,32 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
                 t.fill_(float("nan"))
             check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on,
                           output=f"logits_replay_{name}_r{rows}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M", "Qwen3-0.6B"])
+def test_gpu_folded_attention_combine_same_bits_as_without(device, model):
+    """The model's shapes (2 layers, random weights; Qwen3-0.6B: D 128 and QK-norm): graphed steps of 1 / 6 / 16 rows
+    (contexts 37-700: 1-11 splits of 64-token blocks) with the attention's combine folded into out_proj (fold=16,
+    the split-K deferrals at their defaults) give bitwise the logits and KV of no fold and of a 24-row width (never
+    folding), and the same logits on a pure replay with the attention's split partials and output buffer NaN
+    first."""
+    cfg = preset(model).replace(num_layers=2)
+    w = random_model_weights(cfg, seed=0).to(device=device)
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), fold=16),
+                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), fold=0),
+                  wide=FusedModel(cfg, w, device=device, widths=(24,), fold=16))
+    assert all(models["on"].folds(r) for r in (1, 6, 16)) and not models["wide"].folds(24)
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case = random_step(ctx_lens=[(37 + 97 * i) % 700 for i in range(rows)], new_rows=[1] * rows,
+                           num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+                           generator=torch.Generator().manual_seed(seed), device=device)
+        ks, vs = layer_caches(case, cfg.num_layers, seed)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        fm = models["on"]
+        for t in (fm.dec_ws.partial_o, fm.dec_ws.partial_ml, fm._full["attn"]):
+            t.fill_(float("nan"))
+        check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on, output=f"logits_replay_r{rows}")
 
 
 @pytest.mark.gpu
