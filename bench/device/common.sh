@@ -19,7 +19,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 # every single-GPU test (what NOTES calls "every single-GPU test"), its log in /tmp/gpu-tests.log and a copy in
 # $OUT/gpu-tests.log: gpu_tests TIMEOUT_S
 gpu_tests() {
-  timeout "$1" python3 -m pytest -q -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 \
+  timeout "$1" python3 -m pytest -q -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 -rf \
     tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
   grep -E "passed|failed|FAILED|Error" /tmp/gpu-tests.log | cut -c1-300 | tail -15
   cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"

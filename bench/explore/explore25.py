@@ -89,7 +89,7 @@ def traced_source(variant: str = "stamps") -> str:
     from lowlat.kernels import out_proj as op
 
     src = inspect.getsource(op._residual_gemv_kernel.fn)
-    tail = "USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False):"
+    tail = "F_HP: tl.constexpr = 1, F_RB: tl.constexpr = 1, F_NRB: tl.constexpr = 1, F_CHUNK: tl.constexpr = 4):"
     assert src.count(tail) == 1, "the kernel's last parameters changed: update traced_source"
     src = src.replace(tail, tail[:-2] + ", tr_ptr=None):")
     src = src.replace("def _residual_gemv_kernel(", "def _residual_gemv_kernel_traced(")

@@ -52,7 +52,8 @@ NAME = "_decode_attention_kernel_traced"
 #: exact (old, new) edits of the kernel's source; each old text occurs once
 EDITS = [
     ("def _decode_attention_kernel(", f"def {NAME}("),
-    ("        INTERP: tl.constexpr):\n", "        INTERP: tl.constexpr, _pl_tr=None):\n"),
+    ("        INTERP: tl.constexpr, FOLD: tl.constexpr = False):\n",
+     "        INTERP: tl.constexpr, FOLD: tl.constexpr = False, _pl_tr=None):\n"),
     ("    row = tl.program_id(2)\n",
      "    row = tl.program_id(2)\n    _t0 = _pl_now()\n    _t1 = _t0\n    _t2 = _t0\n    _t3 = _t0\n"
      "    _fl = _t0 * 0\n"),
@@ -64,7 +65,7 @@ EDITS = [
      "            _t2 = _now_after(tl.sum(l_i, axis=0).to(tl.int32, bitcast=True))\n            _t3 = _t2\n"
      "            _fl = _fl | 1\n"
      "            if USE_PDL and TRIGGER_AFTER_KV:   # programs without work release by exiting\n"),
-    ("            if nsplits == 1:\n", "            if nsplits == 1:\n                _fl = _fl | 4\n"),
+    ("            elif nsplits == 1:\n", "            elif nsplits == 1:\n                _fl = _fl | 4\n"),
     ("                if GROUPS == 1:   # every split is this program's: its own stores, visible after the barrier\n",
      "                if GROUPS == 1:   # every split is this program's: its own stores, visible after the barrier\n"
      "                    _fl = _fl | 2\n"),

@@ -106,6 +106,20 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | None = None, ndim: int | 
         raise StepContractError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
 
 
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte spans of two tensors (first to last element, strides included) share a byte: a conservative
+    aliasing test (tensors of one storage whose spans interleave without sharing an element count as overlapping)."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def check_num_valid_rows(num_valid_rows, m: int, device: torch.device):
     """Returns (int value or 0, device tensor or None). An int must be in 0..M; a tensor must be a
     1-element int32 tensor on `device` (read in-kernel: CUDA-graph friendly, value not checked)."""

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import to_bf16
+from lowlat.kernels._attn_common import overlap, to_bf16
 
 #: bytes of fp32 partials one piece of `fold_attention_slice` loads a round trip (rows x heads x D x CHUNK): 32 KB,
 #: 64 registers a thread at 4 warps
@@ -44,8 +44,8 @@ class DeferredAttention(NamedTuple):
     output projection. out is written by the consumer (every element of its rows, padding rows 0)."""
     partial_o: torch.Tensor      # [R, Hq, S, D] fp32 (the workspace's): acc of split s of (row, head)
     partial_ml: torch.Tensor     # [R, Hq, S, 2] fp32: (m in log2 units, l) of split s
-    positions: torch.Tensor      # [M] int64: each row's position (its split count n_s)
-    num_valid_rows: torch.Tensor  # [1] int32 on the device
+    positions: torch.Tensor      # [M] int64 contiguous: each row's position (its split count n_s)
+    num_valid_rows: torch.Tensor  # 1-element int32 tensor on the device
     out: torch.Tensor            # [M, Hq, D] bf16 contiguous: where the consumer writes the attention output
     block_n: int                 # the attention's tokens per block (shapes the split partition)
 
@@ -77,23 +77,32 @@ def check_deferred_attention(d: DeferredAttention, m: int, k: int, device) -> tu
             or not pml.is_contiguous()):
         raise StepContractError(f"deferred attention partial_ml must be [{po.shape[0]}, {hq}, {po.shape[2]}, 2] fp32 "
                                 f"contiguous, got {tuple(pml.shape)} {pml.dtype}")
-    if d.positions.dtype != torch.int64 or tuple(d.positions.shape) != (m,):
-        raise StepContractError(f"deferred attention positions must be [{m}] int64, got "
-                                f"{tuple(d.positions.shape)} {d.positions.dtype}")
+    if d.positions.dtype != torch.int64 or tuple(d.positions.shape) != (m,) or d.positions.stride(0) != 1:
+        raise StepContractError(f"deferred attention positions must be [{m}] int64 contiguous, got "
+                                f"{tuple(d.positions.shape)} {d.positions.dtype} stride {tuple(d.positions.stride())}")
     if d.num_valid_rows.dtype != torch.int32 or d.num_valid_rows.numel() != 1:
         raise StepContractError(f"deferred attention num_valid_rows must be a 1-element int32 tensor, got "
                                 f"{tuple(d.num_valid_rows.shape)} {d.num_valid_rows.dtype}")
     s = po.shape[2]
-    if s < 1 or s & (s - 1) or d.block_n < 16 or d.block_n & (d.block_n - 1):
-        raise StepContractError(f"deferred attention num_splits={s} / block_n={d.block_n} must be powers of two "
-                                "(>= 16 for block_n)")
+    if (isinstance(d.block_n, bool) or not isinstance(d.block_n, int) or s & (s - 1) or d.block_n < 16
+            or d.block_n & (d.block_n - 1)):
+        raise StepContractError(f"deferred attention num_splits={s} / block_n={d.block_n!r} must be powers of two "
+                                "(an int >= 16 for block_n)")
+    if dh < 16 or dh & (dh - 1):
+        raise StepContractError(f"deferred attention head_dim D={dh} must be a power of two >= 16")
+    parts = dict(partial_o=po, partial_ml=pml, positions=d.positions, num_valid_rows=d.num_valid_rows)
+    for name, t in parts.items():     # the consumer writes out while it reads these
+        if overlap(o, t):
+            raise StepContractError(f"deferred attention out overlaps its {name}: the consumer reads it while it "
+                                    "writes out")
     return hq, dh
 
 
 def fold_pieces(rows: int, span: int, head_dim: int, chunk: int) -> dict:
     """The constexprs of `fold_attention_slice` for `rows` rows and K slices of `span` columns (whole heads): HS
     heads a slice, HP = next power of two, RB rows a piece (a power of two <= 16, as many as keep RB x HP x D x
-    chunk fp32 within FOLD_PIECE_BYTES, at least 1), NRB = ceil(rows / RB) pieces, CHUNK = chunk."""
+    chunk fp32 within FOLD_PIECE_BYTES; 1 when even one row's exceed it), NRB = ceil(rows / RB) pieces, CHUNK =
+    chunk."""
     hs = span // head_dim
     hp = triton.next_power_of_2(hs)
     rb = min(16, triton.next_power_of_2(rows))

@@ -521,7 +521,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      DeferredAttention) fills with the same bits. The workspace must then stay untouched until
                      the consumer has run.
     Returns: out [M, Hq, D] bf16 (padding rows 0), or with fold_combine a DeferredAttention(workspace partials,
-    positions, num_valid_rows as a [1] int32 tensor, out, block_n).
+    positions, num_valid_rows as a 1-element int32 tensor (an int is put in one before the launch), out, block_n).
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
     and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
     Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages too); ValueError for an
@@ -548,6 +548,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if out_cache_loc is not None:
         check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
     nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
+    if not isinstance(fold_combine, bool):
+        raise StepContractError(f"fold_combine={fold_combine!r} must be a bool")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -568,6 +570,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if check_values:
         _check_values(page_table, req_indices, positions, nvr_int if nvr_t is None else int(nvr_t.item()),
                       s_slots)
+    if fold_combine and nvr_t is None:   # the consumer reads it as a tensor: made before this launch, so that it
+        #                                  precedes the PDL chain (and this launch reads the same tensor)
+        nvr_t = torch.full((1,), nvr_int, dtype=torch.int32, device=dev)
 
     if split_groups is None:    # an explicit pre_kv=True keeps one program per split (the early path's grid)
         early = bool(pre_kv) and out_cache_loc is not None
@@ -613,8 +618,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         TRIGGER_AFTER_KV=pdl_trigger == "after_kv" or not pdl, INTERP=interp,   # without PDL: one specialization
         FOLD=bool(fold_combine), num_warps=4, num_stages=kv_stages, **extra)
     if fold_combine:
-        nvr = nvr_t if nvr_t is not None else torch.full((1,), nvr_int, dtype=torch.int32, device=dev)
-        return DeferredAttention(workspace.partial_o, workspace.partial_ml, positions, nvr, out, workspace.block_n)
+        return DeferredAttention(workspace.partial_o, workspace.partial_ml, positions, nvr_t, out, workspace.block_n)
     return out
 
 

@@ -41,6 +41,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import overlap
 from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
@@ -226,20 +227,6 @@ class DeferredX(NamedTuple):
     out: torch.Tensor            # [M, N] bf16, written by the consuming launch; never overlaps residual / partials
 
 
-def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the byte spans of two tensors (first to last element, strides included) share a byte: a conservative
-    aliasing test (tensors of one storage whose spans interleave without sharing an element count as overlapping)."""
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def span(t):
-        last = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
-
-
 def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
     """Validate a `DeferredX` for [m, n] rows on `device`; returns its split count S. Raises StepContractError
     naming the field whose type, shape, dtype, device or layout is wrong, or an `out` that overlaps `residual` or
@@ -352,9 +339,9 @@ def gemv_activations(a) -> tuple[torch.Tensor, DeferredAttention | None]:
 
 
 def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], writes: dict[str, torch.Tensor]) -> None:
-    """Raise StepContractError when a tensor the folding launch writes (its x, h, rstd, partials) overlaps what it
-    reads or writes of the attention (partials, positions, out), or the attention's out overlaps a tensor the
-    launch reads (its residual)."""
+    """Raise StepContractError when a tensor the folding launch writes (its x, h, rstd, partials, workspace) overlaps
+    what it reads or writes of the attention (partials, positions, out), or the attention's out overlaps a tensor the
+    launch reads (its residual, weights); None entries are skipped."""
     theirs = dict(partial_o=attn.partial_o, partial_ml=attn.partial_ml, positions=attn.positions,
                   num_valid_rows=attn.num_valid_rows, out=attn.out)
     for wname, wt in writes.items():
@@ -363,7 +350,7 @@ def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], wr
                 raise StepContractError(f"{wname} overlaps the deferred attention's {name}: this launch reads or "
                                         f"writes it while it writes {wname}")
     for rname, rt in reads.items():
-        if overlap(attn.out, rt):
+        if rt is not None and overlap(attn.out, rt):
             raise StepContractError(f"the deferred attention's out overlaps {rname}, which this launch reads while it "
                                     "writes the attention output")
 
@@ -388,7 +375,9 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         if tiles.span % dh:
             raise StepContractError(f"plan {n}x{k} slices K by {tiles.span} columns, not whole heads of D={dh}: the "
                                     "attention's combine cannot fold into it")
-        check_fold_apart(attn, dict(residual=residual), dict(out=out, h=h, rstd=rstd, partials=deferred))
+        check_fold_apart(attn, dict(residual=residual, w=w, norm_weight=norm_weight),
+                         dict(out=out, h=h, rstd=rstd, partials=deferred, workspace_partials=ws.partials,
+                              workspace_row_ss=ws.row_ss, workspace_counters=ws.counters))
         splits = attn.partial_o.shape[2]
         fold_args = (attn.partial_o, attn.partial_ml, attn.positions, attn.num_valid_rows, hq)
         fold = dict(FOLD=True, F_D=dh, F_BLOCK_N=attn.block_n, F_SPLITS=splits,
@@ -490,7 +479,8 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
     a may be a DeferredAttention (the output projection of `decode_attention(..., fold_combine=True)`: the split
     combine folded in, as `out_proj` describes).
-    Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape.
+    Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape; for a
+    DeferredAttention also a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own.
     """
     a, folded = gemv_activations(a)
     dev = a.device
@@ -530,7 +520,9 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
         workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl: as `residual_gemv`
     Returns DeferredX(partials, residual, out) for the consumer.
     Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
-    `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`.
+    `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`; for a DeferredAttention also
+    a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own (`out` included, though this
+    launch does not write it: conservative).
     """
     a, folded = gemv_activations(a)
     dev = a.device

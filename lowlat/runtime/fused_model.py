@@ -178,8 +178,8 @@ class FusedModel:
                          DEFER_DOWN_MAX_SM_BYTES per SM (`down_prepass_sm_bytes`; fitted to four measured models)
         fold             fold the decode attention's split combine into the output projection
                          (`decode_attention(fold_combine=True)`, `lowlat.kernels.attn_combine`) at widths of up to
-                         this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads; the
-                         same bits either way (default FOLD_MAX_WIDTH)
+                         this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads (dense
+                         models); the same bits either way (default FOLD_MAX_WIDTH)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -515,11 +515,13 @@ class FusedModel:
                 <= DEFER_DOWN_MAX_SM_BYTES)
 
     def folds(self, width: int) -> bool:
-        """Whether a step of this width folds the decode attention's split combine into the output projection:
-        width <= `fold` and out_proj's plan (at the width's row blocks) slices K by whole heads. Each out_proj
-        program then combines its K slice's splits after its wait (re-read by every column tile) instead of the
-        attention's arrival counter and combining program (NOTES session 22)."""
-        return width <= self._fold and self.plan_o.at(row_blocks(width)).span % self.cfg.head_dim == 0
+        """Whether a step of this width folds the decode attention's split combine into the output projection: a
+        dense model (the MoE layers' out_proj with its RMSNorm epilogue is not tested folding), width <= `fold` and
+        out_proj's plan (at the width's row blocks) slices K by whole heads. Each out_proj program then combines its
+        K slice's splits after its wait (re-read by every column tile) instead of the attention's arrival counter and
+        combining program (NOTES session 22)."""
+        return (not self.cfg.is_moe and width <= self._fold
+                and self.plan_o.at(row_blocks(width)).span % self.cfg.head_dim == 0)
 
     @property
     def fold(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from lowlat.config import preset
@@ -40,12 +40,13 @@ def split_rows(m):
     return rows
 
 
-def make_case(m, pad, hq, hkv, d, hidden, max_ctx, seed, device):
+def make_case(m, pad, hq, hkv, d, hidden, max_ctx, seed, device, ctxs=None):
     """(step, q, k_cache, v_cache, wo [hidden, hq*d], residual [rows, hidden], mlp_norm) with the step's own K / V in
-    the cache (as the prologue leaves it) and NaN in the slots no row owns."""
+    the cache (as the prologue leaves it) and NaN in the slots no row owns. Request i has (37 i + seed) mod
+    (max_ctx + 1) cached tokens, or ctxs[i mod len(ctxs)]."""
     g = torch.Generator().manual_seed(seed)
     rows = split_rows(m)
-    ctxs = [(37 * i + seed) % (max_ctx + 1) for i in range(len(rows))]
+    ctxs = [(37 * i + seed) % (max_ctx + 1) if ctxs is None else ctxs[i % len(ctxs)] for i in range(len(rows))]
     case = random_step(ctx_lens=ctxs, new_rows=rows, num_kv_heads=hkv, head_dim=d, pad_to=m + pad, generator=g)
     step, kc, vc = case.step, case.k_cache, case.v_cache
     n = step.num_valid_rows
@@ -59,21 +60,26 @@ def make_case(m, pad, hq, hkv, d, hidden, max_ctx, seed, device):
     return tuple(t.to(device) for t in (q, kc, vc, wo, res, norm)), step.to(device)
 
 
-def project(kind, a, wo, res, norm, plan, ws, use_pdl):
-    """The projection of `kind` on a (tensor or DeferredAttention), every output poisoned first: the tuple of its
-    outputs (x; x, h, rstd; the fp32 split partials)."""
+def projection(kind, wo, res, norm, plan, ws, use_pdl):
+    """The projection of `kind` as a function of a (tensor or DeferredAttention), its outputs made and poisoned now
+    (so that on a GPU nothing runs between the attention launch and it: its wait is the PDL hand-off); the function
+    returns the tuple of its outputs (x; x, h, rstd; the fp32 split partials)."""
     m, n = res.shape
     dev = res.device
     out = poison(torch.empty(m, n, dtype=torch.bfloat16, device=dev))
     if kind == "residual":
-        return (residual_gemv(a, wo, res, out=out, workspace=ws, plan=plan, use_pdl=use_pdl),)
+        return lambda a: (residual_gemv(a, wo, res, out=out, workspace=ws, plan=plan, use_pdl=use_pdl),)
     if kind == "out_proj":
         h, rstd = poison(torch.empty_like(out)), poison(torch.empty(m, dtype=torch.float32, device=dev))
-        r = out_proj(a, wo, res, norm, 1e-5, out=out, h_out=h, rstd_out=rstd, workspace=ws, plan=plan,
-                     use_pdl=use_pdl)
-        return r.x, r.h, r.rstd
+
+        def run(a):
+            r = out_proj(a, wo, res, norm, 1e-5, out=out, h_out=h, rstd_out=rstd, workspace=ws, plan=plan,
+                         use_pdl=use_pdl)
+            return r.x, r.h, r.rstd
+        return run
     parts = poison(torch.empty(plan.split, m, n, dtype=torch.float32, device=dev))
-    return (residual_gemv_deferred(a, wo, res, out, partials=parts, workspace=ws, plan=plan, use_pdl=use_pdl).partials,)
+    return lambda a: (residual_gemv_deferred(a, wo, res, out, partials=parts, workspace=ws, plan=plan,
+                                             use_pdl=use_pdl).partials,)
 
 
 def both_ways(kind, step, q, kc, vc, wo, res, norm, plan, aws, ws, use_pdl=False, **attn_kw):
@@ -81,21 +87,27 @@ def both_ways(kind, step, q, kc, vc, wo, res, norm, plan, aws, ws, use_pdl=False
     projection). The folded run starts from NaN split partials and a NaN attention buffer; the residual must come
     back untouched."""
     args = (q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows)
-    attn = poison(torch.empty_like(q))
+    attn, run = poison(torch.empty_like(q)), projection(kind, wo, res, norm, plan, ws, use_pdl)
     decode_attention(*args, out=attn, workspace=aws, use_pdl=use_pdl, **attn_kw)
-    ref = (attn, project(kind, attn.view(attn.shape[0], -1), wo, res, norm, plan, ws, use_pdl))
+    ref = (attn, run(attn.view(attn.shape[0], -1)))
     aws.partial_o.fill_(float("nan"))
     aws.partial_ml.fill_(float("nan"))
-    attn2 = poison(torch.empty_like(q))
+    attn2, run = poison(torch.empty_like(q)), projection(kind, wo, res, norm, plan, ws, use_pdl)
     res_before = res.clone()
     d = decode_attention(*args, out=attn2, workspace=aws, use_pdl=use_pdl, fold_combine=True, **attn_kw)
     assert isinstance(d, DeferredAttention) and d.out is attn2
-    if not use_pdl:
-        assert bool(attn2.isnan().all()), "the folding attention wrote its output"
-    new = (attn2, project(kind, d, wo, res, norm, plan, ws, use_pdl))
+    new = (attn2, run(d))
     assert torch.equal(res.view(torch.int16), res_before.view(torch.int16)), "the residual changed"
     assert int(aws.counters.abs().sum()) == 0, "the folding attention left a counter set"
     return ref, new
+
+
+def attention_alone_writes_nothing(step, q, kc, vc, aws):
+    """A folding attention launch alone (synchronised before the check) leaves its output buffer untouched."""
+    attn = poison(torch.empty_like(q))
+    decode_attention(q, kc, vc, step.page_table, step.req_indices, step.positions, step.num_valid_rows, out=attn,
+                     workspace=aws, fold_combine=True)
+    assert bool(attn.isnan().all()), "the folding attention wrote its output"
 
 
 def check_same(ref, new, tag=""):
@@ -106,16 +118,21 @@ def check_same(ref, new, tag=""):
 
 # ----------------------------------------------------------------------------- CPU (interpreter)
 @settings(max_examples=10)
+@example(m=7, pad=2, group=4, hkv=2, d=32, num_splits=8, kind="out_proj", mode=PLAN_MODES[2], split=3,
+         grouping="groups", seed=140)                      # D 32, 4 split groups of 8 splits, contexts to 140
+@example(m=20, pad=1, group=3, hkv=2, d=32, num_splits=4, kind="deferred", mode=PLAN_MODES[0], split=2,
+         grouping="pre_kv", seed=7)
 @given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]), hkv=st.sampled_from([1, 2]),
        d=st.sampled_from([16, 32]), num_splits=st.sampled_from([1, 2, 4, 8]), kind=st.sampled_from(KINDS),
        mode=st.sampled_from(PLAN_MODES), split=st.sampled_from([1, 2, 3]),
        grouping=st.sampled_from(["one", "pre_kv", "groups"]), seed=st.integers(0, 2 ** 16))
 def test_folded_combine_bitwise_equals_attention_combine(m, pad, group, hkv, d, num_splits, kind, mode, split,
                                                         grouping, seed):
-    """1-48 rows over 1-3 row blocks, GQA 1 / 3 / 4 / 8, D 16 / 32, 1-8 splits of 16-token blocks (contexts to 150:
-    rows with 0 cached tokens, a single split, many), every plan mode of the three projections (K slices of one or
-    more heads, ragged last slices at 3 splits), the attention with one program per split (early KV or not) or
-    grouped."""
+    """1-48 rows over 1-3 row blocks, GQA 1 / 3 / 4 / 8, D 16 / 32 (D 32 in the explicit examples), 1-8 splits of
+    16-token blocks (contexts to 150: rows with 0 cached tokens, a single split, many, several blocks a split), every
+    plan mode of the three projections (K slices of one or more heads, ragged last slices at 3 splits), the attention
+    with one program per split (early KV or not) or in num_splits / 2 split groups; the folding attention alone
+    writes nothing."""
     pad = min(pad, 48 - m)
     hq = hkv * group
     assume(kind != "deferred" or hq > 1)           # a deferred reduction needs split-K: at least two heads
@@ -126,9 +143,10 @@ def test_folded_combine_bitwise_equals_attention_combine(m, pad, group, hkv, d, 
                      split=min(split, hq), **mode)
     aws = make_decode_workspace(step.num_rows, hq, hkv, d, "cpu", num_splits=num_splits, block_n=16)
     kw = dict(pre_kv=True, out_cache_loc=step.out_cache_loc) if grouping == "pre_kv" else \
-        dict(split_groups=max(1, num_splits // 4)) if grouping == "groups" else {}
+        dict(split_groups=max(1, num_splits // 2)) if grouping == "groups" else {}
     ref, new = both_ways(kind, step, q, kc, vc, wo, res, norm, plan, aws, GemvWorkspace.create(48, "cpu"), **kw)
     check_same(ref, new)
+    attention_alone_writes_nothing(step, q, kc, vc, aws)
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
@@ -209,6 +227,13 @@ def test_fold_refuses_bad_deferred_attention_before_writing():
         (d._replace(out=big[:m * 128].view(m, 4, 32)), good, big[m * 64:m * 64 + m * 48].view(m, 48),
          "the deferred attention's out overlaps residual"),
     ]
+    ws_big = GemvWorkspace.create(48, "cpu")
+    cases += [
+        (d._replace(positions=torch.arange(2 * m, dtype=torch.int64)[::2]), good, None, "positions must be .* contiguous"),
+        (d._replace(out=aws.partial_o.view(-1)[:m * 128].view(torch.bfloat16)[:m * 128].view(m, 4, 32)), good, None,
+         "deferred attention out overlaps its partial_o"),
+        (d._replace(block_n=16.0), good, None, "block_n=16.0 must be"),
+    ]
     for dd, plan, residual, match in cases:
         r = res if residual is None else residual
         out = poison(torch.empty(m, 48, dtype=torch.bfloat16))
@@ -223,6 +248,19 @@ def test_fold_refuses_bad_deferred_attention_before_writing():
         residual_gemv(d, wo, res, out=out_on_partials, workspace=ws, plan=good)
     with pytest.raises(StepContractError, match="out overlaps the deferred attention's out"):
         residual_gemv(d, wo, res, out=attn.view(-1)[:m * 48].view(m, 48), workspace=ws, plan=good)
+    with pytest.raises(StepContractError, match="workspace_partials overlaps the deferred attention's out"):
+        on_ws = ws_big.partials.view(-1)[:m * 64].view(torch.bfloat16).view(m, 4, 32)
+        residual_gemv(d._replace(out=on_ws), wo, res, out=poison(torch.empty(m, 48, dtype=torch.bfloat16)),
+                      workspace=ws_big, plan=good)
+    with pytest.raises(StepContractError, match="head_dim D=24 must be a power of two"):
+        bad = DeferredAttention(torch.empty(m, 4, 2, 24), torch.empty(m, 4, 2, 2), step.positions,
+                                torch.ones(1, dtype=torch.int32), torch.empty(m, 4, 24, dtype=torch.bfloat16), 16)
+        residual_gemv(bad, torch.empty(48, 96, dtype=torch.bfloat16), res, workspace=ws, plan=plan_gemv(48, 96))
+    args = (q, kc, vc, step.page_table, step.req_indices)
+    with pytest.raises(StepContractError, match="fold_combine=1 must be a bool"):
+        decode_attention(*args, step.positions, step.num_valid_rows, workspace=aws, fold_combine=1)
+    d_int = decode_attention(*args, step.positions, int(step.num_valid_rows), workspace=aws, fold_combine=True)
+    assert d_int.num_valid_rows.dtype == torch.int32 and int(d_int.num_valid_rows) == int(step.num_valid_rows)
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -230,14 +268,20 @@ def test_fold_refuses_bad_deferred_attention_before_writing():
 @pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M", "Qwen2.5-0.5B", "Qwen3-0.6B"])
 def test_folded_combine_gpu_bitwise_equals_attention_combine(device, model):
     """The production plans of the model's output projection (residual and out_proj kinds; the deferred form where
-    the plan splits K) with the attention's default grid and the early-KV path, PDL on, 1-48 rows, contexts to 2100
-    (1-32 splits of 64-token blocks, split edges)."""
+    the plan splits K) with the attention's default grid and the early-KV path, PDL on (the projection's wait is
+    the hand-off: its outputs are made before the attention launch), 1-48 rows; contexts 0-2100: one row at 511
+    (8 splits, the benchmarked case) and at 2100 (33 blocks: 17 splits of 2 blocks), then mixes with one split,
+    split edges (1023: 16 splits), 2047 / 2048 (32 splits of 1 block / 17 of 2)."""
     cfg = preset(model)
     hq, hkv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     ws = GemvWorkspace.create(hidden, device)
-    for m in (1, 2, 6, 16, 17, 33, 48):
-        (q, kc, vc, wo, res, norm), step = make_case(m, 1 if m < 48 else 0, hq, hkv, d, hidden, 2100, m, device)
+    mixes = [(1, [511]), (1, [2100]), (2, [100, 0]), (6, [2100, 700, 64, 0]), (16, [1023, 2047, 5, 300]),
+             (17, [2048, 63, 1500]), (33, [900, 0, 2100, 127]), (48, [2100, 511, 30, 1200, 64])]
+    for i, (m, ctxs) in enumerate(mixes):
+        (q, kc, vc, wo, res, norm), step = make_case(m, 1 if m < 48 else 0, hq, hkv, d, hidden, 0, i, device,
+                                                     ctxs=ctxs)
         aws = make_decode_workspace(step.num_rows, hq, hkv, d, device)
+        attention_alone_writes_nothing(step, q, kc, vc, aws)
         for kind in KINDS:
             plan = plan_gemv(hidden, hq * d, kind="out_proj" if kind == "out_proj" else "residual")
             if kind == "deferred" and plan.split < 2:
