@@ -24,6 +24,14 @@ class StepCase:
     new_rows: list[int]        # rows per request in this step
 
 
+def split_rows(m: int) -> list[int]:
+    """m rows as requests of 1, 2, 3, 1, 2, 3, ... rows (decode and verify rows mixed), the last one cut to fit."""
+    rows = []
+    while sum(rows) < m:
+        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
+    return rows
+
+
 def random_step(*, ctx_lens: list[int], new_rows: list[int], num_kv_heads: int, head_dim: int,
                 pad_to: int | None = None, num_slots: int | None = None, max_ctx: int | None = None,
                 vocab_size: int = 1000, dtype: torch.dtype = torch.bfloat16, device="cpu",

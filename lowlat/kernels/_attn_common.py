@@ -120,6 +120,15 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def refuse_overlaps(first: dict, second: dict, message: str) -> None:
+    """Raise StepContractError(message.format(a=name, b=name)) for the first pair of a tensor of `first` and a
+    tensor of `second` (name -> tensor; None entries skipped) whose byte spans overlap (`overlap`)."""
+    for a, ta in first.items():
+        for b, tb in second.items():
+            if ta is not None and tb is not None and overlap(ta, tb):
+                raise StepContractError(message.format(a=a, b=b))
+
+
 def check_num_valid_rows(num_valid_rows, m: int, device: torch.device):
     """Returns (int value or 0, device tensor or None). An int must be in 0..M; a tensor must be a
     1-element int32 tensor on `device` (read in-kernel: CUDA-graph friendly, value not checked)."""

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import overlap, to_bf16
+from lowlat.kernels._attn_common import refuse_overlaps, to_bf16
 
 #: bytes of fp32 partials one piece of `fold_attention_slice` loads a round trip (rows x heads x D x CHUNK): 32 KB,
 #: 64 registers a thread at 4 warps
@@ -90,11 +90,9 @@ def check_deferred_attention(d: DeferredAttention, m: int, k: int, device) -> tu
                                 "(an int >= 16 for block_n)")
     if dh < 16 or dh & (dh - 1):
         raise StepContractError(f"deferred attention head_dim D={dh} must be a power of two >= 16")
-    parts = dict(partial_o=po, partial_ml=pml, positions=d.positions, num_valid_rows=d.num_valid_rows)
-    for name, t in parts.items():     # the consumer writes out while it reads these
-        if overlap(o, t):
-            raise StepContractError(f"deferred attention out overlaps its {name}: the consumer reads it while it "
-                                    "writes out")
+    refuse_overlaps(dict(out=o), dict(partial_o=po, partial_ml=pml, positions=d.positions,
+                                      num_valid_rows=d.num_valid_rows),
+                    "deferred attention out overlaps its {b}: the consumer reads it while it writes out")
     return hq, dh
 
 

@@ -41,7 +41,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import overlap
+from lowlat.kernels._attn_common import refuse_overlaps
 from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
@@ -241,10 +241,8 @@ def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
         raise StepContractError("deferred partials must be contiguous")
     check_tensor("deferred residual", d.residual, (m, n), torch.bfloat16, device)
     check_tensor("deferred out", d.out, (m, n), torch.bfloat16, device)
-    for name, t in (("residual", d.residual), ("partials", d.partials)):
-        if overlap(d.out, t):
-            raise StepContractError(f"deferred out overlaps deferred {name}: the consuming launch reads the {name} "
-                                    "while it writes out")
+    refuse_overlaps(dict(out=d.out), dict(residual=d.residual, partials=d.partials),
+                    "deferred out overlaps deferred {b}: the consuming launch reads the {b} while it writes out")
     return split
 
 
@@ -300,11 +298,8 @@ def consumer_input(x) -> tuple[torch.Tensor, DeferredX | None]:
 def check_writes_apart(d: DeferredX, writes: dict[str, torch.Tensor]) -> None:
     """Raise StepContractError when a tensor the consuming launch writes (name -> tensor) overlaps the DeferredX's
     out, residual or partials, which the launch reads or writes while it writes that tensor."""
-    for wname, wt in writes.items():
-        for name, t in (("out", d.out), ("residual", d.residual), ("partials", d.partials)):
-            if overlap(wt, t):
-                raise StepContractError(f"{wname} overlaps deferred {name}: this launch reads or writes it while it "
-                                        f"writes {wname}")
+    refuse_overlaps(writes, dict(out=d.out, residual=d.residual, partials=d.partials),
+                    "{a} overlaps deferred {b}: this launch reads or writes it while it writes {a}")
 
 
 def deferred_kernel_args(d: DeferredX | None, split: int, rows: int, plan: GemvPlan, f32_dummy: torch.Tensor,
@@ -344,15 +339,10 @@ def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], wr
     launch reads (its residual, weights); None entries are skipped."""
     theirs = dict(partial_o=attn.partial_o, partial_ml=attn.partial_ml, positions=attn.positions,
                   num_valid_rows=attn.num_valid_rows, out=attn.out)
-    for wname, wt in writes.items():
-        for name, t in theirs.items():
-            if wt is not None and overlap(wt, t):
-                raise StepContractError(f"{wname} overlaps the deferred attention's {name}: this launch reads or "
-                                        f"writes it while it writes {wname}")
-    for rname, rt in reads.items():
-        if rt is not None and overlap(attn.out, rt):
-            raise StepContractError(f"the deferred attention's out overlaps {rname}, which this launch reads while it "
-                                    "writes the attention output")
+    refuse_overlaps(writes, theirs, "{a} overlaps the deferred attention's {b}: this launch reads or writes it "
+                    "while it writes {a}")
+    refuse_overlaps(dict(out=attn.out), reads, "the deferred attention's out overlaps {b}, which this launch reads "
+                    "while it writes the attention output")
 
 
 def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,

@@ -25,19 +25,12 @@ from lowlat.kernels.attn_combine import DeferredAttention, fold_pieces
 from lowlat.kernels.decode_attention import decode_attention, make_decode_workspace
 from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
-from lowlat.testing import random_step, reverse_interpreter_grid
+from lowlat.testing import random_step, reverse_interpreter_grid, split_rows
 
 PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=16),
               dict(preload=False, bn=64)]
 KINDS = ("residual", "out_proj", "deferred")
 
-
-def split_rows(m):
-    """m rows as requests of 1, 2, 3, 1, 2, 3, ... rows (decode and verify mixed)."""
-    rows = []
-    while sum(rows) < m:
-        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
-    return rows
 
 
 def make_case(m, pad, hq, hkv, d, hidden, max_ctx, seed, device, ctxs=None):

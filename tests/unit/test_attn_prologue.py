@@ -26,7 +26,7 @@ from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue
 from lowlat.reference.layer import attention_block
 from lowlat.reference.rms_norm import rms_norm
 from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
-from lowlat.testing import random_step, tiny_config
+from lowlat.testing import random_step, split_rows, tiny_config
 from lowlat.weights import random_layer_weights
 
 #: interpreter runs are slow: at most 6 examples per property on CPU; the profile's count on a GPU
@@ -48,13 +48,6 @@ def _case(cfg, *, ctxs, rows, pad, seed, device, hostile_padding=False):
     lw = lw.map(lambda t: t.to(device))
     return lw, case.step.to(device), x.to(device), case.k_cache.to(device), case.v_cache.to(device)
 
-
-def split_rows(m):
-    """m rows as requests of 1, 2, 3, 1, 2, 3, ... rows (decode and verify mixed)."""
-    rows = []
-    while sum(rows) < m:
-        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
-    return rows
 
 
 def _run_kernel(cfg, lw, step, x, kc, vc, *, table, workspace=None, use_pdl=False, nvr=None):

@@ -21,7 +21,7 @@ from lowlat.kernels.decode_attention import decode_attention, make_decode_worksp
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
 from lowlat.reference.attention import paged_attention
 from lowlat.step import StepBatch
-from lowlat.testing import random_step
+from lowlat.testing import random_step, split_rows
 
 FEW = settings(max_examples=6) if interpreting() else settings()
 
@@ -76,12 +76,6 @@ def _check(q, kc, vc, step, per_row=False, **kw):
     assert torch.equal(out[n:], torch.zeros_like(out[n:])), "padding rows must output 0"
     return out
 
-
-def split_rows(m):
-    rows = []
-    while sum(rows) < m:
-        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
-    return rows
 
 
 # ----------------------------------------------------------------------------- CPU (interpreter)

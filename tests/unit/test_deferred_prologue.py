@@ -23,20 +23,13 @@ from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
 from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table
 from lowlat.kernels.out_proj import DeferredX, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
-from lowlat.testing import random_step, reverse_interpreter_grid, tiny_config
+from lowlat.testing import random_step, reverse_interpreter_grid, split_rows, tiny_config
 from lowlat.weights import random_layer_weights
 
 MAX_POS = 256
 PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=16),
               dict(preload=False, bn=64)]
 
-
-def split_rows(m):
-    """m rows as requests of 1, 2, 3, 1, 2, 3, ... rows (decode and verify mixed)."""
-    rows = []
-    while sum(rows) < m:
-        rows.append(min(1 + len(rows) % 3, m - sum(rows)))
-    return rows
 
 
 def make_case(cfg, m, pad, inter, seed, device):
