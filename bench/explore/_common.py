@@ -180,3 +180,26 @@ def time_gemv_plans(rec, deadline: float, kind: str, n: int, k: int, eps: float,
                     rec(dict(op=kind, n=n, k=k, rows=r, rep=rep, variant=label, us=us,
                              pct_of_copy=round(100 * nbytes / rec.bw / (us * 1e-6), 1), plan=plan.describe()))
                 rec.guard(label, one, op=kind, rows=r)
+
+
+def time_production_residual(rec, deadline: float, reps: int, rows, shapes) -> None:
+    """The production residual GEMV (its tuned / default plan) at each (label, N, K) of shapes, at `rows`, `reps`
+    rounds (`time_gemv_plans`): the baseline the explore31 / explore32 GEMVs are timed beside in the same run."""
+    for label, n, k in shapes:
+        if time.time() < deadline:
+            rec.guard(f"production/{label}",
+                      lambda n=n, k=k: time_gemv_plans(rec, deadline, "residual", n, k, 1e-5, [("production", {})],
+                                                       reps, rows=tuple(rows)), op="residual")
+
+
+def explore_main(default_rows, sections) -> None:
+    """Parse `explore_parser()`'s options (rows defaulting to default_rows, 2 rounds), make the Recorder, then run
+    each (name, fn) of sections as fn(rec, deadline, reps, rows) under `rec.guard`."""
+    p = explore_parser()
+    p.set_defaults(rows=list(default_rows), reps=2)
+    a = p.parse_args()
+    deadline = time.time() + a.budget_s
+    rec = Recorder(a.out)
+    print(f"copy bandwidth {rec.bw / 1e12:.3f} TB/s", flush=True)
+    for name, fn in sections:
+        rec.guard(name, lambda fn=fn: fn(rec, deadline, a.reps, a.rows), op=name)

@@ -21,7 +21,7 @@ A spec's keys: "constexprs", "pointers" (name -> "*bf16" ..., or a TMA descripto
                 that actually runs;
   "maxnreg", "launch_pdl"   compile options as the launch passes them;
   "ptx": true   also return the PTX text ("ptx");
-  "dump": PATH_PREFIX      keep PATH_PREFIX.ptx / .cubin / .sass (nvdisasm) for inspection.
+  "dump": PATH_PREFIX      keep PATH_PREFIX.ttgir / .ptx / .cubin / .sass (nvdisasm) for inspection.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def compile_for_sm90(fn, spec: dict) -> dict:
                              check=True)
         if spec.get("dump"):
             shutil.copy(path, spec["dump"] + ".ptx")
+            with open(spec["dump"] + ".ttgir", "w") as f:
+                f.write(k.asm["ttgir"])
             shutil.copy(cubin, spec["dump"] + ".cubin")
             sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c", cubin],
                                   capture_output=True, text=True).stdout

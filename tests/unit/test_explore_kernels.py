@@ -257,3 +257,61 @@ def test_mma_smem_gemv_compiles_for_sm90_with_weights_before_the_wait(monkeypatc
             copies = ptx.count("cp.async.ca") + ptx.count("cp.async.cg")
             assert copies > 0 and "cp.async.c" not in ptx[:wait], (k, nmb, copies)
             assert (ptx[:wait].count("ld.global") > 0) == (not res), (k, res, "norm weight before the wait")
+
+
+@pytest.mark.parametrize("mode,early", [(0, 0), pytest.param(1, 0, marks=pytest.mark.gpu),
+                                        pytest.param(2, 0, marks=pytest.mark.gpu),
+                                        pytest.param(2, 1, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("bn,warps", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("res_epi", [False, True])
+def test_held_gemv_matches_reference(device, mode, early, bn, warps, res_epi):
+    """bench/explore/explore31.py (session 23; PDL modes on the GPU only): both epilogues at 1 / 3 / 6 rows, row
+    groups of 1, 2 and 4 (6 rows in groups of 4: the last group short), against float64."""
+    from explore.explore31 import launch_held
+
+    if mode and device.type != "cuda":
+        pytest.skip("PDL (griddepcontrol) runs on the GPU only")
+    n, k = 32, 256
+    w = _bf16(n, k, scale=k ** -0.5, seed=31, device=device)
+    g = (1 + 0.1 * _bf16(k, seed=32)).to(device)
+    for r, rb in ((1, 1), (3, 2), (6, 4)):
+        x, res = _bf16(r, k, seed=33 + r, device=device), _bf16(r, n, seed=40 + r, device=device)
+        out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
+        launch_held(x, g, w, res, out, bn=bn, warps=warps, rb=rb, mode=mode, early=early, res_epi=res_epi)
+        xd = x.double()
+        if res_epi:
+            want = res.double() + xd @ w.double().T
+        else:
+            want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.double().T
+        # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped row or column is off by the size
+        # of the values; NaN (the poison) fails
+        err = (out.double() - want).abs().max().item()
+        assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r})"
+
+
+@pytest.mark.parametrize("mode,early", [(0, 0), pytest.param(1, 0, marks=pytest.mark.gpu),
+                                        pytest.param(2, 1, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("bn,s,warps", [(16, 4, 4), (32, 2, 2)])
+def test_held_mma_gemv_matches_reference(device, mode, early, bn, s, warps):
+    """bench/explore/explore32.py (session 23; PDL modes on the GPU only): 1 / 5 / 16 / 17 / 40 rows (one to three
+    row blocks, the last short) against float64; on the GPU each row also bit for bit the 1-row launch's."""
+    from explore.explore32 import launch_held_mma
+
+    if mode and device.type != "cuda":
+        pytest.skip("PDL (griddepcontrol) runs on the GPU only")
+    n, k = 64, 256
+    w = _bf16(n, k, scale=k ** -0.5, seed=51, device=device)
+    x_all, res_all = _bf16(40, k, seed=52, device=device), _bf16(40, n, seed=53, device=device)
+    first = None
+    for r in (1, 5, 16, 17, 40):
+        x, res = x_all[:r].contiguous(), res_all[:r].contiguous()
+        out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
+        launch_held_mma(x, w, res, out, bn=bn, s=s, warps=warps, mode=mode, early=early)
+        want = res.double() + x.double() @ w.double().T
+        # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped row block or slice is off by the
+        # size of the values; NaN (the poison) fails
+        err = (out.double() - want).abs().max().item()
+        assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r})"
+        first = out[:1].clone() if first is None else first
+        if device.type == "cuda":
+            assert torch.equal(out[:1], first), f"row 0 at {r} rows differs from the 1-row launch"
