@@ -168,14 +168,20 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
     alone (ops gate_up, down) to check each GEMV against the bandwidth target, and where out_proj's plan splits K, at
     up to 16 rows, out_proj as the fused step runs it there: "fused_deferred" (its split partials only, the
-    reduction left to gate/up: `out_proj.residual_gemv_deferred`)."""
+    reduction left to gate/up: `out_proj.residual_gemv_deferred`), with gate/up as it then runs (op gate_up,
+    "fused_deferred": the reduction's pre-pass over the partials first, `mlp.gate_up_act` given the DeferredX).
+    out_proj and down release the next launch as the fused step's dense layers do by default
+    (`runtime.fused_model.EARLY_RELEASE`, `out_proj.residual_gemv`'s early_release)."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
     from lowlat.kernels.lm_head import lm_head
     from lowlat.kernels.mlp import gate_up_act, mlp
-    from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
+    from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
     from lowlat.reference import lm_head as ref_lm
+    from lowlat.runtime.fused_model import EARLY_RELEASE
+
+    early_o, early_d = "out_proj" in EARLY_RELEASE, "down" in EARLY_RELEASE
     from lowlat.reference import out_proj as ref_op
     from lowlat.reference.mlp import swiglu_mlp
 
@@ -215,10 +221,11 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         deferrable = plan_r.split > 1 and rows <= 16
         parts = torch.empty(plan_r.split, rows, h, dtype=torch.float32, device=device) if deferrable else None
         fns = {
-            "fused": lambda k: residual_gemv(attn, wos[k % nc], x, out=xo, workspace=ws, plan=plan_r, use_pdl=True),
+            "fused": lambda k: residual_gemv(attn, wos[k % nc], x, out=xo, workspace=ws, plan=plan_r, use_pdl=True,
+                                             early_release=early_o),
             # the partial products only (the fused step's out_proj at 1 row block: its reduction runs in gate/up)
             "fused_deferred": lambda k: residual_gemv_deferred(attn, wos[k % nc], x, xo, partials=parts, workspace=ws,
-                                                               plan=plan_r, use_pdl=True),
+                                                               plan=plan_r, use_pdl=True, early_release=early_o),
             "fused_write_h": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, h_out=hh, rstd_out=rstd,
                                                 workspace=ws, plan=plan_o, use_pdl=True),
             "reference_graph": lambda k: ref_op.out_proj(attn, wos[k % nc], x, nw, eps),
@@ -252,7 +259,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                                    workspace=ws, plans=plans, use_pdl=True),
             "gate_up": lambda k: gate_up_act(x, gus[k % nc], norm_weight=nw, eps=eps, out=act, workspace=ws,
                                              plan=plans[0], use_pdl=True),
-            "down": lambda k: residual_gemv(act, wds[k % nc], x, out=xo, workspace=ws, plan=plans[1], use_pdl=True),
+            "down": lambda k: residual_gemv(act, wds[k % nc], x, out=xo, workspace=ws, plan=plans[1], use_pdl=True,
+                                            early_release=early_d),
             "reference_graph": lambda k: ref_mlp(x, hn, gus[k % nc], wds[k % nc]),
             "reference_compile_graph": lambda k: cmlp(x, hn, gus[k % nc], wds[k % nc]),
         }
@@ -263,6 +271,13 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         if "fused" in variants:                     # each launch alone: the per-GEMV bandwidth target
             for op, nb in (("gate_up", 2 * h * i * 2 + _nbytes(x, act)), ("down", h * i * 2 + _nbytes(act, x, xo))):
                 run(op, rows, "fused", {"fused": fns[op]}, max(nc, MIN_LAUNCHES), nb)
+            if plan_r.split > 1 and rows <= 16:     # gate/up after a deferred out_proj: the reduction's pre-pass too
+                parts = torch.randn(plan_r.split, rows, h, generator=g, device=device)
+                d = DeferredX(parts, x, torch.empty_like(x))
+                run("gate_up", rows, "fused_deferred",
+                    {"fused_deferred": lambda k, d=d: gate_up_act(d, gus[k % nc], norm_weight=nw, eps=eps, out=act,
+                                                                  workspace=ws, plan=plans[0], use_pdl=True)},
+                    max(nc, MIN_LAUNCHES), 2 * h * i * 2 + _nbytes(x, act, parts, d.out))
     del gus, wds
 
     # ---- lm_head: final norm + logits (fp32) + argmax

@@ -89,7 +89,7 @@ def traced_source(variant: str = "stamps") -> str:
     from lowlat.kernels import out_proj as op
 
     src = inspect.getsource(op._residual_gemv_kernel.fn)
-    tail = "F_HP: tl.constexpr = 1, F_RB: tl.constexpr = 1, F_NRB: tl.constexpr = 1, F_CHUNK: tl.constexpr = 4):"
+    tail = "EARLY_RELEASE: tl.constexpr = False):"
     assert src.count(tail) == 1, "the kernel's last parameters changed: update traced_source"
     src = src.replace(tail, tail[:-2] + ", tr_ptr=None):")
     src = src.replace("def _residual_gemv_kernel(", "def _residual_gemv_kernel_traced(")
@@ -112,7 +112,8 @@ def traced_source(variant: str = "stamps") -> str:
                    "    _t7 = _now_after(tl.sum(_pb.to(tl.float32), axis=0).to(tl.int32, bitcast=True))\n"
                    "    # the residual tile, in flight")]
     if variant == "late":
-        edits += [("        gdc_wait()\n        gdc_launch_dependents()\n", "        gdc_wait()\n"),
+        edits += [("        gdc_wait()\n        if not EARLY_RELEASE:\n            gdc_launch_dependents()\n",
+                   "        gdc_wait()\n"),
                   ("    _t3 = _t2\n", "    _t3 = _t2\n    if USE_PDL:\n        gdc_launch_dependents()\n")]
     for old, new in edits:
         assert src.count(old) == 1, old

@@ -33,6 +33,8 @@ launch without the early first block); moves no arithmetic.
 reduction of out_proj / down left to the next launch up to N rows; on = 16, off = 0); move no arithmetic.
 --fold N|on|off (session 22): FusedModel's fold (the decode attention's split combine left to the output projection up
 to N rows; on = 16, off = 0); moves no arithmetic.
+--early-release NAMES|off (session 23): FusedModel's early_release (comma-separated among out_proj, down: those release
+the next launch at their start); moves no arithmetic.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -81,6 +83,9 @@ def main() -> None:
     p.add_argument("--fold", default=None,
                    help="FusedModel(fold=N): the decode attention's split combine in the output projection up to N "
                         "rows; on = 16, off = 0 (session 22; default: FusedModel's)")
+    p.add_argument("--early-release", default=None,
+                   help="FusedModel(early_release=...): comma-separated among out_proj, down (those release the next "
+                        "launch at their start), or off (session 23; default: FusedModel's)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -131,6 +136,8 @@ def main() -> None:
     kv = random_kv(cfg, cfg.num_layers, max(order), a.ctx, dev)
     defer = {name: int({"on": 16, "off": 0}.get(v, v))
              for name, v in (("defer", a.defer), ("defer_down", a.defer_down), ("fold", a.fold)) if v is not None}
+    if a.early_release is not None:
+        defer["early_release"] = () if a.early_release == "off" else tuple(a.early_release.split(","))
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
@@ -138,7 +145,8 @@ def main() -> None:
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
                prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
-               defer_down=fm.defer_down, fold=fm.fold, plan_down=str(fm.plan_down), widths={})
+               defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
+               widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
         g = fm._graphs[rows]
@@ -161,7 +169,8 @@ def summary(out: dict) -> str:
              f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} "
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} defer_down "
-             f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} down "
+             f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release {','.join(out.get('early_release', ())) or 'off'} "
+             f"down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():
         r = v["roles"]

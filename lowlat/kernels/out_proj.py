@@ -116,18 +116,23 @@ def _residual_gemv_kernel(
         EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PF_K: tl.constexpr, PRELOAD: tl.constexpr,
         USE_PDL: tl.constexpr, UPCAST: tl.constexpr, DEFER: tl.constexpr = False, FOLD: tl.constexpr = False,
         F_D: tl.constexpr = 64, F_BLOCK_N: tl.constexpr = 64, F_SPLITS: tl.constexpr = 32, F_HS: tl.constexpr = 1,
-        F_HP: tl.constexpr = 1, F_RB: tl.constexpr = 1, F_NRB: tl.constexpr = 1, F_CHUNK: tl.constexpr = 4):
+        F_HP: tl.constexpr = 1, F_RB: tl.constexpr = 1, F_NRB: tl.constexpr = 1, F_CHUNK: tl.constexpr = 4,
+        EARLY_RELEASE: tl.constexpr = False):
     """out = residual + a @ W^T (bf16), optionally followed by RMSNorm statistics / h (see module doc).
     DEFER: each program stores its split's partial product to dp[pid_k] (rows < M) and exits: no residual, no
     arrival, no finisher (the next launch reduces, `residual_gemv`'s `deferred`).
     FOLD: a is the attention output, computed here first from the decode attention's split partials (fo, fml; the
     rows' positions and num_valid_rows give each row's split count) for this program's K slice of whole heads, F_RB
-    rows at a time (`attn_combine.fold_attention_slice`), written to a; then the GEMV reads it back."""
+    rows at a time (`attn_combine.fold_attention_slice`), written to a; then the GEMV reads it back.
+    EARLY_RELEASE: under PDL, the next launch is released at the program's start instead of right after its wait
+    (`residual_gemv`'s early_release says when that is safe)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n * BN
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
+    if USE_PDL and EARLY_RELEASE:                     # the next launch may start now (see `residual_gemv`)
+        gdc_launch_dependents()
     if FOLD:    # the first piece's split counts before the wait (positions / num_valid_rows precede the step)
         f_nvr = tl.load(fnvr_ptr)
         ns0, ex0 = fold_nsplits(fpos_ptr, f_nvr, 0, M, k_begin, k_end, F_D, F_BLOCK_N, F_SPLITS, F_HS, F_HP, F_RB)
@@ -137,7 +142,8 @@ def _residual_gemv_kernel(
         prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not EARLY_RELEASE:
+            gdc_launch_dependents()
     # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
     # a tile is written only after all its splits arrived, so an in-place residual is safe)
     if DEFER:
@@ -347,7 +353,7 @@ def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], wr
 
 def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
                           h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None,
-                          attn: DeferredAttention | None = None) -> None:
+                          attn: DeferredAttention | None = None, early_release: bool = False) -> None:
     m, k = a.shape
     n = w.shape[0]
     norm = norm_weight is not None
@@ -380,7 +386,8 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None, **fold,
         NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
-        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb))
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, EARLY_RELEASE=bool(early_release),
+        **launch_constexprs(plan, nmb))
 
 
 def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor,
@@ -460,13 +467,20 @@ def _check_gemv_inputs(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]
 def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual: torch.Tensor, *,
                   out: torch.Tensor | None = None,
                   workspace: GemvWorkspace | None = None, plan: GemvPlan | None = None,
-                  use_pdl: bool = False) -> torch.Tensor:
+                  use_pdl: bool = False, early_release: bool = False) -> torch.Tensor:
     """out = residual + a W^T (bf16; fp32 accumulation, one rounding). a [M, K], w [N, K], residual [M, N].
 
     The fused step's output projection and the MLP's down projection + residual add
     (`lowlat.kernels.mlp`). `out` may alias `residual` (a program reads its residual tile before it
     writes that tile; no program reads another's). plan: tiling (default `plan_gemv(N, K,
     kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
+    early_release (under PDL): release the next launch at the start of every program instead of right after its
+    `gdc_wait` (explore31 / explore32's finding, NOTES session 23: the next launch's programs become resident and
+    load their weights while this one still waits). Same results. The caller must know it is safe: the launch
+    rule is that a launch may read, before its own wait, anything written two or more launches back; with an early
+    release the next launch S may start as soon as this launch's predecessor P has passed its wait, so S must not
+    read, before its wait, anything P or this launch writes (the fused step's dense layers: S is gate/up, the next
+    prologue, the final RMSNorm, the LM head or the draft sampler, which read only weights before their waits).
     a may be a DeferredAttention (the output projection of `decode_attention(..., fold_combine=True)`: the split
     combine folded in, as `out_proj` describes).
     Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape; for a
@@ -481,14 +495,15 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
     check_plan_for(plan, n, k, "w")
-    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, attn=folded)
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, attn=folded, early_release=early_release)
     return out
 
 
 def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual: torch.Tensor,
                            out: torch.Tensor, *,
                            partials: torch.Tensor | None = None, workspace: GemvWorkspace | None = None,
-                           plan: GemvPlan | None = None, use_pdl: bool = False) -> DeferredX:
+                           plan: GemvPlan | None = None, use_pdl: bool = False,
+                           early_release: bool = False) -> DeferredX:
     """x = residual + a W^T with its split-K reduction left to the next launch: one launch that stores each
     split's fp32 partial product and exits (no residual load, no arrival counter, no finisher).
 
@@ -507,7 +522,8 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
                   residual [M, N] bf16 (M = 1..48)
         out       [M, N] bf16: where the consumer will write x; must not overlap residual
         partials  [S, M, N] fp32 contiguous, S = the plan's split (allocated when None)
-        workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl: as `residual_gemv`
+        workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl, early_release: as
+                  `residual_gemv`
     Returns DeferredX(partials, residual, out) for the consumer.
     Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
     `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`; for a DeferredAttention also
@@ -529,5 +545,6 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
     if partials.shape[0] != plan.split:
         raise StepContractError(f"deferred partials hold {partials.shape[0]} splits; the plan has split={plan.split}")
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
-    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials, attn=folded)
+    _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials, attn=folded,
+                          early_release=early_release)
     return d

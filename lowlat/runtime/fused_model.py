@@ -80,6 +80,18 @@ ASSUMED_SMS = 132
 #: 6.37), SmolLM2-135M +60 / +336 / +948 at 1 / 6 / 16 (its split-1 out_proj: 36 column tiles each combining all 9
 #: heads of every row), Qwen3-0.6B +41 / +98 at 1 / 6, Qwen2.5-0.5B +35 / +42 at 1 / 6.
 FOLD_MAX_WIDTH = 0
+#: the dense layers' residual GEMVs ("out_proj", "down") that release the next launch at their start instead of after
+#: their wait (`out_proj.residual_gemv`'s early_release; safe there: their successors, gate/up, the next prologue, the
+#: final RMSNorm, the LM head and the draft sampler, read only weights before their waits). None by default: per
+#: kernel it takes Llama-3.2-1B's deferred out_proj from 3.53 to 2.71 us at 1 row (57.5% -> 74.9% of copy bandwidth),
+#: but in the step it moves each model a different way (session 23, bench/results/session23/call5-6, explore26, us a
+#: step at 1 / 6 rows against none): both launches Llama -3.5 / -2 (alternated twice), SmolLM2-135M +13 / +15,
+#: Qwen2.5-0.5B +11.5 / -5.5, Qwen3-0.6B -3.5 / 0; one launch alone (once each) out_proj: SmolLM2 +3.4 / +2.3,
+#: Qwen2.5 +15 / +6, Llama -1.4 / -0.7, Qwen3 -11 / -4; down: SmolLM2 +7.3 / +7.7, Qwen2.5 -16 / -19, Llama -4.5 /
+#: -3.6, Qwen3 +3 / +2. No rule separates those yet (NOTES "Left").
+EARLY_RELEASE: tuple[str, ...] = ()
+#: the launches `FusedModel(early_release=...)` may name
+EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -180,6 +192,9 @@ class FusedModel:
                          (`decode_attention(fold_combine=True)`, `lowlat.kernels.attn_combine`) at widths of up to
                          this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads (dense
                          models); the same bits either way (default FOLD_MAX_WIDTH)
+        early_release    the dense layers' launches among "out_proj" and "down" that release the next launch at
+                         their start, not after their PDL wait (`out_proj.residual_gemv`); the same bits either way
+                         (default EARLY_RELEASE)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -194,8 +209,13 @@ class FusedModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, device: torch.device | str,
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
-                 defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH) -> None:
+                 defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
+                 early_release: Sequence[str] = EARLY_RELEASE) -> None:
         self.cfg = cfg
+        if isinstance(early_release, str) or not all(n in EARLY_RELEASE_LAUNCHES for n in early_release):
+            raise StepContractError(f"early_release={early_release!r} must be a sequence of names in "
+                                    f"{EARLY_RELEASE_LAUNCHES}")
+        self.early_release = tuple(n for n in EARLY_RELEASE_LAUNCHES if n in early_release)   # fixed at build
         for name, v in (("defer", defer), ("defer_down", defer_down), ("fold", fold)):
             if name == "defer_down" and v is None:
                 continue
@@ -547,6 +567,7 @@ class FusedModel:
         `defer_down` (dense layers of a deferring width) the down projection's `DeferredX`, whose out the next
         prologue writes."""
         cfg, pdl, w = self.cfg, self.use_pdl, bufs.width
+        early_o, early_d = "out_proj" in self.early_release, "down" in self.early_release
         xs = bufs.x if xs is None else xs
 
         def other(t):                             # a deferred x is written beside the residual it is reduced from
@@ -562,18 +583,21 @@ class FusedModel:
         if self.defers(w):                        # out_proj's reduction done by the gate/up launch (same bits)
             xa = other(xs)
             d = residual_gemv_deferred(attn, L.wo, xs, xa, partials=bufs.deferred,
-                                       workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+                                       workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl, early_release=early_o)
             gate_up_act(d, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
         else:
             xa = xs
-            residual_gemv(attn, L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            residual_gemv(attn, L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl,
+                          early_release=early_o)
             gate_up_act(xs, L.gate_up, norm_weight=L.mlp_norm, eps=cfg.rms_eps, out=bufs.act,
                         workspace=self.gemv_ws, plan=self.plan_gu, use_pdl=pdl)
         if defer_down and self.defers_down(w):    # down's reduction done by the next prologue (same bits)
             return residual_gemv_deferred(bufs.act, L.w_down, xa, other(xa), partials=bufs.deferred_down,
-                                          workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
-        residual_gemv(bufs.act, L.w_down, xa, out=bufs.x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl)
+                                          workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl,
+                                          early_release=early_d)
+        residual_gemv(bufs.act, L.w_down, xa, out=bufs.x, workspace=self.gemv_ws, plan=self.plan_down, use_pdl=pdl,
+                      early_release=early_d)
         return bufs.x
 
     def _run(self, bufs: _Buffers, kc, vc, *, include_lm_head: bool = True, num_layers: int | None = None,

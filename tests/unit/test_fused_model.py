@@ -366,6 +366,9 @@ def test_unsupported_configs_are_refused():
         for arg in ("defer", "defer_down", "fold"):
             with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
                 FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
+    for bad in ("out_proj", ("out_proj", "gate_up"), ("prologue",)):
+        with pytest.raises(StepContractError, match=r"^early_release=.* must be a sequence of names in"):
+            FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
     with pytest.raises(StepContractError, match="widths"):
@@ -457,6 +460,60 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
                 t.fill_(float("nan"))
             check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on,
                           output=f"logits_replay_{name}_r{rows}")
+
+
+def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypatch):
+    """`FusedModel(early_release=...)` (default EARLY_RELEASE) reaches the dense layers' out_proj and / or down
+    projection launches it names, deferred or not (out_proj deferred at 1 row, down deferred to the next prologue at 1 row
+    where its plan splits K), and the step's bits do not depend on it (under the interpreter PDL is off: the GPU test
+    below checks the launches themselves)."""
+    import lowlat.runtime.fused_model as fmod
+
+    cfg = tiny(num_layers=2)
+    _split_out_proj_table(cfg, tmp_path, monkeypatch, down_split=3)
+    w = random_model_weights(cfg, seed=3)
+    seen = []
+    for name in ("residual_gemv", "residual_gemv_deferred"):
+        plain = getattr(fmod, name)
+        monkeypatch.setattr(fmod, name, lambda *a, _plain=plain, _name=name, **k: seen.append(
+            (_name, k["early_release"])) or _plain(*a, **k))
+    assert FusedModel(cfg, w, device="cpu", widths=(1,)).early_release == fmod.EARLY_RELEASE
+    kinds = dict(on=("down", "out_proj"), off=(), out_proj=("out_proj",), down=("down",))
+    models = {name: FusedModel(cfg, w, device="cpu", widths=(1, 2), defer_down=1, early_release=k)
+              for name, k in kinds.items()}
+    assert models["on"].early_release == ("out_proj", "down")
+    # per model at 1 row: layer 0's out_proj and down deferred, layer 1's out_proj deferred and down (the last) plain;
+    # at 2 rows nothing deferred
+    for rows, launches in ((1, [("residual_gemv_deferred", "out_proj"), ("residual_gemv_deferred", "down"),
+                                ("residual_gemv_deferred", "out_proj"), ("residual_gemv", "down")]),
+                           (2, [("residual_gemv", "out_proj"), ("residual_gemv", "down")] * 2)):
+        want = [(fn, role in k) for k in kinds.values() for fn, role in launches]
+        case = random_step(ctx_lens=[9, 3][:rows], new_rows=[1] * rows, num_kv_heads=cfg.num_kv_heads,
+                           head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+        ks, vs = layer_caches(case, cfg.num_layers, 5)
+        seen.clear()
+        same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        assert seen == want, (rows, seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M"])
+def test_gpu_early_release_same_bits_as_without(device, model):
+    """The model's shapes (2 layers, random weights): graphed steps of 1 / 6 / 16 rows with out_proj and down releasing
+    the next launch at their start (early_release, the deferrals at their defaults) give bitwise the logits and KV of
+    the release after the wait, and the same logits on a pure replay with x2, the activations and every partial
+    buffer NaN first (a successor that read them before its wait, i.e. before they were rewritten, would show)."""
+    cfg = preset(model).replace(num_layers=2)
+    w = random_model_weights(cfg, seed=0).to(device=device)
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=("out_proj", "down")),
+                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=()))
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        fm = models["on"]
+        for t in (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]):
+            t.fill_(float("nan"))
+        check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on, output=f"logits_replay_r{rows}")
 
 
 @pytest.mark.gpu

@@ -258,3 +258,63 @@ def test_residual_gemv_gpu_bitwise_deterministic_row_invariant_and_within_policy
     for m in (1, 6, 16, 17, 33):
         check_bitwise("residual_gemv", run(attn[:m].contiguous(), x[:m].contiguous()), full[:m], output=f"m{m}")
     assert int(ws.counters.abs().sum()) == 0, "counters left non-zero"
+
+
+def _residual_sm90_spec(early: bool) -> dict:
+    """`_residual_gemv_kernel`'s compile spec as the fused step launches Llama-3.2-1B's deferred out_proj at 1 row
+    (its committed plan, one row block, PDL)."""
+    from lowlat.kernels._gemv import launch_constexprs
+
+    plan = plan_gemv(2048, 2048, kind="residual")
+    lc = launch_constexprs(plan, 1)
+    warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
+    ptrs = {a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
+    ptrs.update(rstd_ptr="*fp32", ws_ptr="*fp32", ss_ptr="*fp32", cnt_ptr="*i32", dp_ptr="*fp32", fo_ptr="*fp32",
+                fml_ptr="*fp32", fpos_ptr="*i64", fnvr_ptr="*i32")
+    return {"constexprs": dict(lc, NORM=False, WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, USE_PDL=True, UPCAST=False,
+                               DEFER=True, EARLY_RELEASE=early),
+            "pointers": ptrs, "scalars": {"eps": "fp32"}, "num_warps": warps, "num_stages": stages,
+            "launch_pdl": True, "ptx": True, "divisible": ["stride_am", "stride_wn", "stride_rm", "stride_om", "N", "K"]}
+
+
+def test_residual_gemv_early_release_sits_before_the_wait_in_the_sm90_ptx():
+    """Compiled for sm_90 on the CPU (Llama-3.2-1B's deferred out_proj at 1 row): with EARLY_RELEASE the one
+    `griddepcontrol.launch_dependents` comes before `griddepcontrol.wait` (and before the preloaded weights' loads:
+    the next launch may start while this one loads and waits), without it right after the wait; registers and shared
+    memory are the same, so the early release leaves the packing unchanged."""
+    from sampling_stats import compile_sm90
+
+    early, late = compile_sm90("lowlat.kernels.out_proj:_residual_gemv_kernel",
+                               [_residual_sm90_spec(True), _residual_sm90_spec(False)])
+    for name, info in (("early", early), ("late", late)):
+        ptx = info["ptx"]
+        assert ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 1, name
+        assert info["spill_bytes"] == 0, (name, info["spill_bytes"])
+    e, la = early["ptx"], late["ptx"]
+    assert e.find("griddepcontrol.launch_dependents") < e.find("ld.global") < e.find("griddepcontrol.wait")
+    wait = la.find("griddepcontrol.wait")
+    assert la.find("ld.global") < wait < la.find("griddepcontrol.launch_dependents")
+    assert (early["registers"], early["shared"]) == (late["registers"], late["shared"]), (early, late)
+
+
+def test_residual_gemv_passes_early_release_to_the_launch(monkeypatch):
+    """residual_gemv / residual_gemv_deferred launch EARLY_RELEASE as asked (False by default), with PDL as asked."""
+    import lowlat.kernels.out_proj as op
+    from lowlat.kernels.out_proj import residual_gemv_deferred
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+    monkeypatch.setattr(op, "_residual_gemv_kernel", Recorder())
+    monkeypatch.setattr(op, "interpreting", lambda: False)
+    attn, wo, x, _ = make_inputs(1, 64, 64, 0, "cpu")
+    plan = plan_gemv(64, 64, kind="residual", split=2, block_k=32)
+    residual_gemv(attn, wo, x, plan=plan)
+    residual_gemv(attn, wo, x, plan=plan, use_pdl=True, early_release=True)
+    residual_gemv_deferred(attn, wo, x, torch.empty_like(x), plan=plan, use_pdl=True, early_release=True)
+    residual_gemv_deferred(attn, wo, x, torch.empty_like(x), plan=plan, use_pdl=True)
+    assert [(kw["EARLY_RELEASE"], kw["USE_PDL"]) for kw in seen] == [(False, False), (True, True), (True, True),
+                                                                    (False, True)]
