@@ -170,8 +170,9 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     up to 16 rows, out_proj as the fused step runs it there: "fused_deferred" (its split partials only, the
     reduction left to gate/up: `out_proj.residual_gemv_deferred`), with gate/up as it then runs (op gate_up,
     "fused_deferred": the reduction's pre-pass over the partials first, `mlp.gate_up_act` given the DeferredX).
-    out_proj and down release the next launch as the fused step's dense layers do by default
-    (`runtime.fused_model.EARLY_RELEASE`, `out_proj.residual_gemv`'s early_release)."""
+    The ops out_proj and down release the next launch as the fused step's dense layers do by default
+    (`runtime.fused_model.EARLY_RELEASE`, `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`)
+    always releases after its wait."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv

@@ -8,8 +8,8 @@ before its own wait, anything written two or more launches back. Releasing L at 
 start once L's predecessor P has passed its wait, so S must not read before its wait anything P (or L) writes.
 For the dense fused step:
   residual  (`out_proj._residual_gemv_kernel`: out_proj, P attention, S gate/up, which reads only weights before
-            its wait; the down projection, P gate/up, S the next prologue, which reads weights / norm weights / rope
-            tables / positions before its wait)
+            its wait; the down projection, P gate/up, S the next prologue, which reads only weights before its
+            wait)
   prologue  (`attn_prologue._attn_prologue_kernel`: P down, S the decode attention, which reads before its wait
             the page table, positions and KV slots written by earlier steps only, never the step's own slots)
 Not for MoE layers (the router after out_proj is not checked here).

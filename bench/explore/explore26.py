@@ -169,7 +169,7 @@ def summary(out: dict) -> str:
              f"chunk {out.get('chunk', 1)} attn_target {out.get('attn_target', '-')} "
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} defer_down "
-             f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release {','.join(out.get('early_release', ())) or 'off'} "
+             f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release={','.join(out.get('early_release', ())) or 'off'} "
              f"down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

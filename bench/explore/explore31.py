@@ -19,8 +19,8 @@ round trip), FMAs, the reduction, the store.
     y[r, n] = res[r, n] + sum_k x[r, k] W[n, k]                      (RES: out_proj's residual GEMV)
     y[r, n] = rstd(x[r]) * sum_k (x[r, k] g[k]) W[n, k]               (norm: the prologue's normed GEMV, no RoPE)
 
-Rows are taken RB at a time (every x row of the group loaded first). MODE 2: weights loaded before
-the wait; MODE 1: after it. EARLY 1: dependents released at the start (the next launch's programs may load while
+Rows are taken RB at a time (every x row of the group loaded first). MODE 2: weights (and, for RES, the residual
+rows: production loads its residual after the wait) loaded before the wait; MODE 1: after it. EARLY 1: dependents released at the start (the next launch's programs may load while
 this one waits); EARLY 0: right after the wait (the production rule). Timed as the fused step runs its launches
 (PDL-chained over rotating cold copies, `_common.check_and_time`), beside the production residual GEMV's plan
 (`time_gemv_plans`) in the same run.

@@ -4,6 +4,7 @@
 # fused model's early-release test: bits against the release after the wait, NaN-filled replays). (2) `lowlat bench`
 # kernels, Llama-3.2-1B (out_proj fused / fused_deferred, gate/up after a deferred out_proj, down). (3) explore26
 # --early-release on / off alternated twice: Llama / SmolLM2 at 1 / 6 / 16 rows, Qwen3-0.6B / Qwen2.5-0.5B at 1 / 6.
+# (A record: explore26's flag then took on / off; it now takes launch names, so "on" is "out_proj,down" today.)
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1

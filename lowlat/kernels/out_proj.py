@@ -448,6 +448,12 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
     return OutProjResult(out, h_out, rstd_out)
 
 
+def check_early_release(early_release) -> None:
+    """Refuse an early_release that is not a bool (it waives a launch-ordering rule: no truthy strings or tuples)."""
+    if not isinstance(early_release, bool):
+        raise StepContractError(f"early_release={early_release!r} must be a bool")
+
+
 def _check_gemv_inputs(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
     """(M, K, N) of a residual GEMV's a [M, K] and w [N, K] (bf16, one device, w contiguous, M = 1..48); raises
     StepContractError naming the tensor otherwise."""
@@ -474,18 +480,21 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     (`lowlat.kernels.mlp`). `out` may alias `residual` (a program reads its residual tile before it
     writes that tile; no program reads another's). plan: tiling (default `plan_gemv(N, K,
     kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
-    early_release (under PDL): release the next launch at the start of every program instead of right after its
-    `gdc_wait` (explore31 / explore32's finding, NOTES session 23: the next launch's programs become resident and
-    load their weights while this one still waits). Same results. The caller must know it is safe: the launch
-    rule is that a launch may read, before its own wait, anything written two or more launches back; with an early
-    release the next launch S may start as soon as this launch's predecessor P has passed its wait, so S must not
-    read, before its wait, anything P or this launch writes (the fused step's dense layers: S is gate/up, the next
-    prologue, the final RMSNorm, the LM head or the draft sampler, which read only weights before their waits).
+    early_release (a bool; under PDL): release the next launch at the start of every program instead of right after
+    its `gdc_wait` (explore31's finding, NOTES session 23: the next launch's programs become resident and load their
+    weights while this one still waits). Same results. The caller must know it is safe: the launch rule is that a
+    launch may read, before its own wait, anything written two or more launches back; with an early release the
+    next launch S may start as soon as this launch's predecessor P has passed its wait (P releasing after its own
+    wait, as every other lowlat launch does; two early releases in a row widen the window one launch further
+    back), so S must not read, before its wait, anything P or this launch writes (the fused step's dense layers: S
+    is gate/up, the next prologue, the final RMSNorm or the LM head, which read only weights before their waits).
     a may be a DeferredAttention (the output projection of `decode_attention(..., fold_combine=True)`: the split
     combine folded in, as `out_proj` describes).
-    Raises StepContractError for wrong shapes / dtypes / devices, or a plan made for another shape; for a
-    DeferredAttention also a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own.
+    Raises StepContractError for wrong shapes / dtypes / devices, a plan made for another shape, or an early_release
+    that is not a bool; for a DeferredAttention also a malformed one, a plan not slicing K by whole heads, or buffers
+    overlapping its own.
     """
+    check_early_release(early_release)
     a, folded = gemv_activations(a)
     dev = a.device
     m, k, n = _check_gemv_inputs(a, w)
@@ -526,10 +535,12 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
                   `residual_gemv`
     Returns DeferredX(partials, residual, out) for the consumer.
     Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
-    `residual_gemv`), a plan made for another shape, or an `out` overlapping `residual`; for a DeferredAttention also
+    `residual_gemv`), a plan made for another shape, an `out` overlapping `residual`, or an early_release that is not a
+    bool; for a DeferredAttention also
     a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own (`out` included, though this
     launch does not write it: conservative).
     """
+    check_early_release(early_release)
     a, folded = gemv_activations(a)
     dev = a.device
     m, k, n = _check_gemv_inputs(a, w)

@@ -82,7 +82,7 @@ ASSUMED_SMS = 132
 FOLD_MAX_WIDTH = 0
 #: the dense layers' residual GEMVs ("out_proj", "down") that release the next launch at their start instead of after
 #: their wait (`out_proj.residual_gemv`'s early_release; safe there: their successors, gate/up, the next prologue, the
-#: final RMSNorm, the LM head and the draft sampler, read only weights before their waits). None by default: per
+#: final RMSNorm and the LM head, read only weights before their waits; MoE layers never do). None by default: per
 #: kernel it takes Llama-3.2-1B's deferred out_proj from 3.53 to 2.71 us at 1 row (57.5% -> 74.9% of copy bandwidth),
 #: but in the step it moves each model a different way (session 23, bench/results/session23/call5-6, explore26, us a
 #: step at 1 / 6 rows against none): both launches Llama -3.5 / -2 (alternated twice), SmolLM2-135M +13 / +15,
@@ -192,9 +192,9 @@ class FusedModel:
                          (`decode_attention(fold_combine=True)`, `lowlat.kernels.attn_combine`) at widths of up to
                          this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads (dense
                          models); the same bits either way (default FOLD_MAX_WIDTH)
-        early_release    the dense layers' launches among "out_proj" and "down" that release the next launch at
-                         their start, not after their PDL wait (`out_proj.residual_gemv`); the same bits either way
-                         (default EARLY_RELEASE)
+        early_release    a tuple / list / set of the dense layers' launches among "out_proj" and "down" that release
+                         the next launch at their start, not after their PDL wait (`out_proj.residual_gemv`); the
+                         same bits either way; MoE layers ignore it (default EARLY_RELEASE)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -212,10 +212,11 @@ class FusedModel:
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
                  early_release: Sequence[str] = EARLY_RELEASE) -> None:
         self.cfg = cfg
-        if isinstance(early_release, str) or not all(n in EARLY_RELEASE_LAUNCHES for n in early_release):
+        names = tuple(early_release) if isinstance(early_release, (tuple, list, set, frozenset)) else None
+        if names is None or not all(isinstance(n, str) and n in EARLY_RELEASE_LAUNCHES for n in names):
             raise StepContractError(f"early_release={early_release!r} must be a sequence of names in "
                                     f"{EARLY_RELEASE_LAUNCHES}")
-        self.early_release = tuple(n for n in EARLY_RELEASE_LAUNCHES if n in early_release)   # fixed at build
+        self.early_release = tuple(n for n in EARLY_RELEASE_LAUNCHES if n in names)   # fixed at build
         for name, v in (("defer", defer), ("defer_down", defer_down), ("fold", fold)):
             if name == "defer_down" and v is None:
                 continue

@@ -366,7 +366,7 @@ def test_unsupported_configs_are_refused():
         for arg in ("defer", "defer_down", "fold"):
             with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
                 FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
-    for bad in ("out_proj", ("out_proj", "gate_up"), ("prologue",)):
+    for bad in ("out_proj", ("out_proj", "gate_up"), ("prologue",), True, None, 1, (n for n in ("down",)), (1,)):
         with pytest.raises(StepContractError, match=r"^early_release=.* must be a sequence of names in"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
@@ -456,10 +456,7 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         for name in ("on", "down"):            # a replay recomputes every deferred buffer, after the PDL waits
             fm = models[name]
-            for t in (fm._x2, fm._deferred, fm._deferred_down):
-                t.fill_(float("nan"))
-            check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on,
-                          output=f"logits_replay_{name}_r{rows}")
+            replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down), on, f"_{name}_r{rows}")
 
 
 def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypatch):
@@ -492,8 +489,11 @@ def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypat
                            head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4))
         ks, vs = layer_caches(case, cfg.num_layers, 5)
         seen.clear()
-        same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         assert seen == want, (rows, seen)
+        fm = models["on"]           # the replay helper of the GPU tests (eager here: nothing captured on the CPU)
+        replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]), on,
+                         f"_r{rows}")
 
 
 @pytest.mark.gpu
@@ -511,9 +511,8 @@ def test_gpu_early_release_same_bits_as_without(device, model):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         fm = models["on"]
-        for t in (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]):
-            t.fill_(float("nan"))
-        check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on, output=f"logits_replay_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]), on,
+                         f"_r{rows}")
 
 
 @pytest.mark.gpu
@@ -538,9 +537,8 @@ def test_gpu_folded_attention_combine_same_bits_as_without(device, model):
         ks, vs = layer_caches(case, cfg.num_layers, seed)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         fm = models["on"]
-        for t in (fm.dec_ws.partial_o, fm.dec_ws.partial_ml, fm._full["attn"]):
-            t.fill_(float("nan"))
-        check_bitwise("fused_model", fm.forward(case.step, fresh_pool(ks, vs)), on, output=f"logits_replay_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm.dec_ws.partial_o, fm.dec_ws.partial_ml, fm._full["attn"]), on,
+                         f"_r{rows}")
 
 
 @pytest.mark.gpu
@@ -714,6 +712,22 @@ def run_draft_position(fm, step, pool, n, rows):
 
     k_cap, need_noise = launch_flags(rows[0], rows[1], fm.cfg.vocab_size)
     return fm.draft_position(step, pool, n, *rows, k_cap=k_cap, need_noise=need_noise)
+
+
+def replay_after_nan(fm, case, ks, vs, buffers, want, tag: str) -> None:
+    """Run `case` once on a pool of its own (a new cache: an eager run, the capture and a replay), fill `buffers` with
+    NaN, then run it again on the SAME pool: a pure replay of the captured graph (asserted: a new pool would clear the
+    graphs and re-run eagerly, rewriting the NaN buffers first, so a launch reading one too early could not show).
+    Its logits must equal `want` bitwise. The second run rewrites the step's own KV slots with the same values."""
+    pool = fresh_pool(ks, vs)
+    fm.forward(case.step, pool)
+    graph = fm._graphs.get(fm.width_for(case.step.num_rows))
+    for t in buffers:
+        t.fill_(float("nan"))
+    got = fm.forward(case.step, pool)
+    assert fm._graphs.get(fm.width_for(case.step.num_rows)) is graph
+    assert graph is not None or not fm.use_graphs, "no graph captured"
+    check_bitwise("fused_model", got, want, output=f"logits_replay{tag}")
 
 
 def fresh_pool(ks, vs):

@@ -298,7 +298,8 @@ def test_residual_gemv_early_release_sits_before_the_wait_in_the_sm90_ptx():
 
 
 def test_residual_gemv_passes_early_release_to_the_launch(monkeypatch):
-    """residual_gemv / residual_gemv_deferred launch EARLY_RELEASE as asked (False by default), with PDL as asked."""
+    """residual_gemv / residual_gemv_deferred launch EARLY_RELEASE as asked (False by default), with PDL as asked, and
+    refuse an early_release that is not a bool before any launch."""
     import lowlat.kernels.out_proj as op
     from lowlat.kernels.out_proj import residual_gemv_deferred
 
@@ -318,3 +319,9 @@ def test_residual_gemv_passes_early_release_to_the_launch(monkeypatch):
     residual_gemv_deferred(attn, wo, x, torch.empty_like(x), plan=plan, use_pdl=True)
     assert [(kw["EARLY_RELEASE"], kw["USE_PDL"]) for kw in seen] == [(False, False), (True, True), (True, True),
                                                                     (False, True)]
+    for bad in ("off", ("down",), 1, None):      # truthy or falsy look-alikes of a bool are refused, nothing launched
+        with pytest.raises(StepContractError, match=r"^early_release=.* must be a bool"):
+            residual_gemv(attn, wo, x, plan=plan, use_pdl=True, early_release=bad)
+        with pytest.raises(StepContractError, match=r"^early_release=.* must be a bool"):
+            residual_gemv_deferred(attn, wo, x, torch.empty_like(x), plan=plan, use_pdl=True, early_release=bad)
+    assert len(seen) == 4
