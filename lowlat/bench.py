@@ -180,11 +180,11 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     from lowlat.kernels.mlp import gate_up_act, mlp
     from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
     from lowlat.reference import lm_head as ref_lm
+    from lowlat.reference import out_proj as ref_op
+    from lowlat.reference.mlp import swiglu_mlp
     from lowlat.runtime.fused_model import EARLY_RELEASE
 
     early_o, early_d = "out_proj" in EARLY_RELEASE, "down" in EARLY_RELEASE
-    from lowlat.reference import out_proj as ref_op
-    from lowlat.reference.mlp import swiglu_mlp
 
     bf = torch.bfloat16
     h, q, i, v, eps = cfg.hidden_size, cfg.q_size, cfg.intermediate_size, cfg.vocab_size, cfg.rms_eps
