@@ -273,12 +273,11 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
             for op, nb in (("gate_up", 2 * h * i * 2 + _nbytes(x, act)), ("down", h * i * 2 + _nbytes(act, x, xo))):
                 run(op, rows, "fused", {"fused": fns[op]}, max(nc, MIN_LAUNCHES), nb)
             if plan_r.split > 1 and rows <= 16:     # gate/up after a deferred out_proj: the reduction's pre-pass too
-                parts = torch.randn(plan_r.split, rows, h, generator=g, device=device)
-                d = DeferredX(parts, x, torch.empty_like(x))
+                d = DeferredX(torch.randn(plan_r.split, rows, h, generator=g, device=device), x, torch.empty_like(x))
                 run("gate_up", rows, "fused_deferred",
                     {"fused_deferred": lambda k, d=d: gate_up_act(d, gus[k % nc], norm_weight=nw, eps=eps, out=act,
                                                                   workspace=ws, plan=plans[0], use_pdl=True)},
-                    max(nc, MIN_LAUNCHES), 2 * h * i * 2 + _nbytes(x, act, parts, d.out))
+                    max(nc, MIN_LAUNCHES), 2 * h * i * 2 + _nbytes(x, act, d.partials, d.out))
     del gus, wds
 
     # ---- lm_head: final norm + logits (fp32) + argmax

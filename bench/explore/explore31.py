@@ -20,10 +20,10 @@ round trip), FMAs, the reduction, the store.
     y[r, n] = rstd(x[r]) * sum_k (x[r, k] g[k]) W[n, k]               (norm: the prologue's normed GEMV, no RoPE)
 
 Rows are taken RB at a time (every x row of the group loaded first). MODE 2: weights (and, for RES, the residual
-rows: production loads its residual after the wait) loaded before the wait; MODE 1: after it. EARLY 1: dependents released at the start (the next launch's programs may load while
-this one waits); EARLY 0: right after the wait (the production rule). Timed as the fused step runs its launches
-(PDL-chained over rotating cold copies, `_common.check_and_time`), beside the production residual GEMV's plan
-(`time_gemv_plans`) in the same run.
+rows: production loads its residual after the wait) loaded before the wait; MODE 1: after it. EARLY 1: dependents
+released at the start (the next launch's programs may load while this one waits); EARLY 0: right after the wait (the
+production rule); `pdl_point`. Timed as the fused step runs its launches (PDL-chained over rotating cold copies,
+`_common.check_and_time`), beside the production residual GEMV's plan (`time_gemv_plans`) in the same run.
 
     python bench/explore/explore31.py --out $OUT/explore31.json [--budget-s 240] [--rows 1 6 16]
 """
@@ -59,6 +59,19 @@ CONFIGS = {2048: [(16, 8, 128), (16, 8, 0), (8, 8, 0), (8, 4, 0), (4, 4, 0)],
 
 
 @triton.jit
+def pdl_point(MODE: tl.constexpr, EARLY: tl.constexpr, AT: tl.constexpr):
+    """The explore GEMVs' PDL wait / release, called at AT = 1 (the kernel's start, before the weight loads) and AT = 2
+    (after them). MODE 0: no PDL; MODE 1: wait at the start; MODE 2: wait after the weight loads. EARLY: release the
+    next launch at the start; else right after the wait."""
+    if AT == 1 and MODE > 0 and EARLY:
+        gdc_launch_dependents()
+    if MODE == AT:
+        gdc_wait()
+        if not EARLY:
+            gdc_launch_dependents()
+
+
+@triton.jit
 def _held_kernel(x_ptr, g_ptr, w_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr, BN: tl.constexpr,
                  R: tl.constexpr, RB: tl.constexpr, MODE: tl.constexpr, EARLY: tl.constexpr, RES: tl.constexpr):
     pid = tl.program_id(0)
@@ -66,12 +79,7 @@ def _held_kernel(x_ptr, g_ptr, w_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr,
     # one [BN, K] tile and [1, K] rows of x: both take the layout 8 bf16 a thread along K, lanes and then warps
     # along K, rows repeated in each thread, so x's 16 bytes a thread meet every row's weights in registers
     rk = tl.arange(0, K)[None, :]
-    if MODE > 0 and EARLY:
-        gdc_launch_dependents()
-    if MODE == 1:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    pdl_point(MODE, EARLY, 1)
     w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk)
     if not RES:
         g = tl.load(g_ptr + rk).to(tl.float32)
@@ -79,10 +87,7 @@ def _held_kernel(x_ptr, g_ptr, w_ptr, res_ptr, out_ptr, N, eps, K: tl.constexpr,
     if RES:
         for r in tl.static_range(R):
             resv = resv + (tl.load(res_ptr + r * N + rn).to(tl.float32),)
-    if MODE == 2:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    pdl_point(MODE, EARLY, 2)
     for r0 in tl.static_range(0, R, RB):
         xts = ()                            # every x row of the group first: one round trip
         for j in tl.static_range(RB):

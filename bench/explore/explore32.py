@@ -31,7 +31,8 @@ from _common import check_and_time, explore_main, gemv_reference, time_productio
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
+
+from explore31 import pdl_point  # noqa: E402
 
 from lowlat.benchmarking import rotation_copies  # noqa: E402
 from lowlat.kernels._gemv import interpreting  # noqa: E402
@@ -55,18 +56,10 @@ def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: tl.constexpr, BN: 
     rn = pid * BN + tl.arange(0, BN)
     rk = tl.arange(0, KS)
     rr = tl.arange(0, RB)
-    if MODE > 0 and EARLY:
-        gdc_launch_dependents()
-    if MODE == 1:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    pdl_point(MODE, EARLY, 1)
     # W [S, BN, KS]: slice s of row n is W[n, s * KS : (s + 1) * KS]
     w = tl.load(w_ptr + rn[None, :, None].to(tl.int64) * K + rs * KS + rk[None, None, :])
-    if MODE == 2:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    pdl_point(MODE, EARLY, 2)
     for mb in range(NMB):                                 # a loop (not unrolled): one x block in shared memory
         rows = mb * RB + rr
         # x^T [S, KS, RB]: column r of slice s is x[m0 + r, s * KS : (s + 1) * KS] (rows past M read as 0)
@@ -86,7 +79,8 @@ def launch_held_mma(x, w, res, out, *, bn: int, s: int, warps: int, mode: int, e
     n, k = w.shape
     m = x.shape[0]
     _held_mma_kernel[(n // bn,)](x, w, res, out, m, n, K=k, BN=bn, S=s, MODE=mode, EARLY=early,
-                                 NMB=triton.cdiv(m, 16), UPCAST=interpreting(), num_warps=warps, num_stages=1, launch_pdl=mode > 0)
+                                 NMB=triton.cdiv(m, 16), UPCAST=interpreting(), num_warps=warps, num_stages=1,
+                                 launch_pdl=mode > 0)
 
 
 def held_mma(rec, deadline, reps: int, rows):

@@ -386,7 +386,7 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None, **fold,
         NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
         BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
-        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, EARLY_RELEASE=bool(early_release),
+        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, EARLY_RELEASE=early_release,
         **launch_constexprs(plan, nmb))
 
 

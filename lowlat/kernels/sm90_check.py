@@ -123,6 +123,15 @@ def _sig(*pairs) -> dict:
     return {k: v for k, v in pairs}
 
 
+#: `out_proj._residual_gemv_kernel`'s runtime parameters and their types as a launch specialises them
+RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")},
+                     "rstd_ptr": "*fp32", "ws_ptr": "*fp32", "ss_ptr": "*fp32", "cnt_ptr": "*i32",
+                     "stride_am": "i32", "stride_wn": "i32", "stride_rm": "i32", "stride_om": "i32",
+                     "stride_hm": "i32", "M": "i32", "N": "i32", "K": "i32", "n_tiles": "i32", "eps": "fp32",
+                     "dp_ptr": "*fp32", "dp_stride_s": "i32", "dp_stride_m": "i32", "fo_ptr": "*fp32",
+                     "fml_ptr": "*fp32", "fpos_ptr": "*i64", "fnvr_ptr": "*i32", "f_hq": "i32"}
+
+
 def compile_all(quick: bool = False) -> list[dict]:
     """Compile every GEMV kernel variant the fused model launches (quick: SmolLM2 only, 1 and 3 row
     blocks), plus out_proj with the RMSNorm epilogue (MoE layers) and its h-writing form."""
@@ -137,15 +146,10 @@ def compile_all(quick: bool = False) -> list[dict]:
     from lowlat.runtime.fused_model import EARLY_RELEASE
 
     out = []
+    res_sig = RESIDUAL_GEMV_SIG
     shapes = [("SmolLM2", 576, 576, 1536, 49152, 64)] if quick else [
         ("SmolLM2", 576, 576, 1536, 49152, 64), ("Llama-3.2-1B", 2048, 2048, 8192, 128256, 64)]
     row_blocks = (1, 3) if quick else (1, 2, 3)
-    res_sig = {a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
-    res_sig.update({"rstd_ptr": "*fp32", "ws_ptr": "*fp32", "ss_ptr": "*fp32", "cnt_ptr": "*i32",
-                    "stride_am": "i32", "stride_wn": "i32", "stride_rm": "i32", "stride_om": "i32",
-                    "stride_hm": "i32", "M": "i32", "N": "i32", "K": "i32", "n_tiles": "i32", "eps": "fp32",
-                    "dp_ptr": "*fp32", "dp_stride_s": "i32", "dp_stride_m": "i32", "fo_ptr": "*fp32", "fml_ptr": "*fp32",
-                    "fpos_ptr": "*i64", "fnvr_ptr": "*i32", "f_hq": "i32"})
     gu_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "nw_ptr": "*bf16", "rstd_ptr": "*fp32", "act_ptr": "*bf16",
               "ws_ptr": "*fp32", "sss_ptr": "*fp32", "cnt_ptr": "*i32", "stride_xm": "i32", "stride_wn": "i32",
               "stride_am": "i32", "M": "i32", "I": "i32", "K": "i32", "eps": "fp32", "xp_ptr": "*fp32",

@@ -144,6 +144,21 @@ def test_row_group_greedy_matches_argmax(device):
         assert torch.equal(tok, x.argmax(-1)), (tok, x.argmax(-1))
 
 
+def _gemv_want(x, w, g, res, res_epi):
+    """The explore GEMVs' two epilogues in float64: res + x W^T, or rms_norm(x) * g W^T (eps 1e-5)."""
+    xd = x.double()
+    if res_epi:
+        return res.double() + xd @ w.double().T
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.double().T
+
+
+def _assert_gemv_close(out, want, what: str) -> None:
+    """One bf16 rounding of the output (<= 2^-9 relative) with margin: 2^-7 of the largest value; a skipped row, row
+    block, column, slice or box is off by the size of the values; NaN (the poison) fails the comparison."""
+    err = (out.double() - want).abs().max().item()
+    assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} ({what})"
+
+
 @pytest.mark.parametrize("kernel", [pytest.param("gluon", marks=pytest.mark.gpu), "triton"])
 @pytest.mark.parametrize("bn", [4, 8, 16])
 @pytest.mark.parametrize("mode", [0, 1, 2])
@@ -166,22 +181,7 @@ def test_smem_gemv_matches_reference(device, kernel, bn, mode, res_epi):
         for i in range(2):
             out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
             sg(i, x, g, res, out, mode=mode, res_epi=res_epi, group=2, triton_kernel=kernel == "triton")
-            xd, w = x.double(), ws[i].double()
-            if res_epi:
-                want = res.double() + xd @ w.T
-            else:
-                want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.T
-            # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped box or row is off by the size
-            # of the values themselves; NaN (the poison) fails the comparison
-            err = (out.double() - want).abs().max().item()
-            assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r}, copy {i})"
-
-
-def _mma_smem_want(x, w, g, res, res_epi):
-    xd = x.double()
-    if res_epi:
-        return res.double() + xd @ w.double().T
-    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.double().T
+            _assert_gemv_close(out, _gemv_want(x, ws[i], g, res, res_epi), f"r {r}, copy {i}")
 
 
 @pytest.mark.gpu
@@ -209,9 +209,7 @@ def test_gpu_mma_smem_gemv_matches_reference_and_is_row_invariant(device, versio
         for i in range(2):
             out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
             mg(i, x, g, res, out, mode=mode, res_epi=res_epi, version=version)
-            want = _mma_smem_want(x, ws[i], g, res, res_epi)
-            err = (out.double() - want).abs().max().item()
-            assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r}, copy {i})"
+            _assert_gemv_close(out, _gemv_want(x, ws[i], g, res, res_epi), f"r {r}, copy {i}")
     x, res = _bf16(17, k, seed=50, device=device), _bf16(17, n, seed=51, device=device)
     full = poison(torch.empty(17, n, dtype=torch.bfloat16, device=device))
     mg(0, x, g, res, full, mode=mode, res_epi=res_epi, version=version)
@@ -278,15 +276,7 @@ def test_held_gemv_matches_reference(device, mode, early, bn, warps, res_epi):
         x, res = _bf16(r, k, seed=33 + r, device=device), _bf16(r, n, seed=40 + r, device=device)
         out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
         launch_held(x, g, w, res, out, bn=bn, warps=warps, rb=rb, mode=mode, early=early, res_epi=res_epi)
-        xd = x.double()
-        if res_epi:
-            want = res.double() + xd @ w.double().T
-        else:
-            want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()) @ w.double().T
-        # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped row or column is off by the size
-        # of the values; NaN (the poison) fails
-        err = (out.double() - want).abs().max().item()
-        assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r})"
+        _assert_gemv_close(out, _gemv_want(x, w, g, res, res_epi), f"r {r}")
 
 
 @pytest.mark.parametrize("mode,early", [(0, 0), pytest.param(1, 0, marks=pytest.mark.gpu),
@@ -307,11 +297,7 @@ def test_held_mma_gemv_matches_reference(device, mode, early, bn, s, warps):
         x, res = x_all[:r].contiguous(), res_all[:r].contiguous()
         out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
         launch_held_mma(x, w, res, out, bn=bn, s=s, warps=warps, mode=mode, early=early)
-        want = res.double() + x.double() @ w.double().T
-        # one bf16 rounding of the output (<= 2^-9 relative) with margin; a skipped row block or slice is off by the
-        # size of the values; NaN (the poison) fails
-        err = (out.double() - want).abs().max().item()
-        assert err <= 2 ** -7 * want.abs().max().item(), f"max error {err} (r {r})"
+        _assert_gemv_close(out, _gemv_want(x, w, None, res, True), f"r {r}")
         first = out[:1].clone() if first is None else first
         if device.type == "cuda":
             assert torch.equal(out[:1], first), f"row 0 at {r} rows differs from the 1-row launch"

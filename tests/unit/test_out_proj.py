@@ -264,17 +264,18 @@ def _residual_sm90_spec(early: bool) -> dict:
     """`_residual_gemv_kernel`'s compile spec as the fused step launches Llama-3.2-1B's deferred out_proj at 1 row
     (its committed plan, one row block, PDL)."""
     from lowlat.kernels._gemv import launch_constexprs
+    from lowlat.kernels.sm90_check import RESIDUAL_GEMV_SIG
 
     plan = plan_gemv(2048, 2048, kind="residual")
     lc = launch_constexprs(plan, 1)
     warps, stages = lc.pop("num_warps"), lc.pop("num_stages")
-    ptrs = {a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_ptr", "nw_ptr", "h_ptr")}
-    ptrs.update(rstd_ptr="*fp32", ws_ptr="*fp32", ss_ptr="*fp32", cnt_ptr="*i32", dp_ptr="*fp32", fo_ptr="*fp32",
-                fml_ptr="*fp32", fpos_ptr="*i64", fnvr_ptr="*i32")
+    ptrs = {a: t for a, t in RESIDUAL_GEMV_SIG.items() if t.startswith("*")}
+    scalars = {a: t for a, t in RESIDUAL_GEMV_SIG.items() if not t.startswith("*")}
     return {"constexprs": dict(lc, NORM=False, WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, USE_PDL=True, UPCAST=False,
                                DEFER=True, EARLY_RELEASE=early),
-            "pointers": ptrs, "scalars": {"eps": "fp32"}, "num_warps": warps, "num_stages": stages,
-            "launch_pdl": True, "ptx": True, "divisible": ["stride_am", "stride_wn", "stride_rm", "stride_om", "N", "K"]}
+            "pointers": ptrs, "scalars": scalars, "num_warps": warps, "num_stages": stages,
+            "launch_pdl": True, "ptx": True,
+            "divisible": ["stride_am", "stride_wn", "stride_rm", "stride_om", "N", "K"]}
 
 
 def test_residual_gemv_early_release_sits_before_the_wait_in_the_sm90_ptx():

@@ -8,7 +8,7 @@ import torch
 from lowlat.errors import StepContractError
 from lowlat.reference.model import ReferenceModel
 from lowlat.step import MAX_ROWS
-from lowlat.testing import random_step, tiny_config
+from lowlat.testing import random_step, split_rows, tiny_config
 from lowlat.weights import random_model_weights
 
 CFG = tiny_config(vocab_size=128)
@@ -61,3 +61,13 @@ def test_rows_beyond_max_rows_are_refused():
 def test_valid_step_passes_validation():
     case = _case()
     case.step.validate(vocab_size=CFG.vocab_size, num_slots=case.k_cache.shape[0], max_rows=MAX_ROWS)
+
+
+def test_split_rows_covers_exactly_m_rows_in_requests_of_one_to_three():
+    """`lowlat.testing.split_rows` (the kernel tests' mixed decode / verify requests): requests of 1, 2, 3, 1, ... rows
+    summing to exactly m, only the last one cut, for every width 1..48."""
+    assert split_rows(1) == [1] and split_rows(7) == [1, 2, 3, 1] and split_rows(8) == [1, 2, 3, 1, 1]
+    for m in range(1, 49):
+        rows = split_rows(m)
+        assert sum(rows) == m, (m, rows)
+        assert rows[:-1] == [1 + i % 3 for i in range(len(rows) - 1)] and 1 <= rows[-1] <= 1 + (len(rows) - 1) % 3
