@@ -171,8 +171,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     reduction left to gate/up: `out_proj.residual_gemv_deferred`), with gate/up as it then runs (op gate_up,
     "fused_deferred": the reduction's pre-pass over the partials first, `mlp.gate_up_act` given the DeferredX).
     The ops out_proj and down release the next launch as the fused step's dense layers do by default
-    (`runtime.fused_model.EARLY_RELEASE`, `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`)
-    always releases after its wait."""
+    (`runtime.fused_model.early_release_launches(cfg)`: at their start where their weights exceed 8 MB,
+    `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
@@ -182,9 +182,9 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     from lowlat.reference import lm_head as ref_lm
     from lowlat.reference import out_proj as ref_op
     from lowlat.reference.mlp import swiglu_mlp
-    from lowlat.runtime.fused_model import EARLY_RELEASE
+    from lowlat.runtime.fused_model import early_release_launches
 
-    early_o, early_d = "out_proj" in EARLY_RELEASE, "down" in EARLY_RELEASE
+    early_o, early_d = (name in early_release_launches(cfg) for name in ("out_proj", "down"))
 
     bf = torch.bfloat16
     h, q, i, v, eps = cfg.hidden_size, cfg.q_size, cfg.intermediate_size, cfg.vocab_size, cfg.rms_eps

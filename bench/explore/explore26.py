@@ -33,8 +33,8 @@ launch without the early first block); moves no arithmetic.
 reduction of out_proj / down left to the next launch up to N rows; on = 16, off = 0); move no arithmetic.
 --fold N|on|off (session 22): FusedModel's fold (the decode attention's split combine left to the output projection up
 to N rows; on = 16, off = 0); moves no arithmetic.
---early-release NAMES|off (session 23): FusedModel's early_release (comma-separated among out_proj, down: those release
-the next launch at their start); moves no arithmetic.
+--early-release NAMES|off|auto (session 23): FusedModel's early_release (comma-separated among out_proj, down: those release
+the next launch at their start; auto, the default since session 24: those over 8 MB of weights); moves no arithmetic.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -85,7 +85,8 @@ def main() -> None:
                         "rows; on = 16, off = 0 (session 22; default: FusedModel's)")
     p.add_argument("--early-release", default=None,
                    help="FusedModel(early_release=...): comma-separated among out_proj, down (those release the next "
-                        "launch at their start), or off (session 23; default: FusedModel's)")
+                        "launch at their start), off, or auto (session 23; default: FusedModel's, auto since "
+                        "session 24)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -137,7 +138,7 @@ def main() -> None:
     defer = {name: int({"on": 16, "off": 0}.get(v, v))
              for name, v in (("defer", a.defer), ("defer_down", a.defer_down), ("fold", a.fold)) if v is not None}
     if a.early_release is not None:
-        defer["early_release"] = () if a.early_release == "off" else tuple(a.early_release.split(","))
+        defer["early_release"] = {"off": (), "auto": "auto"}.get(a.early_release, tuple(a.early_release.split(",")))
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})

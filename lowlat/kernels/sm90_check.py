@@ -143,7 +143,7 @@ def compile_all(quick: bool = False) -> list[dict]:
     from lowlat.kernels.lm_head import _lm_head_kernel
     from lowlat.kernels.mlp import _gate_up_kernel
     from lowlat.kernels.out_proj import _residual_gemv_kernel, deferred_pieces
-    from lowlat.runtime.fused_model import EARLY_RELEASE
+    from lowlat.runtime.fused_model import releases_early
 
     out = []
     res_sig = RESIDUAL_GEMV_SIG
@@ -177,7 +177,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             for name, n, k in (("out_proj", h, q), ("down", h, i)):
                 p = plan_gemv(n, k, kind="residual")
                 run(f"{model}/{name}", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=False, WRITE_H=False,
-                    NT_P2=2, BH=512, N_COLS=1, EARLY_RELEASE=name in EARLY_RELEASE)
+                    NT_P2=2, BH=512, N_COLS=1, EARLY_RELEASE=releases_early(n, k))
             p = plan_gemv(h, q, kind="out_proj")
             nt = max(2, triton.next_power_of_2(p.n_tiles))
             run(f"{model}/out_proj_norm", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=True, WRITE_H=True,
@@ -186,7 +186,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             p = plan_gemv(h, q, kind="residual")
             if p.split > 1:   # out_proj's reduction deferred to gate/up (FusedModel.defers; defer=N allows 48 rows)
                 run(f"{model}/out_proj_deferred", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=False,
-                    WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, DEFER=True, EARLY_RELEASE="out_proj" in EARLY_RELEASE)
+                    WRITE_H=False, NT_P2=2, BH=512, N_COLS=1, DEFER=True, EARLY_RELEASE=releases_early(h, q))
                 pg = plan_gemv(i, h, kind="gate_up")
                 run(f"{model}/gate_up_deferred", _gate_up_kernel, gu_sig, pg, nmb, True, NORM=2, XSPLIT=p.split,
                     **deferred_pieces(1 if nmb == 1 else 16 * nmb, pg.block_k, pg.chunks_per_split, p.split))

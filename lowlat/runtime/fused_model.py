@@ -80,20 +80,44 @@ ASSUMED_SMS = 132
 #: 6.37), SmolLM2-135M +60 / +336 / +948 at 1 / 6 / 16 (its split-1 out_proj: 36 column tiles each combining all 9
 #: heads of every row), Qwen3-0.6B +41 / +98 at 1 / 6, Qwen2.5-0.5B +35 / +42 at 1 / 6.
 FOLD_MAX_WIDTH = 0
-#: the dense layers' residual GEMVs ("out_proj", "down") that release the next launch at their start instead of after
-#: their wait (`out_proj.residual_gemv`'s early_release; safe there: their successors, gate/up, the next prologue, the
-#: final RMSNorm and the LM head, read only weights before their waits; MoE layers never do). None by default: per
-#: kernel it takes Llama-3.2-1B's deferred out_proj from 3.53 to 2.71 us at 1 row (57.5% -> 74.9% of copy bandwidth),
-#: but in the step it moves each model a different way (session 23, bench/results/session23/call5-6, explore26, us a
-#: step at 1 / 6 rows against none): both launches Llama -3.5 / -2 (alternated twice), SmolLM2-135M +13 / +15,
-#: Qwen2.5-0.5B +11.5 / -5.5, Qwen3-0.6B -3.5 / 0; one launch alone (once each) out_proj: SmolLM2 +3.4 / +2.3,
-#: Qwen2.5 +15 / +6, Llama -1.4 / -0.7, Qwen3 -11 / -4; down: SmolLM2 +7.3 / +7.7, Qwen2.5 -16 / -19, Llama -4.5 /
-#: -3.6, Qwen3 +3 / +2. No rule separates those yet (NOTES "Left").
-EARLY_RELEASE: tuple[str, ...] = ()
+#: FusedModel's default early_release: "auto", the dense layers' residual GEMVs ("out_proj", "down") whose weights
+#: exceed EARLY_RELEASE_MIN_BYTES release the next launch at their start instead of after their wait
+#: (`out_proj.residual_gemv`'s early_release; safe there: their successors, gate/up, the next prologue, the final
+#: RMSNorm and the LM head, read only weights before their waits; MoE layers never do). Per kernel it takes
+#: Llama-3.2-1B's deferred out_proj from 3.53 to 2.71 us at 1 row (57.5% -> 74.9% of copy bandwidth, session 23's
+#: call 5). In the step the sign depends on the launch: one launch alone, once each at 1 / 6 rows (session 23's
+#: call 6, explore26, us a step against none): out_proj SmolLM2-135M (0.66 MB) +3.4 / +2.3, Qwen2.5-0.5B (1.6 MB)
+#: +15 / +6, Qwen3-0.6B (4.2 MB) -11 / -4, Llama-3.2-1B (8.4 MB) -1.4 / -0.7; down SmolLM2 (1.8 MB) +7.3 / +7.7,
+#: Qwen3-0.6B (6.3 MB) +3 / +2, Qwen2.5-0.5B (8.7 MB) -16 / -19, Llama (33.6 MB) -4.5 / -3.6. The size rule enables
+#: only launches that gained there; alternated four times at 1 / 6 / 16 / 48 rows (session 24's call 2,
+#: bench/explore/session24b.sh, median us a step, rule against none): Llama (both launches) -2.9 / -2.7 / -0.7 /
+#: +1.5 (the last two within the runs' spread), Qwen2.5-0.5B (down) -12.3 / -21.3 / -9.8 / -3.8 (every run apart).
+#: SmolLM2-135M and Qwen3-0.6B have no launch over the bound (it forgoes Qwen3's out_proj gain, one run).
+EARLY_RELEASE = "auto"
+#: bytes of bf16 weights a dense residual GEMV must exceed to release early under "auto": the issue's 8 MB (10^6)
+EARLY_RELEASE_MIN_BYTES = 8_000_000
 #: the launches `FusedModel(early_release=...)` may name
 EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
+
+
+def releases_early(n: int, k: int) -> bool:
+    """Whether a dense residual GEMV with a [n, k] bf16 weight releases the next launch at its start under
+    `early_release="auto"`: its weights exceed EARLY_RELEASE_MIN_BYTES (2 n k bytes, compared when called)."""
+    return 2 * n * k > EARLY_RELEASE_MIN_BYTES
+
+
+def early_release_launches(cfg: ModelConfig) -> tuple[str, ...]:
+    """The launches `FusedModel(cfg, ..., early_release="auto")` releases at their start: among "out_proj"
+    ([hidden_size, q_size] weights) and "down" ([hidden_size, intermediate_size]) those whose bf16 weights exceed
+    EARLY_RELEASE_MIN_BYTES (`releases_early`); () for MoE models (their layers never release early). Measured
+    basis: EARLY_RELEASE's comment."""
+    if cfg.is_moe:
+        return ()
+    h = cfg.hidden_size
+    big = {"out_proj": releases_early(h, cfg.q_size), "down": releases_early(h, cfg.intermediate_size)}
+    return tuple(n for n in EARLY_RELEASE_LAUNCHES if big[n])
 
 
 def down_prepass_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: GemvPlan, width: int) -> int:
@@ -192,9 +216,11 @@ class FusedModel:
                          (`decode_attention(fold_combine=True)`, `lowlat.kernels.attn_combine`) at widths of up to
                          this many rows (0: never; at most 48) where out_proj's plan slices K by whole heads (dense
                          models); the same bits either way (default FOLD_MAX_WIDTH)
-        early_release    a tuple / list / set of the dense layers' launches among "out_proj" and "down" that release
-                         the next launch at their start, not after their PDL wait (`out_proj.residual_gemv`); the
-                         same bits either way; MoE layers ignore it (default EARLY_RELEASE)
+        early_release    "auto" (default EARLY_RELEASE: the launches `early_release_launches(cfg)` names, those
+                         over EARLY_RELEASE_MIN_BYTES of weights) or a tuple / list / set of the dense layers'
+                         launches among "out_proj" and "down" that release the next launch at their start, not
+                         after their PDL wait (`out_proj.residual_gemv`); the same bits either way; MoE layers
+                         ignore it
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
 
@@ -210,11 +236,14 @@ class FusedModel:
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
-                 early_release: Sequence[str] = EARLY_RELEASE) -> None:
+                 early_release: str | Sequence[str] = EARLY_RELEASE) -> None:
         self.cfg = cfg
-        names = tuple(early_release) if isinstance(early_release, (tuple, list, set, frozenset)) else None
+        if isinstance(early_release, str) and early_release == "auto":
+            names = early_release_launches(cfg)
+        else:
+            names = tuple(early_release) if isinstance(early_release, (tuple, list, set, frozenset)) else None
         if names is None or not all(isinstance(n, str) and n in EARLY_RELEASE_LAUNCHES for n in names):
-            raise StepContractError(f"early_release={early_release!r} must be a sequence of names in "
+            raise StepContractError(f"early_release={early_release!r} must be 'auto' or a sequence of names in "
                                     f"{EARLY_RELEASE_LAUNCHES}")
         self.early_release = tuple(n for n in EARLY_RELEASE_LAUNCHES if n in names)   # fixed at build
         for name, v in (("defer", defer), ("defer_down", defer_down), ("fold", fold)):

@@ -301,3 +301,61 @@ def test_held_mma_gemv_matches_reference(device, mode, early, bn, s, warps):
         first = out[:1].clone() if first is None else first
         if device.type == "cuda":
             assert torch.equal(out[:1], first), f"row 0 at {r} rows differs from the 1-row launch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,early", [(0, 0), (1, 0), (2, 0), (2, 1)])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_register_mma_gemv_matches_reference(device, mode, early, warps):
+    """bench/explore/explore33.py (session 24; Gluon, GPU only): 1 / 5 / 8 / 9 / 17 / 40 / 48 rows (one to six row
+    blocks of 8, the last short or full) against float64, the output poisoned first; each row also bit for bit
+    what a 1-row launch gives for it (row invariance: rows 0, 4 and the last)."""
+    from explore.explore33 import launch_held_mma
+
+    n, k = 64, 1024
+    w = _bf16(n, k, scale=k ** -0.5, seed=61, device=device)
+    x_all, res_all = _bf16(48, k, seed=62, device=device), _bf16(48, n, seed=63, device=device)
+    alone = {}
+    for r in (1, 5, 8, 9, 17, 40, 48):
+        x, res = x_all[:r].contiguous(), res_all[:r].contiguous()
+        out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
+        launch_held_mma(x, w, res, out, warps=warps, mode=mode, early=early)
+        torch.cuda.synchronize()
+        _assert_gemv_close(out, _gemv_want(x, w, None, res, True), f"r {r}")
+        for i in sorted({0, min(4, r - 1), r - 1}):
+            if i not in alone:
+                one = poison(torch.empty(1, n, dtype=torch.bfloat16, device=device))
+                launch_held_mma(x_all[i:i + 1].contiguous(), w, res_all[i:i + 1].contiguous(), one, warps=warps,
+                                mode=mode, early=early)
+                alone[i] = one
+            assert torch.equal(out[i:i + 1], alone[i]), f"row {i} at {r} rows differs from its 1-row launch"
+
+
+def test_register_mma_gemv_refuses_shapes():
+    from explore.explore33 import launch_held_mma
+
+    x, w = torch.empty(49, 64), torch.empty(16, 64)
+    with pytest.raises(ValueError, match="M 49 in 1..48"):
+        launch_held_mma(x, w, None, None, warps=4, mode=0, early=0)
+    with pytest.raises(ValueError, match="N 24 must divide by 16"):
+        launch_held_mma(x[:1], torch.empty(24, 64), None, None, warps=4, mode=0, early=0)
+
+
+def test_register_mma_gemv_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
+    """explore33's kernel compiled for sm_90 on the CPU (Llama-3.2-1B / Qwen3-30B-A3B out_proj, 1 and 6 row blocks):
+    no spills, no shared memory but the cross-warp sum's (<= 8 KB: no staging of the weights), mma.sync, and with
+    MODE 2 every weight load (ld.global.v4) issued before the PDL wait (griddepcontrol.wait)."""
+    from sampling_stats import compile_sm90
+
+    monkeypatch.setenv("PYTHONPATH", str(BENCH))
+    cases = [(2048, 8, 1), (2048, 8, 6), (4096, 16, 1), (4096, 16, 6)]
+    specs = [{"constexprs": {"K": k, "Q": q, "NMB": nmb, "MODE": 2, "EARLY": 0},
+              "pointers": {p: "*bf16" for p in ("x_ptr", "w_ptr", "res_ptr", "out_ptr")}, "divisible": ["N"],
+              "num_warps": q, "launch_pdl": True, "ptx": True} for k, q, nmb in cases]
+    for (k, q, nmb), info in zip(cases, compile_sm90("explore.explore33:_held_mma_kernel", specs)):
+        assert info["spill_bytes"] == 0 and info["shared"] <= 8192, (k, q, nmb, info)
+        ptx = info["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        w_loads = k // (16 * q)                         # [16, K / Q] bf16 a warp: 16-byte loads a thread
+        assert ptx[:wait].count("ld.global.v4") == w_loads, (k, q, nmb)
+        assert "mma.sync.aligned.m16n8k16" in ptx[wait:], (k, q, nmb)

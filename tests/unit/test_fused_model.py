@@ -366,8 +366,9 @@ def test_unsupported_configs_are_refused():
         for arg in ("defer", "defer_down", "fold"):
             with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
                 FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
-    for bad in ("out_proj", ("out_proj", "gate_up"), ("prologue",), True, None, 1, (n for n in ("down",)), (1,)):
-        with pytest.raises(StepContractError, match=r"^early_release=.* must be a sequence of names in"):
+    for bad in ("out_proj", "Auto", "auto ", ("auto",), ("out_proj", "gate_up"), ("prologue",), True, None, 1,
+                (n for n in ("down",)), (1,)):
+        with pytest.raises(StepContractError, match=r"^early_release=.* must be 'auto' or a sequence of names in"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
@@ -474,7 +475,8 @@ def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypat
         plain = getattr(fmod, name)
         monkeypatch.setattr(fmod, name, lambda *a, _plain=plain, _name=name, **k: seen.append(
             (_name, k["early_release"])) or _plain(*a, **k))
-    assert FusedModel(cfg, w, device="cpu", widths=(1,)).early_release == fmod.EARLY_RELEASE
+    assert fmod.EARLY_RELEASE == "auto"
+    assert FusedModel(cfg, w, device="cpu", widths=(1,)).early_release == fmod.early_release_launches(cfg) == ()
     kinds = dict(on=("down", "out_proj"), off=(), out_proj=("out_proj",), down=("down",))
     models = {name: FusedModel(cfg, w, device="cpu", widths=(1, 2), defer_down=1, early_release=k)
               for name, k in kinds.items()}
@@ -494,6 +496,31 @@ def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypat
         fm = models["on"]           # the replay helper of the GPU tests (eager here: nothing captured on the CPU)
         replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]), on,
                          f"_r{rows}")
+
+
+def test_early_release_auto_names_the_launches_over_8_mb(monkeypatch):
+    """early_release="auto" (the default) releases early the dense launches whose bf16 weights exceed
+    EARLY_RELEASE_MIN_BYTES (8 MB): Llama-3.2-1B's out_proj (2048 x 2048, 8.39 MB) and down (33.6 MB), Qwen2.5-0.5B's
+    down (896 x 4864, 8.72 MB) but not its out_proj (1.6 MB), nothing of SmolLM2-135M / Qwen3-0.6B, and no MoE layer
+    (Qwen3-30B-A3B). The bound is strict and read when the model is built."""
+    import lowlat.runtime.fused_model as fmod
+
+    want = {"Llama-3.2-1B": ("out_proj", "down"), "Qwen2.5-0.5B": ("down",), "SmolLM2-135M": (), "Qwen3-0.6B": (),
+            "Qwen3-30B-A3B": ()}
+    for model, names in want.items():
+        assert fmod.early_release_launches(preset(model)) == names, model
+    assert fmod.EARLY_RELEASE_MIN_BYTES == 8_000_000
+    assert not fmod.releases_early(2000, 2000) and fmod.releases_early(2000, 2001)     # 8 000 000 / 8 004 000 bytes
+    cfg = tiny(num_layers=2)
+    w = random_model_weights(cfg, seed=3)
+    o_bytes, d_bytes = 2 * cfg.hidden_size * cfg.q_size, 2 * cfg.hidden_size * cfg.intermediate_size
+    assert o_bytes > d_bytes                           # tiny: out_proj 64 x 128, down 64 x 96
+    for bound, names in ((o_bytes - 1, ("out_proj",)), (o_bytes, ()), (d_bytes - 1, ("out_proj", "down")),
+                         (d_bytes, ("out_proj",))):
+        monkeypatch.setattr(fmod, "EARLY_RELEASE_MIN_BYTES", bound)
+        assert FusedModel(cfg, w, device="cpu", widths=(1,)).early_release == names, bound
+        assert FusedModel(cfg, w, device="cpu", widths=(1,), early_release="auto").early_release == names, bound
+        assert FusedModel(cfg, w, device="cpu", widths=(1,), early_release=["down"]).early_release == ("down",)
 
 
 @pytest.mark.gpu

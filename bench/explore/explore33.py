@@ -1,0 +1,164 @@
+"""Session 24: a residual GEMV on tensor cores whose weights stay in REGISTERS across the PDL wait (Gluon).
+
+NOTES "Left" (session 23) named it: explore31 (FMA, weights held in registers, one round trip after the wait)
+reaches 71-78% of copy bandwidth at 1 row but is slow at 6-48 rows and its bits are not the MMA plans'; explore32
+(the same with a batched `tl.dot`) is row invariant but Triton stages its weights through 128 KB of shared memory
+a program. Gluon (Triton 3.6's explicit-layout dialect) can load the weights from global memory straight into the
+mma.sync A-operand layout and keep them there, so nothing goes through shared memory but x's tiny B operand
+fragments (loaded straight into their layout too) and one cross-warp sum.
+
+Per program: BN = 16 output features (the mma's m), Q warps, warp q holding W[n0:n0+16, q KQ:(q+1) KQ] (KQ = K / Q)
+in registers as A [Q, BN, KQ] (batched mma_v2, instruction [1, 16, 8], batch = warp). After the wait, per block of
+RB = 8 rows (the mma's n): x^T as B [Q, KQ, RB] (x[m, q KQ + k], rows past M masked to 0), acc [Q, BN, RB] =
+mma_v2(A, B, C) (KQ / 16 instructions a warp, in K order; C = the residual for warp 0, 0 for the others), y = sum_q
+acc[q] (the warps' partial sums in one fixed order). The same instructions for every M (row blocks of 8, masked rows zero): a row's output is bitwise
+independent of M (row invariant), but not the production plans' bits, so it could only replace a launch's kernel at
+every width.
+
+    y[r, n] = res[r, n] + sum_k x[r, k] W[n, k]
+
+MODE 2: weights loaded before the wait (MODE 1: after it); EARLY 1: dependents released at the start, else right after
+the wait (the production rule). Timed as explore31 (PDL-chained over rotating cold copies, `_common.check_and_time`)
+beside the production residual GEMV in the same run. Registers a thread: BN KQ / 64 for the weights (64 at Llama's
+out_proj with Q 8, K 2048), KQ RB / 64 for one x block.
+
+    python bench/explore/explore33.py --out $OUT/explore33.json [--budget-s 240] [--rows 1 6 16 48]
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))          # _common, also when imported as explore.explore33
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from _common import check_and_time, explore_main, gemv_reference, time_production_residual  # noqa: E402
+
+import torch  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
+
+from lowlat.benchmarking import rotation_copies  # noqa: E402
+
+BN = 16        # output features a program (the mma's m)
+RB = 8         # rows a block (the mma's n)
+#: (label, N, K): Llama-3.2-1B out_proj 8.4 MB, Qwen3-30B-A3B out_proj 16.8 MB
+SHAPES = [("llama_out", 2048, 2048), ("qwen3_out", 2048, 4096)]
+#: warps (K slices) per K: KQ = K / Q columns a warp, BN KQ / 64 weight registers a thread
+CONFIGS = {2048: [4, 8, 16], 4096: [8, 16]}
+
+
+@gluon.jit
+def _pdl_point(MODE: gl.constexpr, EARLY: gl.constexpr, AT: gl.constexpr):
+    """explore31's `pdl_point` for Gluon: AT 1 = the kernel's start, AT 2 = after the weight loads; MODE 0 no PDL,
+    1 wait at the start, 2 wait after the weight loads; EARLY: release at the start, else right after the wait."""
+    if AT == 1 and MODE > 0 and EARLY:
+        gdc_launch_dependents()
+    if MODE == AT:
+        gdc_wait()
+        if not EARLY:
+            gdc_launch_dependents()
+
+
+@gluon.jit
+def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: gl.constexpr,
+                     NMB: gl.constexpr, MODE: gl.constexpr, EARLY: gl.constexpr):
+    """See the module docstring. x [M, K], w [N, K], res / out [M, N] bf16, contiguous; grid N / 16 programs of Q warps;
+    NMB = ceil(M / 8) row blocks (a launch constexpr)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
+    KQ: gl.constexpr = K // Q
+    n0 = gl.program_id(0) * 16
+    aq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
+    an = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
+    ak = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
+    aoff = (gl.expand_dims(gl.expand_dims(n0 + an, 0), 2) * K + gl.expand_dims(gl.expand_dims(aq, 1), 2) * KQ
+            + gl.expand_dims(gl.expand_dims(ak, 0), 1))
+    bq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    bk = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
+    bm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    boff = (gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ
+            + gl.expand_dims(gl.expand_dims(bk, 0), 2))
+    ym = gl.arange(0, 8, layout=gl.SliceLayout(0, LY))
+    yn = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LY))
+    # the residual as warp 0's accumulator start ([Q, 16, 8] in the mma layout, 0 for the other warps): needed before
+    # the first mma, so its loads go out with x's (one round trip after the wait; added last, ptxas issued them
+    # after the mma chain: a second round trip)
+    cq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+    cn = n0 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+    cm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+    coff = gl.expand_dims(gl.expand_dims(cm, 0), 1) * N + gl.expand_dims(gl.expand_dims(cn, 0), 2)
+    cq0 = gl.expand_dims(gl.expand_dims(cq == 0, 1), 2)
+    _pdl_point(MODE, EARLY, 1)
+    w = gl.load(w_ptr + aoff)                                                       # held: [Q, 16, KQ] in LA
+    _pdl_point(MODE, EARLY, 2)
+    for b in gl.static_range(NMB):
+        rows = b * 8 + bm
+        bmask = gl.expand_dims(gl.expand_dims(rows < M, 0), 1) & (boff >= 0)
+        xb = gl.load(x_ptr + b * 8 * K + boff, mask=bmask, other=0.0)
+        cmask = cq0 & gl.expand_dims(gl.expand_dims(b * 8 + cm < M, 0), 1)
+        acc = gl.load(res_ptr + b * 8 * N + coff, mask=cmask, other=0.0).to(gl.float32)
+        acc = mma_v2(w, xb, acc)
+        y = gl.sum(acc, axis=0)                                                     # res + the warps' sums
+        yrow = b * 8 + ym
+        ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
+        omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
+        gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
+
+
+def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int):
+    """out [M, N] = res + x w^T (bf16) on a grid of N / 16 programs of `warps` warps (K / warps columns a warp)."""
+    n, k = w.shape
+    m = x.shape[0]
+    if n % BN or k % (16 * warps) or not 1 <= m <= 48:
+        raise ValueError(f"held mma GEMV: N {n} must divide by {BN}, K {k} by 16 x {warps} warps, M {m} in 1..48")
+    _held_mma_kernel[(n // BN,)](x, w, res, out, m, n, K=k, Q=warps, NMB=(m + RB - 1) // RB, MODE=mode,
+                                 EARLY=early, num_warps=warps, launch_pdl=mode > 0)
+
+
+def held_mma(rec, deadline, reps: int, rows):
+    dev = torch.device("cuda")
+    for label, n, k in SHAPES:
+        nbytes = n * k * 2
+        nc = rotation_copies(nbytes)
+        gen = torch.Generator(device=dev).manual_seed(33)
+        ws = [(torch.randn(n, k, generator=gen, device=dev) * k ** -0.5).to(torch.bfloat16) for _ in range(nc)]
+        for r in rows:
+            x = torch.randn(r, k, generator=gen, device=dev).to(torch.bfloat16)
+            res = torch.randn(r, n, generator=gen, device=dev).to(torch.bfloat16)
+            out = torch.empty(r, n, device=dev, dtype=torch.bfloat16)
+            want = gemv_reference("res", x, None, res, ws[0])
+            variants = [(q, m, e) for q in CONFIGS[k] for m, e in ((2, 0), (2, 1), (1, 0))]
+            for rep in range(reps):
+                for q, mode, early in variants:
+                    if time.time() > deadline:
+                        return
+
+                    def launch(i, q=q, mode=mode, early=early):
+                        launch_held_mma(x, ws[i], res, out, warps=q, mode=mode, early=early)
+
+                    def one(q=q, mode=mode, early=early, launch=launch):
+                        check_and_time(rec, launch, out, want, nc, nbytes,
+                                       dict(op="held_mma", shape=label, n=n, k=k, rows=r, rep=rep, warps=q,
+                                            mode=mode, early=early))
+                    rec.guard(f"{label}/r{r}/w{q}/m{mode}/e{early}", one, op="held_mma", rows=r)
+        del ws
+        torch.cuda.empty_cache()
+
+
+def production(rec, deadline, reps: int, rows):
+    """The production residual GEMV at the same shapes, same run (its dependents released after its wait)."""
+    time_production_residual(rec, deadline, reps, rows, SHAPES)
+
+
+def main():
+    explore_main([1, 6, 16, 48], [("production", production), ("held_mma", held_mma)])
+
+
+if __name__ == "__main__":
+    main()
