@@ -7,15 +7,24 @@ a program. Gluon (Triton 3.6's explicit-layout dialect) can load the weights fro
 mma.sync A-operand layout and keep them there, so nothing goes through shared memory but x's tiny B operand
 fragments (loaded straight into their layout too) and one cross-warp sum.
 
-Per program: BN = 16 output features (the mma's m), Q warps, warp q holding W[n0:n0+16, q KQ:(q+1) KQ] (KQ = K / Q)
-in registers as A [Q, BN, KQ] (batched mma_v2, instruction [1, 16, 8], batch = warp). After the wait, per block of
-RB = 8 rows (the mma's n): x^T as B [Q, KQ, RB] (x[m, q KQ + k], rows past M masked to 0), acc [Q, BN, RB] =
-mma_v2(A, B, C) (KQ / 16 instructions a warp, in K order; C = the residual for warp 0, 0 for the others), y = sum_q
-acc[q] (the warps' partial sums in one fixed order). The same instructions for every M (row blocks of 8, masked rows zero): a row's output is bitwise
+Per program: BN = 16 output features (the mma's m), Q warps, K cut into S slices (S a multiple of Q; version 1, call
+3: S = Q), slice s = W[n0:n0+16, s KQ:(s+1) KQ] (KQ = K / S) held in registers as A [S, BN, KQ] (batched mma_v2,
+instruction [1, 16, 8], batch = slice: S / Q independent chains a warp). After the wait, per block of RB = 8 or 16
+rows (the mma's n, once or twice): x^T as B [S, KQ, RB] (x[m, s KQ + k], rows past M masked to 0), acc [S, BN, RB] =
+mma_v2(A, B, C) (KQ / 16 instructions a slice, in K order; C = the residual for slice 0, 0 for the others), y =
+sum_s acc[s] (the slices' partial sums in one fixed order). The mma's columns do not interact, so RB does not move
+a row's bits; S does. The same instructions for every M (row blocks of 8, masked rows zero): a row's output is bitwise
 independent of M (row invariant), but not the production plans' bits, so it could only replace a launch's kernel at
 every width.
 
     y[r, n] = res[r, n] + sum_k x[r, k] W[n, k]
+
+Production's bits (written after call 4, not yet run): with k_width 2 (contiguous k16 mma steps, as production's
+mma.sync / wgmma take them), S = the production plan's split and PROD (every slice's chain from zero, the slices
+summed in order from zero, then + residual: `out_proj._residual_gemv_kernel`'s order), the output may equal the
+production residual GEMV's bit for bit; the run records it per tiling and width (op "held_mma_bits",
+same_bits_as_production). If it does, this kernel could serve the widths where it is faster without breaking row
+invariance, production the others.
 
 MODE 2: weights loaded before the wait (MODE 1: after it); EARLY 1: dependents released at the start, else right after
 the wait (the production rule). Timed as explore31 (PDL-chained over rotating cold copies, `_common.check_and_time`)
@@ -42,13 +51,22 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E40
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from lowlat.benchmarking import rotation_copies  # noqa: E402
+from lowlat.kernels._gemv import plan_gemv  # noqa: E402
+from lowlat.kernels.out_proj import residual_gemv  # noqa: E402
 
 BN = 16        # output features a program (the mma's m)
 RB = 8         # rows a block (the mma's n)
 #: (label, N, K): Llama-3.2-1B out_proj 8.4 MB, Qwen3-30B-A3B out_proj 16.8 MB
 SHAPES = [("llama_out", 2048, 2048), ("qwen3_out", 2048, 4096)]
-#: warps (K slices) per K: KQ = K / Q columns a warp, BN KQ / 64 weight registers a thread
-CONFIGS = {2048: [4, 8, 16], 4096: [8, 16]}
+#: (warps, K slices, rows a block, k_width, production's order) per K; BN K / (32 warps) weight elements a thread.
+#: Call 3 ran one slice a warp, 8 rows a block, k_width 8 (version 1): best warps 4 at K 2048, 8 at K 4096; 16 warps
+#: slower everywhere. Call 4 (version 2, these five first of each list) best: 4 / 8 at K 2048, 8 / 8 at K 4096. The
+#: last two of each list are session 24's candidates for production's bits (slices = the production plan's split 8,
+#: k_width 2, production's summation order), not yet run
+CONFIGS = {2048: [(4, 4, 8, 8, False), (8, 8, 8, 8, False), (4, 8, 8, 8, False), (8, 16, 8, 8, False),
+                  (8, 8, 16, 8, False), (8, 16, 16, 8, False), (4, 8, 8, 2, True), (8, 8, 8, 2, True)],
+           4096: [(8, 8, 8, 8, False), (8, 16, 8, 8, False), (8, 8, 16, 8, False), (8, 16, 16, 8, False),
+                  (16, 32, 8, 8, False), (8, 8, 8, 2, True), (8, 8, 16, 2, True)]}
 
 
 @gluon.jit
@@ -65,60 +83,95 @@ def _pdl_point(MODE: gl.constexpr, EARLY: gl.constexpr, AT: gl.constexpr):
 
 @gluon.jit
 def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: gl.constexpr,
-                     NMB: gl.constexpr, MODE: gl.constexpr, EARLY: gl.constexpr):
+                     NMB: gl.constexpr, MODE: gl.constexpr, EARLY: gl.constexpr, S: gl.constexpr = 0,
+                     RB: gl.constexpr = 8, KW: gl.constexpr = 8, PROD: gl.constexpr = False):
     """See the module docstring. x [M, K], w [N, K], res / out [M, N] bf16, contiguous; grid N / 16 programs of Q warps;
-    NMB = ceil(M / 8) row blocks (a launch constexpr)."""
+    S K slices (0: S = Q; a multiple of Q: S / Q independent mma chains a warp), RB rows a block (8 or 16: the
+    mma's n, once or twice), NMB = ceil(M / RB) row blocks (a launch constexpr). KW: the operands' k_width (8: 16-byte
+    loads, each mma step over a permuted set of 16 k; 2: contiguous k16 steps, 4-byte loads). PROD: production's
+    arithmetic order (`out_proj._residual_gemv_kernel` with split S): every slice's chain from zero, the slices
+    summed in order 0..S-1 from zero (through shared memory), then + residual; else the residual starts slice 0's
+    chain and the slices are summed as a tree (`gl.sum`)."""
+    SL: gl.constexpr = Q if S == 0 else S
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
-    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
-    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=KW)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=KW)
     LY: gl.constexpr = gl.SliceLayout(0, MMA)                                       # [BN, RB]
-    KQ: gl.constexpr = K // Q
+    KQ: gl.constexpr = K // SL
     n0 = gl.program_id(0) * 16
-    aq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
+    aq = gl.arange(0, SL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
     an = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
     ak = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
     aoff = (gl.expand_dims(gl.expand_dims(n0 + an, 0), 2) * K + gl.expand_dims(gl.expand_dims(aq, 1), 2) * KQ
             + gl.expand_dims(gl.expand_dims(ak, 0), 1))
-    bq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    bq = gl.arange(0, SL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
     bk = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
-    bm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    bm = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
     boff = (gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ
             + gl.expand_dims(gl.expand_dims(bk, 0), 2))
-    ym = gl.arange(0, 8, layout=gl.SliceLayout(0, LY))
+    ym = gl.arange(0, RB, layout=gl.SliceLayout(0, LY))
     yn = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LY))
-    # the residual as warp 0's accumulator start ([Q, 16, 8] in the mma layout, 0 for the other warps): needed before
-    # the first mma, so its loads go out with x's (one round trip after the wait; added last, ptxas issued them
-    # after the mma chain: a second round trip)
-    cq = gl.arange(0, Q, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+    # the residual as slice 0's accumulator start ([S, 16, RB] in the mma layout, 0 for the other slices): needed
+    # before the first mma, so its loads go out with x's (one round trip after the wait; added last, ptxas issued
+    # them after the mma chain: a second round trip)
+    cq = gl.arange(0, SL, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
     cn = n0 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
-    cm = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+    cm = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
     coff = gl.expand_dims(gl.expand_dims(cm, 0), 1) * N + gl.expand_dims(gl.expand_dims(cn, 0), 2)
     cq0 = gl.expand_dims(gl.expand_dims(cq == 0, 1), 2)
+    if PROD:   # the slices' partials, summed one slice at a time in order (production's `sum_partials`)
+        LE3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 4, 8], [1, Q, 1], [2, 1, 0])    # one slice [1, 16, RB]
+        LE: gl.constexpr = gl.SliceLayout(0, LE3)                                   # [16, RB] epilogue tiles
+        part = gl.allocate_shared_memory(gl.float32, [SL, 16, RB], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        em = gl.arange(0, RB, layout=gl.SliceLayout(0, LE))
+        en = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LE))
     _pdl_point(MODE, EARLY, 1)
-    w = gl.load(w_ptr + aoff)                                                       # held: [Q, 16, KQ] in LA
+    w = gl.load(w_ptr + aoff)                                                       # held: [S, 16, KQ] in LA
     _pdl_point(MODE, EARLY, 2)
     for b in gl.static_range(NMB):
-        rows = b * 8 + bm
+        rows = b * RB + bm
         bmask = gl.expand_dims(gl.expand_dims(rows < M, 0), 1) & (boff >= 0)
-        xb = gl.load(x_ptr + b * 8 * K + boff, mask=bmask, other=0.0)
-        cmask = cq0 & gl.expand_dims(gl.expand_dims(b * 8 + cm < M, 0), 1)
-        acc = gl.load(res_ptr + b * 8 * N + coff, mask=cmask, other=0.0).to(gl.float32)
-        acc = mma_v2(w, xb, acc)
-        y = gl.sum(acc, axis=0)                                                     # res + the warps' sums
-        yrow = b * 8 + ym
-        ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
-        omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
-        gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
+        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)
+        if PROD:
+            erow = b * RB + em
+            eoff = gl.expand_dims(erow, 0) * N + gl.expand_dims(en, 1)
+            emask = gl.expand_dims(erow < M, 0) & gl.expand_dims(en >= 0, 1)
+            res = gl.load(res_ptr + eoff, mask=emask, other=0.0).to(gl.float32)
+            acc = mma_v2(w, xb, gl.zeros([SL, 16, RB], gl.float32, MMA))
+            if b > 0:
+                gl.thread_barrier()                                                 # the last block's reads done
+            part.store(acc)
+            gl.thread_barrier()
+            tot = gl.zeros([1, 16, RB], gl.float32, LE3)
+            for sl in gl.static_range(SL):
+                tot += part.slice(sl, 1, dim=0).load(LE3)
+            y = gl.sum(tot, axis=0) + res                                           # (a size-1 axis: exact)
+            gl.store(out_ptr + eoff, y.to(gl.bfloat16), mask=emask)
+        else:
+            cmask = cq0 & gl.expand_dims(gl.expand_dims(b * RB + cm < M, 0), 1)
+            acc = gl.load(res_ptr + b * RB * N + coff, mask=cmask, other=0.0).to(gl.float32)
+            acc = mma_v2(w, xb, acc)
+            y = gl.sum(acc, axis=0)                                                 # res + the slices' sums
+            yrow = b * RB + ym
+            ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
+            omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
+            gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
 
 
-def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int):
-    """out [M, N] = res + x w^T (bf16) on a grid of N / 16 programs of `warps` warps (K / warps columns a warp)."""
+def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int, slices: int = 0, rb: int = 8,
+                    k_width: int = 8, prod: bool = False):
+    """out [M, N] = res + x w^T (bf16) on a grid of N / 16 programs of `warps` warps, K cut into `slices` (0: one a warp;
+    a multiple of warps) slices of K / slices columns, rows in blocks of rb (8 or 16), operands of k_width 8 or 2,
+    with production's summation order if prod (the kernel's KW / PROD)."""
     n, k = w.shape
     m = x.shape[0]
-    if n % BN or k % (16 * warps) or not 1 <= m <= 48:
-        raise ValueError(f"held mma GEMV: N {n} must divide by {BN}, K {k} by 16 x {warps} warps, M {m} in 1..48")
-    _held_mma_kernel[(n // BN,)](x, w, res, out, m, n, K=k, Q=warps, NMB=(m + RB - 1) // RB, MODE=mode,
-                                 EARLY=early, num_warps=warps, launch_pdl=mode > 0)
+    sl = slices or warps
+    if n % BN or sl % warps or k % (16 * sl) or rb not in (8, 16) or k_width not in (2, 8) or not 1 <= m <= 48:
+        raise ValueError(f"held mma GEMV: N {n} must divide by {BN}, slices {sl} by {warps} warps, K {k} by 16 x "
+                         f"{sl} slices, rb {rb} in (8, 16), k_width {k_width} in (2, 8), M {m} in 1..48")
+    _held_mma_kernel[(n // BN,)](x, w, res, out, m, n, K=k, Q=warps, NMB=(m + rb - 1) // rb, MODE=mode,
+                                 EARLY=early, S=slices, RB=rb, KW=k_width, PROD=prod, num_warps=warps,
+                                 launch_pdl=mode > 0)
 
 
 def held_mma(rec, deadline, reps: int, rows):
@@ -133,20 +186,28 @@ def held_mma(rec, deadline, reps: int, rows):
             res = torch.randn(r, n, generator=gen, device=dev).to(torch.bfloat16)
             out = torch.empty(r, n, device=dev, dtype=torch.bfloat16)
             want = gemv_reference("res", x, None, res, ws[0])
-            variants = [(q, m, e) for q in CONFIGS[k] for m, e in ((2, 0), (2, 1), (1, 0))]
+            prod_out = residual_gemv(x, ws[0], res, plan=plan_gemv(n, k, kind="residual"))   # production's bits
+            variants = [(q, sl, rb, kw, pr, m, e) for q, sl, rb, kw, pr in CONFIGS[k] for m, e in ((2, 0), (2, 1))
+                        if e == 0 or r == 1]
             for rep in range(reps):
-                for q, mode, early in variants:
+                for q, sl, rb, kw, pr, mode, early in variants:
                     if time.time() > deadline:
                         return
 
-                    def launch(i, q=q, mode=mode, early=early):
-                        launch_held_mma(x, ws[i], res, out, warps=q, mode=mode, early=early)
+                    def launch(i, q=q, sl=sl, rb=rb, kw=kw, pr=pr, mode=mode, early=early):
+                        launch_held_mma(x, ws[i], res, out, warps=q, mode=mode, early=early, slices=sl, rb=rb,
+                                        k_width=kw, prod=pr)
 
-                    def one(q=q, mode=mode, early=early, launch=launch):
+                    def one(q=q, sl=sl, rb=rb, kw=kw, pr=pr, mode=mode, early=early, launch=launch):
                         check_and_time(rec, launch, out, want, nc, nbytes,
                                        dict(op="held_mma", shape=label, n=n, k=k, rows=r, rep=rep, warps=q,
-                                            mode=mode, early=early))
-                    rec.guard(f"{label}/r{r}/w{q}/m{mode}/e{early}", one, op="held_mma", rows=r)
+                                            slices=sl, rb=rb, k_width=kw, prod=pr, mode=mode, early=early))
+                        launch(0)                   # copy 0 again: its output beside production's
+                        torch.cuda.synchronize()
+                        rec(dict(op="held_mma_bits", shape=label, rows=r, warps=q, slices=sl, rb=rb, k_width=kw,
+                                 prod=pr, mode=mode, early=early, same_bits_as_production=bool(torch.equal(out, prod_out))))
+                    rec.guard(f"{label}/r{r}/w{q}/s{sl}/rb{rb}/kw{kw}/p{pr}/m{mode}/e{early}", one, op="held_mma",
+                              rows=r)
         del ws
         torch.cuda.empty_cache()
 

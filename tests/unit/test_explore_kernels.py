@@ -305,11 +305,14 @@ def test_held_mma_gemv_matches_reference(device, mode, early, bn, s, warps):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,early", [(0, 0), (1, 0), (2, 0), (2, 1)])
-@pytest.mark.parametrize("warps", [4, 8])
-def test_register_mma_gemv_matches_reference(device, mode, early, warps):
+@pytest.mark.parametrize("warps,slices,rb,k_width,prod", [(4, 0, 8, 8, False), (8, 0, 8, 8, False),
+                                                         (4, 8, 16, 8, False), (8, 16, 8, 8, False),
+                                                         (4, 8, 8, 2, True), (8, 8, 16, 2, True)])
+def test_register_mma_gemv_matches_reference(device, mode, early, warps, slices, rb, k_width, prod):
     """bench/explore/explore33.py (session 24; Gluon, GPU only): 1 / 5 / 8 / 9 / 17 / 40 / 48 rows (one to six row
-    blocks of 8, the last short or full) against float64, the output poisoned first; each row also bit for bit
-    what a 1-row launch gives for it (row invariance: rows 0, 4 and the last)."""
+    blocks, the last short or full) against float64, the output poisoned first; each row also bit for bit
+    what a 1-row launch with 8-row blocks gives for it (row invariance: rows 0, 4 and the last). Also k_width 2 with
+    production's summation order (the last two tilings; not yet run on a GPU)."""
     from explore.explore33 import launch_held_mma
 
     n, k = 64, 1024
@@ -319,14 +322,15 @@ def test_register_mma_gemv_matches_reference(device, mode, early, warps):
     for r in (1, 5, 8, 9, 17, 40, 48):
         x, res = x_all[:r].contiguous(), res_all[:r].contiguous()
         out = poison(torch.empty(r, n, dtype=torch.bfloat16, device=device))
-        launch_held_mma(x, w, res, out, warps=warps, mode=mode, early=early)
+        launch_held_mma(x, w, res, out, warps=warps, mode=mode, early=early, slices=slices, rb=rb, k_width=k_width,
+                        prod=prod)
         torch.cuda.synchronize()
         _assert_gemv_close(out, _gemv_want(x, w, None, res, True), f"r {r}")
         for i in sorted({0, min(4, r - 1), r - 1}):
             if i not in alone:
                 one = poison(torch.empty(1, n, dtype=torch.bfloat16, device=device))
                 launch_held_mma(x_all[i:i + 1].contiguous(), w, res_all[i:i + 1].contiguous(), one, warps=warps,
-                                mode=mode, early=early)
+                                mode=mode, early=early, slices=slices, k_width=k_width, prod=prod)
                 alone[i] = one
             assert torch.equal(out[i:i + 1], alone[i]), f"row {i} at {r} rows differs from its 1-row launch"
 
@@ -339,6 +343,14 @@ def test_register_mma_gemv_refuses_shapes():
         launch_held_mma(x, w, None, None, warps=4, mode=0, early=0)
     with pytest.raises(ValueError, match="N 24 must divide by 16"):
         launch_held_mma(x[:1], torch.empty(24, 64), None, None, warps=4, mode=0, early=0)
+    with pytest.raises(ValueError, match="slices 6 by 4 warps"):
+        launch_held_mma(x[:1], torch.empty(16, 384), None, None, warps=4, mode=0, early=0, slices=6)
+    with pytest.raises(ValueError, match="K 64 by 16 x 8 slices"):
+        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, slices=8)
+    with pytest.raises(ValueError, match="rb 32 in"):
+        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, rb=32)
+    with pytest.raises(ValueError, match="k_width 4 in"):
+        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, k_width=4)
 
 
 def test_register_mma_gemv_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
@@ -348,14 +360,18 @@ def test_register_mma_gemv_compiles_for_sm90_with_weights_held_in_registers(monk
     from sampling_stats import compile_sm90
 
     monkeypatch.setenv("PYTHONPATH", str(BENCH))
-    cases = [(2048, 8, 1), (2048, 8, 6), (4096, 16, 1), (4096, 16, 6)]
-    specs = [{"constexprs": {"K": k, "Q": q, "NMB": nmb, "MODE": 2, "EARLY": 0},
+    cases = [(2048, 8, 0, 8, 1, 8), (2048, 8, 0, 8, 6, 8), (4096, 16, 0, 8, 1, 8), (4096, 16, 0, 8, 6, 8),
+             (2048, 8, 16, 16, 3, 8), (4096, 8, 8, 16, 3, 8), (2048, 4, 8, 8, 1, 2), (2048, 4, 8, 8, 6, 2)]
+    specs = [{"constexprs": {"K": k, "Q": q, "S": sl, "RB": rb, "NMB": nmb, "KW": kw, "PROD": kw == 2, "MODE": 2,
+                             "EARLY": 0},
               "pointers": {p: "*bf16" for p in ("x_ptr", "w_ptr", "res_ptr", "out_ptr")}, "divisible": ["N"],
-              "num_warps": q, "launch_pdl": True, "ptx": True} for k, q, nmb in cases]
-    for (k, q, nmb), info in zip(cases, compile_sm90("explore.explore33:_held_mma_kernel", specs)):
-        assert info["spill_bytes"] == 0 and info["shared"] <= 8192, (k, q, nmb, info)
+              "num_warps": q, "launch_pdl": True, "ptx": True} for k, q, sl, rb, nmb, kw in cases]
+    for case, info in zip(cases, compile_sm90("explore.explore33:_held_mma_kernel", specs)):
+        k, q, sl, rb, nmb, kw = case
+        assert info["spill_bytes"] == 0 and info["shared"] <= 8192, (case, info)
         ptx = info["ptx"]
         wait = ptx.index("griddepcontrol.wait")
-        w_loads = k // (16 * q)                         # [16, K / Q] bf16 a warp: 16-byte loads a thread
-        assert ptx[:wait].count("ld.global.v4") == w_loads, (k, q, nmb)
-        assert "mma.sync.aligned.m16n8k16" in ptx[wait:], (k, q, nmb)
+        w_bytes = 16 * k // q * 2 // 32                 # [16, K / Q] bf16 a warp: bytes a thread, 16 or 4 a load
+        assert ptx[:wait].count("ld.global.v4" if kw == 8 else "ld.global.b32") == w_bytes // (16 if kw == 8 else 4), \
+            case
+        assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // q * rb // 8 * nmb, case
