@@ -158,17 +158,42 @@ def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: g
             gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
 
 
+def _pow2(v: int) -> bool:
+    return v >= 1 and v & (v - 1) == 0
+
+
 def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int, slices: int = 0, rb: int = 8,
                     k_width: int = 8, prod: bool = False):
-    """out [M, N] = res + x w^T (bf16) on a grid of N / 16 programs of `warps` warps, K cut into `slices` (0: one a warp;
+    """out [M, N] = res + x w^T on a grid of N / 16 programs of `warps` warps, K cut into `slices` (0: one a warp;
     a multiple of warps) slices of K / slices columns, rows in blocks of rb (8 or 16), operands of k_width 8 or 2,
-    with production's summation order if prod (the kernel's KW / PROD)."""
+    with production's summation order if prod (the kernel's KW / PROD). x [M, K], w [N, K], res / out [M, N]:
+    contiguous bf16 on one CUDA device (the kernel takes the row strides to be K and N). mode 0 / 1 / 2 and early 0 / 1
+    as `_pdl_point`.
+
+    Raises ValueError (one message per condition, naming the value) for: M outside 1..48; warps or slices not a power
+    of two, or slices not a multiple of warps; N not a multiple of 16; K / slices not a power-of-two multiple of 16; rb
+    not 8 / 16; k_width not 2 / 8; mode / early out of range; a tensor of another shape, dtype or device, or not
+    contiguous."""
     n, k = w.shape
     m = x.shape[0]
     sl = slices or warps
-    if n % BN or sl % warps or k % (16 * sl) or rb not in (8, 16) or k_width not in (2, 8) or not 1 <= m <= 48:
-        raise ValueError(f"held mma GEMV: N {n} must divide by {BN}, slices {sl} by {warps} warps, K {k} by 16 x "
-                         f"{sl} slices, rb {rb} in (8, 16), k_width {k_width} in (2, 8), M {m} in 1..48")
+    checks = [
+        (1 <= m <= 48, f"M {m} must lie in 1..48"),
+        (_pow2(warps), f"warps {warps} must be a power of two"),
+        (_pow2(sl) and sl % warps == 0, f"slices {sl} must be a power of two and a multiple of {warps} warps"),
+        (n % BN == 0, f"N {n} must divide by {BN}"),
+        (k % sl == 0 and _pow2(k // sl) and k // sl >= 16, f"K {k} must be {sl} slices of a power of two >= 16 columns"),
+        (rb in (8, 16), f"rb {rb} must be 8 or 16"),
+        (k_width in (2, 8), f"k_width {k_width} must be 2 or 8"),
+        (mode in (0, 1, 2) and early in (0, 1), f"mode {mode} must be 0 / 1 / 2 and early {early} 0 / 1"),
+    ]
+    for t, name, shape in ((x, "x", (m, k)), (w, "w", (n, k)), (res, "res", (m, n)), (out, "out", (m, n))):
+        checks.append((tuple(t.shape) == shape and t.dtype == torch.bfloat16 and t.is_contiguous()
+                       and t.device == w.device,
+                       f"{name} {tuple(t.shape)} {t.dtype} on {t.device} must be a contiguous bf16 {shape} on {w.device}"))
+    for ok, msg in checks:
+        if not ok:
+            raise ValueError(f"held mma GEMV: {msg}")
     _held_mma_kernel[(n // BN,)](x, w, res, out, m, n, K=k, Q=warps, NMB=(m + rb - 1) // rb, MODE=mode,
                                  EARLY=early, S=slices, RB=rb, KW=k_width, PROD=prod, num_warps=warps,
                                  launch_pdl=mode > 0)

@@ -222,7 +222,9 @@ class FusedModel:
                          after their PDL wait (`out_proj.residual_gemv`); the same bits either way; MoE layers
                          ignore it
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
-    lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...).
+    lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...), StepContractError for a defer /
+    defer_down / fold outside 0..48, an early_release other than "auto" or a tuple / list / set of launch names, or
+    widths outside 1..48.
 
     `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
     `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).

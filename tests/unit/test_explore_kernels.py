@@ -336,27 +336,45 @@ def test_register_mma_gemv_matches_reference(device, mode, early, warps, slices,
 
 
 def test_register_mma_gemv_refuses_shapes():
+    """launch_held_mma refuses, before any launch and with a message naming the value, every input its kernel cannot
+    take (checked on the CPU: the refusals come before the launch)."""
     from explore.explore33 import launch_held_mma
 
-    x, w = torch.empty(49, 64), torch.empty(16, 64)
-    with pytest.raises(ValueError, match="M 49 in 1..48"):
-        launch_held_mma(x, w, None, None, warps=4, mode=0, early=0)
-    with pytest.raises(ValueError, match="N 24 must divide by 16"):
-        launch_held_mma(x[:1], torch.empty(24, 64), None, None, warps=4, mode=0, early=0)
-    with pytest.raises(ValueError, match="slices 6 by 4 warps"):
-        launch_held_mma(x[:1], torch.empty(16, 384), None, None, warps=4, mode=0, early=0, slices=6)
-    with pytest.raises(ValueError, match="K 64 by 16 x 8 slices"):
-        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, slices=8)
-    with pytest.raises(ValueError, match="rb 32 in"):
-        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, rb=32)
-    with pytest.raises(ValueError, match="k_width 4 in"):
-        launch_held_mma(x[:1], w, None, None, warps=4, mode=0, early=0, k_width=4)
+    bf = torch.bfloat16
+
+    def t(*shape):
+        return torch.zeros(*shape, dtype=bf)
+
+    x, w, res, out = t(3, 256), t(32, 256), t(3, 32), t(3, 32)
+    ok = dict(warps=4, mode=0, early=0)
+    cases = [
+        ("M 0 must lie", (t(0, 256), w, t(0, 32), t(0, 32)), ok),
+        ("M 49 must lie", (t(49, 256), w, t(49, 32), t(49, 32)), ok),
+        ("warps 3 must be a power of two", (x, w, res, out), dict(ok, warps=3)),
+        ("slices 6 must be a power of two", (x, w, res, out), dict(ok, slices=6)),
+        ("slices 2 must be a power of two and a multiple of 4", (x, w, res, out), dict(ok, slices=2)),
+        ("N 24 must divide by 16", (x, t(24, 256), t(3, 24), t(3, 24)), ok),
+        ("K 384 must be 4 slices of a power of two", (t(3, 384), t(32, 384), res, out), ok),
+        ("K 256 must be 32 slices", (x, w, res, out), dict(ok, slices=32)),
+        ("rb 32 must be 8 or 16", (x, w, res, out), dict(ok, rb=32)),
+        ("k_width 4 must be 2 or 8", (x, w, res, out), dict(ok, k_width=4)),
+        ("mode 3 must be", (x, w, res, out), dict(ok, mode=3)),
+        ("early 2 0 / 1", (x, w, res, out), dict(ok, early=2)),
+        (r"x \(3, 128\)", (t(3, 128), w, res, out), ok),
+        (r"res \(3, 16\)", (x, w, t(3, 16), out), ok),
+        (r"out \(3, 32\) torch.float32", (x, w, res, torch.zeros(3, 32)), ok),
+        (r"x \(3, 256\) torch.bfloat16 on cpu must be a contiguous", (t(256, 3).T, w, res, out), ok),
+    ]
+    for match, args, kw in cases:
+        with pytest.raises(ValueError, match=match):
+            launch_held_mma(*args, **kw)
 
 
 def test_register_mma_gemv_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
-    """explore33's kernel compiled for sm_90 on the CPU (Llama-3.2-1B / Qwen3-30B-A3B out_proj, 1 and 6 row blocks):
-    no spills, no shared memory but the cross-warp sum's (<= 8 KB: no staging of the weights), mma.sync, and with
-    MODE 2 every weight load (ld.global.v4) issued before the PDL wait (griddepcontrol.wait)."""
+    """explore33's kernel compiled for sm_90 on the CPU (Llama-3.2-1B / Qwen3-30B-A3B out_proj, 1 / 3 / 6 row blocks,
+    k_width 8 and, with production's summation order, 2): no spills, no shared memory but the cross-slice sum's
+    (<= 8 KB: no staging of the weights), and with MODE 2 every weight load (ld.global.v4 at k_width 8, ld.global.b32
+    at 2) issued before the PDL wait (griddepcontrol.wait), then the expected number of mma.sync."""
     from sampling_stats import compile_sm90
 
     monkeypatch.setenv("PYTHONPATH", str(BENCH))

@@ -366,8 +366,8 @@ def test_unsupported_configs_are_refused():
         for arg in ("defer", "defer_down", "fold"):
             with pytest.raises(StepContractError, match=rf"^{arg}={bad!r} must be an int in 0\.\.48"):
                 FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", **{arg: bad})
-    for bad in ("out_proj", "Auto", "auto ", ("auto",), ("out_proj", "gate_up"), ("prologue",), True, None, 1,
-                (n for n in ("down",)), (1,)):
+    for bad in ("out_proj", "Auto", "auto ", b"auto", ("auto",), {"auto"}, {"down": False}, ("out_proj", "gate_up"),
+                ("prologue",), True, None, 1, (n for n in ("down",)), (1,)):
         with pytest.raises(StepContractError, match=r"^early_release=.* must be 'auto' or a sequence of names in"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
