@@ -27,9 +27,10 @@ same_bits_as_production). If it does, this kernel could serve the widths where i
 invariance, production the others.
 
 MODE 2: weights loaded before the wait (MODE 1: after it); EARLY 1: dependents released at the start, else right after
-the wait (the production rule). Timed as explore31 (PDL-chained over rotating cold copies, `_common.check_and_time`)
-beside the production residual GEMV in the same run. Registers a thread: BN KQ / 64 for the weights (64 at Llama's
-out_proj with Q 8, K 2048), KQ RB / 64 for one x block.
+the wait (the production rule): explore31's `pdl_point` (a triton.jit function; Gluon kernels call it too). Timed as
+explore31 (PDL-chained over rotating cold copies, `_common.check_and_time`) beside the production residual GEMV in the
+same run. Registers a thread: BN KQ / 64 for the weights (64 at Llama's out_proj with Q 8, K 2048), KQ RB / 64 for one
+x block.
 
     python bench/explore/explore33.py --out $OUT/explore33.json [--budget-s 240] [--rows 1 6 16 48]
 """
@@ -43,15 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))          # _common, als
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _common import check_and_time, explore_main, gemv_reference, time_production_residual  # noqa: E402
+from explore31 import pdl_point  # noqa: E402
 
 import torch  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from lowlat.benchmarking import rotation_copies  # noqa: E402
-from lowlat.kernels._gemv import plan_gemv  # noqa: E402
+from lowlat.kernels._gemv import _pow2, plan_gemv  # noqa: E402
 from lowlat.kernels.out_proj import residual_gemv  # noqa: E402
 
 BN = 16        # output features a program (the mma's m)
@@ -67,18 +68,6 @@ CONFIGS = {2048: [(4, 4, 8, 8, False), (8, 8, 8, 8, False), (4, 8, 8, 8, False),
                   (8, 8, 16, 8, False), (8, 16, 16, 8, False), (4, 8, 8, 2, True), (8, 8, 8, 2, True)],
            4096: [(8, 8, 8, 8, False), (8, 16, 8, 8, False), (8, 8, 16, 8, False), (8, 16, 16, 8, False),
                   (16, 32, 8, 8, False), (8, 8, 8, 2, True), (8, 8, 16, 2, True)]}
-
-
-@gluon.jit
-def _pdl_point(MODE: gl.constexpr, EARLY: gl.constexpr, AT: gl.constexpr):
-    """explore31's `pdl_point` for Gluon: AT 1 = the kernel's start, AT 2 = after the weight loads; MODE 0 no PDL,
-    1 wait at the start, 2 wait after the weight loads; EARLY: release at the start, else right after the wait."""
-    if AT == 1 and MODE > 0 and EARLY:
-        gdc_launch_dependents()
-    if MODE == AT:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
 
 
 @gluon.jit
@@ -125,9 +114,9 @@ def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: g
         part = gl.allocate_shared_memory(gl.float32, [SL, 16, RB], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
         em = gl.arange(0, RB, layout=gl.SliceLayout(0, LE))
         en = n0 + gl.arange(0, 16, layout=gl.SliceLayout(1, LE))
-    _pdl_point(MODE, EARLY, 1)
+    pdl_point(MODE, EARLY, 1)
     w = gl.load(w_ptr + aoff)                                                       # held: [S, 16, KQ] in LA
-    _pdl_point(MODE, EARLY, 2)
+    pdl_point(MODE, EARLY, 2)
     for b in gl.static_range(NMB):
         rows = b * RB + bm
         bmask = gl.expand_dims(gl.expand_dims(rows < M, 0), 1) & (boff >= 0)
@@ -158,17 +147,13 @@ def _held_mma_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: g
             gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
 
 
-def _pow2(v: int) -> bool:
-    return v >= 1 and v & (v - 1) == 0
-
-
 def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int, slices: int = 0, rb: int = 8,
                     k_width: int = 8, prod: bool = False):
     """out [M, N] = res + x w^T on a grid of N / 16 programs of `warps` warps, K cut into `slices` (0: one a warp;
     a multiple of warps) slices of K / slices columns, rows in blocks of rb (8 or 16), operands of k_width 8 or 2,
     with production's summation order if prod (the kernel's KW / PROD). x [M, K], w [N, K], res / out [M, N]:
     contiguous bf16 on one CUDA device (the kernel takes the row strides to be K and N). mode 0 / 1 / 2 and early 0 / 1
-    as `_pdl_point`.
+    as explore31's `pdl_point`.
 
     Raises ValueError (one message per condition, naming the value) for: M outside 1..48; warps or slices not a power
     of two, or slices not a multiple of warps; N not a multiple of 16; K / slices not a power-of-two multiple of 16; rb
@@ -182,7 +167,8 @@ def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int, slices
         (_pow2(warps), f"warps {warps} must be a power of two"),
         (_pow2(sl) and sl % warps == 0, f"slices {sl} must be a power of two and a multiple of {warps} warps"),
         (n % BN == 0, f"N {n} must divide by {BN}"),
-        (k % sl == 0 and _pow2(k // sl) and k // sl >= 16, f"K {k} must be {sl} slices of a power of two >= 16 columns"),
+        (k % sl == 0 and _pow2(k // sl) and k // sl >= 16,
+         f"K {k} must be {sl} slices of a power of two >= 16 columns"),
         (rb in (8, 16), f"rb {rb} must be 8 or 16"),
         (k_width in (2, 8), f"k_width {k_width} must be 2 or 8"),
         (mode in (0, 1, 2) and early in (0, 1), f"mode {mode} must be 0 / 1 / 2 and early {early} 0 / 1"),
@@ -190,7 +176,8 @@ def launch_held_mma(x, w, res, out, *, warps: int, mode: int, early: int, slices
     for t, name, shape in ((x, "x", (m, k)), (w, "w", (n, k)), (res, "res", (m, n)), (out, "out", (m, n))):
         checks.append((tuple(t.shape) == shape and t.dtype == torch.bfloat16 and t.is_contiguous()
                        and t.device == w.device,
-                       f"{name} {tuple(t.shape)} {t.dtype} on {t.device} must be a contiguous bf16 {shape} on {w.device}"))
+                       f"{name} {tuple(t.shape)} {t.dtype} on {t.device} must be a contiguous bf16 {shape} on "
+                       f"{w.device}"))
     for ok, msg in checks:
         if not ok:
             raise ValueError(f"held mma GEMV: {msg}")
@@ -230,7 +217,8 @@ def held_mma(rec, deadline, reps: int, rows):
                         launch(0)                   # copy 0 again: its output beside production's
                         torch.cuda.synchronize()
                         rec(dict(op="held_mma_bits", shape=label, rows=r, warps=q, slices=sl, rb=rb, k_width=kw,
-                                 prod=pr, mode=mode, early=early, same_bits_as_production=bool(torch.equal(out, prod_out))))
+                                 prod=pr, mode=mode, early=early,
+                                 same_bits_as_production=bool(torch.equal(out, prod_out))))
                     rec.guard(f"{label}/r{r}/w{q}/s{sl}/rb{rb}/kw{kw}/p{pr}/m{mode}/e{early}", one, op="held_mma",
                               rows=r)
         del ws
