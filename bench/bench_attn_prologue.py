@@ -3,6 +3,10 @@
 For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) at rows 1, 6, 8, 16, 48:
   fused            one launch, CUDA graph, cold L2 (weights / x / outputs rotated over R copies)
   fused_pdl        the same launched with programmatic dependent launch (back-to-back calls overlap)
+  held_pdl         lowlat/kernels/attn_prologue_held.py (weights held in registers across the PDL wait) with PDL,
+                   where `held_prologue_supported` allows (Llama-3.2-1B here; skipped with the reason elsewhere), the
+                   norm weight multiplied into the weights in registers
+  held_folded_pdl  the same on weights folded once (`fold_attn_norm`, as FusedModel stores them): same bits
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
@@ -26,6 +30,8 @@ from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotati
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv,  # noqa: E402
                                           pack_qkv_bias, rope_table)
+from lowlat.kernels.attn_prologue_held import (attn_prologue_held, fold_attn_norm,  # noqa: E402
+                                               held_prologue_supported)
 from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue  # noqa: E402
 from lowlat.reference.rope import rope_inv_freq  # noqa: E402
 from lowlat.weights import random_layer_weights  # noqa: E402
@@ -61,7 +67,8 @@ def main() -> None:
     compiled = torch.compile(ref_attn_prologue, dynamic=True)
     configs = [(name, m) for name in args.models for m in args.rows]
     # phases: every fused measurement first, then the references while the budget lasts
-    phases = [("fused", False), ("fused_pdl", False), ("ref_graph", True), ("ref_compile_graph", True)]
+    phases = [("fused", False), ("fused_pdl", False), ("held_pdl", False), ("held_folded_pdl", False),
+              ("ref_graph", True), ("ref_compile_graph", True)]
     try:
         for variant, optional in phases:
             for name, m in configs:
@@ -70,6 +77,11 @@ def main() -> None:
                 base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
+                    continue
+                held = variant.startswith("held")
+                why = held_prologue_supported(cfg, dev) if held else None
+                if why is not None:
+                    skipped.append({**base, "variant": variant, "why": why})
                     continue
                 g = torch.Generator().manual_seed(0)
                 # attention weights only: a dense config with a tiny MLP (experts would only cost time here)
@@ -89,7 +101,16 @@ def main() -> None:
                 qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
                 wsp = make_prologue_workspace(w0, d)
                 base.update(plan=wsp.plan.describe(), early_inputs=wsp.early_inputs)
-                if variant.startswith("fused"):
+                if held:
+                    base.update(plan="attn_prologue_held (4 warps, 4 K slices, 8-row blocks)", early_inputs=True)
+                if held:
+                    folded = variant == "held_folded_pdl"
+                    if folded:
+                        ws_ = [fold_attn_norm(t, lw.attn_norm) for t in ws_]
+                    g = None if folded else lw.attn_norm
+                    calls = [lambda i=i: attn_prologue_held(xs[i], ws_[i], g, pos, locs[i], m, kc, vc, table, cfg=cfg,
+                                                            out_q=qs[i], use_pdl=True) for i in range(r)]
+                elif variant.startswith("fused"):
                     pdl = variant == "fused_pdl"
                     calls = [lambda i=i: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos,
                                                        locs[i], m, kc, vc, table, cfg=cfg, out_q=qs[i], workspace=wsp,

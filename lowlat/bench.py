@@ -809,7 +809,8 @@ def _bench_torch_steps(cfg, weights, rows_list, ctx: int, device, KV, rec: _Reco
 
 
 #: kernel name (CUPTI) -> role in the fused step; `_residual_gemv_kernel` is out_proj or down (`launch_roles`)
-_ROLES = {"_attn_prologue_kernel": "attn_prologue", "_decode_attention_kernel": "decode_attention",
+_ROLES = {"_attn_prologue_kernel": "attn_prologue", "_held_prologue_kernel": "attn_prologue",
+          "_decode_attention_kernel": "decode_attention",
           "_gate_up_kernel": "gate_up", "_lm_head_kernel": "lm_head", "_router_logits_kernel": "moe_router",
           "_route_plan_kernel": "moe_route_plan", "_expert_gate_up_kernel": "moe_gate_up",
           "_expert_down_kernel": "moe_down", "_combine_kernel": "moe_combine"}

@@ -35,6 +35,9 @@ reduction of out_proj / down left to the next launch up to N rows; on = 16, off 
 to N rows; on = 16, off = 0); moves no arithmetic.
 --early-release NAMES|off|auto (session 23): FusedModel's early_release (comma-separated among out_proj, down: those release
 the next launch at their start; auto, the default since session 24: those over 8 MB of weights); moves no arithmetic.
+--held-prologue auto|on|off (session 25): FusedModel's held_prologue (the attention prologue with its weights held in
+registers across the wait, `kernels/attn_prologue_held.py`; auto, the default: where the model allows it); it has its
+own bits, so the logits checksum differs between on and off (each is row invariant).
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -87,6 +90,7 @@ def main() -> None:
                    help="FusedModel(early_release=...): comma-separated among out_proj, down (those release the next "
                         "launch at their start), off, or auto (session 23; default: FusedModel's, auto since "
                         "session 24)")
+    p.add_argument("--held-prologue", default=None, choices=["auto", "on", "off"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -139,6 +143,8 @@ def main() -> None:
              for name, v in (("defer", a.defer), ("defer_down", a.defer_down), ("fold", a.fold)) if v is not None}
     if a.early_release is not None:
         defer["early_release"] = {"off": (), "auto": "auto"}.get(a.early_release, tuple(a.early_release.split(",")))
+    if a.held_prologue is not None:
+        defer["held_prologue"] = {"auto": "auto", "on": True, "off": False}[a.held_prologue]
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
@@ -147,6 +153,7 @@ def main() -> None:
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
                prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
                defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
+               held_prologue=fm.held_prologue,
                widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -171,6 +178,7 @@ def summary(out: dict) -> str:
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} defer_down "
              f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release={','.join(out.get('early_release', ())) or 'off'} "
+             f"held_prologue {out.get('held_prologue', False)} "
              f"down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

@@ -400,19 +400,8 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
     if not 1 <= m <= MAX_ROWS:
         raise StepContractError(f"x has M={m} rows; the fused prologue takes 1..{MAX_ROWS}")
     d = cfg.head_dim
-    check_tensor("k_cache", k_cache, dtype=torch.bfloat16, ndim=3, shape=(None, None, ("D", d)), device=dev)
-    s_slots, hkv, _ = k_cache.shape
-    check_tensor("v_cache", v_cache, dtype=torch.bfloat16, ndim=3,
-                 shape=(("S", s_slots), ("Hkv", hkv), ("D", d)), device=dev)
-    check_tensor("qkv_weight", qkv_weight, dtype=torch.bfloat16, ndim=2, shape=(None, ("H", hidden)), device=dev)
-    if not qkv_weight.is_contiguous():
-        raise StepContractError(f"qkv_weight must be contiguous, got strides {qkv_weight.stride()}")
+    s_slots, hkv, hq = check_qkv_and_caches(qkv_weight, k_cache, v_cache, hidden, d, dev)
     n = qkv_weight.shape[0]
-    if n % d or n // d <= 2 * hkv or (n // d - 2 * hkv) % hkv:
-        raise StepContractError(
-            f"qkv_weight has N={n} rows; must be (Hq + 2*Hkv)*D with D={d}, Hkv={hkv} and Hq a multiple of Hkv")
-    nh = n // d
-    hq = nh - 2 * hkv
     if d & (d - 1) or not 16 <= d <= 256:
         raise StepContractError(f"head_dim D={d} must be a power of two in 16..256 (a tile holds whole heads)")
     if qkv_bias is not None:
@@ -423,17 +412,8 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
     if q_norm is not None:
         check_tensor("q_norm", q_norm, dtype=torch.bfloat16, ndim=1, shape=(("D", d),), device=dev)
         check_tensor("k_norm", k_norm, dtype=torch.bfloat16, ndim=1, shape=(("D", d),), device=dev)
-    check_tensor("positions", positions, dtype=torch.int64, ndim=1, shape=(("M", m),), device=dev)
-    check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
-    check_tensor("cos_sin_table", cos_sin_table, dtype=torch.float32, ndim=2, shape=(None, ("D", d)), device=dev)
-    if not cos_sin_table.is_contiguous():
-        raise StepContractError("cos_sin_table must be contiguous")
-    nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
-    if out_q is None:
-        out_q = torch.empty((m, hq, d), dtype=torch.bfloat16, device=dev)
-    else:
-        check_tensor("out_q", out_q, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)),
-                     device=dev)
+    nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
+                                              d, dev)
     if workspace is None:
         workspace = make_prologue_workspace(qkv_weight, d)
     plan = workspace.plan
@@ -472,6 +452,48 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
         EARLY=workspace.early_inputs, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl,
         **launch_constexprs(plan, nmb, program_row_blocks=1), **dconst)       # one row block per program
     return out_q
+
+
+def check_qkv_and_caches(qkv_weight: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hidden: int,
+                         head_dim: int, device: torch.device) -> tuple[int, int, int]:
+    """(S, Hkv, Hq) of a prologue's packed QKV weight [N, H] (bf16, contiguous, N = (Hq + 2 Hkv) D with Hq a multiple
+    of Hkv) and its K / V caches [S, Hkv, D] (bf16, last dim contiguous), all on `device`; raises StepContractError
+    naming the tensor otherwise. Shared by `attn_prologue` and `attn_prologue_held.attn_prologue_held`."""
+    d = head_dim
+    check_tensor("k_cache", k_cache, dtype=torch.bfloat16, ndim=3, shape=(None, None, ("D", d)), device=device)
+    s_slots, hkv, _ = k_cache.shape
+    check_tensor("v_cache", v_cache, dtype=torch.bfloat16, ndim=3,
+                 shape=(("S", s_slots), ("Hkv", hkv), ("D", d)), device=device)
+    check_tensor("qkv_weight", qkv_weight, dtype=torch.bfloat16, ndim=2, shape=(None, ("H", hidden)), device=device)
+    if not qkv_weight.is_contiguous():
+        raise StepContractError(f"qkv_weight must be contiguous, got strides {qkv_weight.stride()}")
+    n = qkv_weight.shape[0]
+    if n % d or n // d <= 2 * hkv or (n // d - 2 * hkv) % hkv:
+        raise StepContractError(
+            f"qkv_weight has N={n} rows; must be (Hq + 2*Hkv)*D with D={d}, Hkv={hkv} and Hq a multiple of Hkv")
+    return s_slots, hkv, n // d - 2 * hkv
+
+
+def check_rows_inputs(positions: torch.Tensor, out_cache_loc: torch.Tensor, cos_sin_table: torch.Tensor,
+                      num_valid_rows: int | torch.Tensor, out_q: torch.Tensor | None, m: int, hq: int, head_dim: int,
+                      device: torch.device) -> tuple[int, torch.Tensor | None, torch.Tensor]:
+    """Check a prologue's per-row inputs (positions [M] int64, out_cache_loc [M] int32, cos_sin_table [P, D] fp32
+    contiguous, num_valid_rows: `check_num_valid_rows`) and its out_q [M, Hq, D] bf16 (allocated when None); returns
+    (num_valid_rows as an int or 0, as a device tensor or None, out_q). StepContractError naming the tensor otherwise.
+    Shared by `attn_prologue` and `attn_prologue_held.attn_prologue_held`."""
+    d = head_dim
+    check_tensor("positions", positions, dtype=torch.int64, ndim=1, shape=(("M", m),), device=device)
+    check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=device)
+    check_tensor("cos_sin_table", cos_sin_table, dtype=torch.float32, ndim=2, shape=(None, ("D", d)), device=device)
+    if not cos_sin_table.is_contiguous():
+        raise StepContractError("cos_sin_table must be contiguous")
+    nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, device)
+    if out_q is None:
+        out_q = torch.empty((m, hq, d), dtype=torch.bfloat16, device=device)
+    else:
+        check_tensor("out_q", out_q, dtype=torch.bfloat16, ndim=3, shape=(("M", m), ("Hq", hq), ("D", d)),
+                     device=device)
+    return nvr_int, nvr_t, out_q
 
 
 def _check_values(positions, out_cache_loc, n, max_pos, num_slots) -> None:

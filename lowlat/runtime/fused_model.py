@@ -2,7 +2,9 @@
 
     x = embed[input_ids]                                           (torch index_select)
     per layer:
-        q     = attn_prologue(x)      RMSNorm, fused QKV, QK-norm, RoPE, KV write   (kernels/attn_prologue)
+        q     = attn_prologue(x)      RMSNorm, fused QKV, QK-norm, RoPE, KV write   (kernels/attn_prologue; the
+                                      weights held in registers across the wait where the model allows it:
+                                      kernels/attn_prologue_held, `FusedModel(held_prologue=...)`)
         attn  = decode_attention(q)   split-KV flash-decoding over the page table  (kernels/decode_attention)
         x     = residual_gemv(attn)   x + attn Wo^T                                 (kernels/out_proj)
         act   = gate_up_act(x)        FFN RMSNorm in-kernel, gate/up + SiLU*mul     (kernels/mlp)
@@ -44,6 +46,7 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import GemvPlan, GemvWorkspace, pdl_available, plan_gemv, row_blocks
 from lowlat.kernels.attn_combine import DeferredAttention
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
+from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm, held_prologue_supported
 from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
 from lowlat.kernels.lm_head import lm_head
@@ -98,6 +101,12 @@ EARLY_RELEASE = "auto"
 EARLY_RELEASE_MIN_BYTES = 8_000_000
 #: the launches `FusedModel(early_release=...)` may name
 EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
+#: The attention prologue with its weights held in registers across the PDL wait (`attn_prologue_held`): "auto" runs
+#: it wherever `held_prologue_supported` allows (the Llama family: no QKV bias or QK-norm, H a power of two <= 2048,
+#: on sm_90). Per kernel (session 25 call 3, bench/explore/explore34.py, Llama-3.2-1B): 4.47 / 4.75 / 6.58 / 13.75 us
+#: at 1 / 6 / 16 / 48 rows against the split-K prologue's 7.83 / 8.15 / 8.27 / 16.16. It takes no deferred input, so
+#: a model running it never defers the down projection's reduction (`defers_down`).
+HELD_PROLOGUE = "auto"
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -152,7 +161,7 @@ class DraftKey(NamedTuple):
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor               # pack_qkv; with the held prologue fold_attn_norm of it (attn_norm multiplied in)
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -221,10 +230,17 @@ class FusedModel:
                          launches among "out_proj" and "down" that release the next launch at their start, not
                          after their PDL wait (`out_proj.residual_gemv`); the same bits either way; MoE layers
                          ignore it
+        held_prologue    "auto" (default HELD_PROLOGUE: where `held_prologue_supported(cfg, device)` allows), True
+                         (required: UnsupportedConfigError with the reason where it is not supported) or False: every
+                         layer's attention prologue is `attn_prologue_held` (weights held in registers across the PDL
+                         wait, its own bits: every width runs it, so rows stay invariant; the QKV weights stored with
+                         the norm weight multiplied in, `fold_attn_norm`) instead of the split-K `attn_prologue`;
+                         with it the down projection never defers (`defers_down`)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
-    lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, ...), StepContractError for a defer /
-    defer_down / fold outside 0..48, an early_release other than "auto" or a tuple / list / set of launch names, or
-    widths outside 1..48.
+    lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
+    `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
+    an early_release other than "auto" or a tuple / list / set of launch names, a held_prologue other than "auto",
+    True or False, or widths outside 1..48.
 
     `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
     `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).
@@ -238,8 +254,12 @@ class FusedModel:
                  widths: Sequence[int] = DEFAULT_WIDTHS, use_cuda_graphs: bool = True,
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
-                 early_release: str | Sequence[str] = EARLY_RELEASE) -> None:
+                 early_release: str | Sequence[str] = EARLY_RELEASE,
+                 held_prologue: str | bool = HELD_PROLOGUE) -> None:
         self.cfg = cfg
+        if not (held_prologue is True or held_prologue is False
+                or (isinstance(held_prologue, str) and held_prologue == "auto")):
+            raise StepContractError(f"held_prologue={held_prologue!r} must be 'auto', True or False")
         if isinstance(early_release, str) and early_release == "auto":
             names = early_release_launches(cfg)
         else:
@@ -267,6 +287,11 @@ class FusedModel:
             raise UnsupportedConfigError("num_hidden_layers", cfg.num_layers,
                                          f"weights have {len(weights.layers)} layers")
         self._check_config(cfg)
+        why = held_prologue_supported(cfg, self.device)
+        if held_prologue is True and why is not None:
+            raise UnsupportedConfigError("held_prologue", True, why)
+        #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
+        self.held_prologue = held_prologue is not False and why is None
         self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
         self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
         self.validate = validate
@@ -310,8 +335,10 @@ class FusedModel:
         for lw in w.layers:
             lw_dev = lw.map(put)
             dense = lw.router is None
+            qkv = pack_qkv(lw_dev)
             self.layers.append(_Layer(
-                attn_norm=lw_dev.attn_norm, qkv=pack_qkv(lw_dev), qkv_bias=pack_qkv_bias(lw_dev),
+                attn_norm=lw_dev.attn_norm, qkv=fold_attn_norm(qkv, lw_dev.attn_norm) if self.held_prologue else qkv,
+                qkv_bias=pack_qkv_bias(lw_dev),
                 q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=lw_dev.wo, mlp_norm=lw_dev.mlp_norm,
                 gate_up=pack_gate_up(lw_dev.w_gate, lw_dev.w_up) if dense else None,
                 w_down=lw_dev.w_down if dense else None, moe=None if dense else lw_dev))
@@ -556,10 +583,10 @@ class FusedModel:
         """Whether a step of this width leaves the dense layers' down-projection reduction to the next layer's
         attention prologue (not the last layer a graph runs): a dense model, a down plan with split-K, and width
         <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_SM_BYTES per SM
-        (`down_prepass_sm_bytes` on this device's SMs). The prologue preloads its weights before its wait, so its
+        (`down_prepass_sm_bytes` on this device's SMs); never with the held prologue (it takes no deferred input). The prologue preloads its weights before its wait, so its
         pre-pass runs beside their loads; what it costs grows with the partials each SM's programs re-read (NOTES
         sessions 21-22)."""
-        if self.cfg.is_moe or self.plan_down.split < 2:
+        if self.cfg.is_moe or self.plan_down.split < 2 or self.held_prologue:
             return False
         if self._defer_down is not None:
             return width <= self._defer_down
@@ -648,9 +675,13 @@ class FusedModel:
         layers = self.layers[:num_layers]
         xin: torch.Tensor | DeferredX = x         # the layer's input: a stream buffer or the down's DeferredX
         for i, L in enumerate(layers):
-            q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
-                              bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
-                              workspace=self.pro_ws, use_pdl=pdl)
+            if self.held_prologue:                # never a DeferredX: defers_down is False
+                q = attn_prologue_held(xin, L.qkv, None, bufs.positions, bufs.out_cache_loc, bufs.nvalid,   # folded
+                                       kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl)
+            else:
+                q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
+                                  bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
+                                  workspace=self.pro_ws, use_pdl=pdl)
             attn = decode_attention(q, kc[i], vc[i], page_table, bufs.req_indices, bufs.positions, bufs.nvalid,
                                     out_cache_loc=bufs.out_cache_loc, out=bufs.attn, workspace=self.dec_ws,
                                     use_pdl=pdl, fold_combine=self.folds(w))

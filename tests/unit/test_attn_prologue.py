@@ -554,3 +554,242 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
     check_bitwise("attn_prologue", out_q, q_all, output="q_cuda_graph")
     check_bitwise("attn_prologue", kc.nan_to_num(), kc_all.nan_to_num(), output="k_cache_cuda_graph")
     assert int(ws.counters.abs().sum()) == 0, "split-K counters must be reset by the last arriver"
+
+
+# ----------------------------------------------------------------------------- the held prologue (session 25)
+def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folded=False):
+    """The held prologue with g multiplied into the weights in registers, or (folded) by `fold_attn_norm` first."""
+    from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm
+
+    out_q = poison(torch.empty((x.shape[0], cfg.num_heads, cfg.head_dim), dtype=torch.bfloat16, device=x.device))
+    w, g = (fold_attn_norm(pack_qkv(lw), lw.attn_norm), None) if folded else (pack_qkv(lw), lw.attn_norm)
+    q = attn_prologue_held(x, w, g, step.positions, step.out_cache_loc,
+                           step.num_valid_rows if nvr is None else nvr, kc, vc, table, cfg=cfg, out_q=out_q,
+                           use_pdl=use_pdl)
+    assert q is out_q
+    return q
+
+
+def _check_held_against_reference(cfg, lw, step, x, kc0, vc0, **kw):  # kw: _run_held's
+    """The held prologue's q (every row) and K / V (valid rows' slots) within the prologue's policy
+    (`check_accuracy("attn_prologue", ...)`: at most 2x the bf16 reference's own error against float64, the
+    split-K prologue's bound), no other slot changed."""
+    kc, vc = kc0.clone(), vc0.clone()
+    table = rope_table(cfg, MAX_POS, x.device)
+    q = _run_held(cfg, lw, step, x, kc, vc, table=table, **kw)
+    qo, kco, vco = _run_reference(cfg, lw, step, x, kc0, vc0, torch.float64)
+    qb, kcb, vcb = _run_reference(cfg, lw, step, x, kc0, vc0, torch.bfloat16)
+    check_accuracy("attn_prologue", q, qo, qb, output="q")
+    loc = step.out_cache_loc[:step.num_valid_rows].long()
+    check_accuracy("attn_prologue", kc[loc], kco[loc], kcb[loc], output="k_cache")
+    check_accuracy("attn_prologue", vc[loc], vco[loc], vcb[loc], output="v_cache")
+    _assert_only_slots_written(kc0, kc, loc)
+    _assert_only_slots_written(vc0, vc, loc)
+    return q, kc, vc
+
+
+@pytest.mark.gpu
+@given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
+       hkv=st.sampled_from([1, 2, 8]), d=st.sampled_from([16, 32, 64, 128]),
+       hidden=st.sampled_from([256, 512, 1024, 2048]), hostile=st.booleans(), seed=st.integers(0, 2**16))
+def test_held_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, hidden, hostile, seed):
+    """kernels/attn_prologue_held.py (Gluon, GPU only): q of every row and the K / V of every valid row against the
+    reference, rows 1..48 with padding (optionally padding rows of 1e4: they must not leak into valid rows), GQA
+    ratios 1 / 3 / 4 / 8, head_dim 16..128 (one to eight programs a head), H 256..2048 (K slices of 64..512), contexts
+    0..39 tokens; g multiplied in registers or the weights folded first, PDL on or off."""
+    cfg = tiny_config(hidden_size=hidden, num_heads=group * hkv, num_kv_heads=hkv, head_dim=d)
+    rows = split_rows(m)
+    ctxs = [(seed >> i) % 40 for i in range(len(rows))]
+    pad = min(pad, 48 - m)
+    lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device, hostile_padding=hostile)
+    _check_held_against_reference(cfg, lw, step, x, kc, vc, use_pdl=bool(seed & 1), folded=bool(seed & 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_held_prologue_llama_shapes_and_tp_shards_within_2x_baseline_error(device, tp):
+    """Llama-3.2-1B's prologue (H 2048, 32 / 8 heads of D 64: 192 programs) and its TP shards (16 / 4, 8 / 2 heads
+    a rank) at 1, 6, 17 and 48 rows, the last two with padding."""
+    cfg = preset("Llama-3.2-1B")
+    cfg = cfg.replace(num_heads=cfg.num_heads // tp, num_kv_heads=cfg.num_kv_heads // tp)
+    for m, pad, seed in ((1, 0, 1), (6, 0, 2), (15, 2, 3), (44, 4, 4)):
+        lw, step, x, kc, vc = _case(cfg, ctxs=[(5 * i) % 90 for i in range(m)], rows=[1] * m, pad=pad, seed=seed,
+                                    device=device)
+        _check_held_against_reference(cfg, lw, step, x, kc, vc, use_pdl=True)
+
+
+@pytest.mark.gpu
+def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device):
+    """Llama-3.2-1B's shapes: run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and
+    among the first 6 / 17 / 33; PDL on == off; the weights folded by `fold_attn_norm` == g multiplied in registers;
+    num_valid_rows as a device tensor in a CUDA-graph replay == eager;
+    a position past the RoPE table rotates by cos = sin = 0 (q and K of that row 0, V untouched), as the split-K
+    prologue does."""
+    cfg = preset("Llama-3.2-1B")
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
+                                  device=device)
+    table = rope_table(cfg, MAX_POS, device)
+    n = step.num_valid_rows
+    runs = []
+    for pdl, folded in ((False, False), (False, False), (True, False), (True, True)):
+        kc, vc = kc0.clone(), vc0.clone()
+        runs.append((_run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl, folded=folded), kc, vc))
+    for q, kc, vc in runs[1:]:
+        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_pdl_folded")
+        check_bitwise("attn_prologue", kc.nan_to_num(), runs[0][1].nan_to_num(), output="k_cache_run_to_run")
+        check_bitwise("attn_prologue", vc.nan_to_num(), runs[0][2].nan_to_num(), output="v_cache_run_to_run")
+    q_all, kc_all, vc_all = runs[0]
+    loc = step.out_cache_loc[:n].long()
+    for i in (0, 1, 8, 17, n - 1):
+        kc, vc = kc0.clone(), vc0.clone()
+        idx = torch.tensor([i], device=device)
+        one = _run_held(cfg, lw, _rows(step, 1, idx), x[idx], kc, vc, table=table)
+        check_bitwise("attn_prologue", one[0], q_all[i], output="q_row_invariance")
+        check_bitwise("attn_prologue", kc[loc[i]], kc_all[loc[i]], output="k_row_invariance")
+        check_bitwise("attn_prologue", vc[loc[i]], vc_all[loc[i]], output="v_row_invariance")
+    for m in (6, 17, 33):
+        kc, vc = kc0.clone(), vc0.clone()
+        part = _run_held(cfg, lw, _rows(step, m), x[:m].contiguous(), kc, vc, table=table)
+        check_bitwise("attn_prologue", part, q_all[:m], output=f"q_first_{m}_rows")
+        check_bitwise("attn_prologue", kc[loc[:m]], kc_all[loc[:m]], output=f"k_first_{m}_rows")
+        check_bitwise("attn_prologue", vc[loc[:m]], vc_all[loc[:m]], output=f"v_first_{m}_rows")
+    from lowlat.kernels.attn_prologue_held import attn_prologue_held
+
+    nvr = torch.tensor([n], dtype=torch.int32, device=device)
+    kc, vc = kc0.clone(), vc0.clone()
+    out_q = torch.empty_like(q_all)
+    w = pack_qkv(lw)
+
+    def call():
+        attn_prologue_held(x, w, lw.attn_norm, step.positions, step.out_cache_loc, nvr, kc, vc, table, cfg=cfg,
+                           out_q=out_q, use_pdl=True)
+
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    kc.copy_(kc0)
+    vc.copy_(vc0)
+    poison(out_q)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_bitwise("attn_prologue", out_q, q_all, output="q_cuda_graph")
+    check_bitwise("attn_prologue", kc.nan_to_num(), kc_all.nan_to_num(), output="k_cache_cuda_graph")
+    check_bitwise("attn_prologue", vc.nan_to_num(), vc_all.nan_to_num(), output="v_cache_cuda_graph")
+    far = _rows(step, 2)
+    far.positions[1] = MAX_POS                     # one past the table
+    kc, vc = kc0.clone(), vc0.clone()
+    q2 = _run_held(cfg, lw, far, x[:2].contiguous(), kc, vc, table=table)
+    check_bitwise("attn_prologue", q2[0], q_all[0], output="q_beside_a_far_row")
+    assert bool((q2[1] == 0).all()) and bool((kc[loc[1]] == 0).all()), "cos = sin = 0 past the table"
+    check_bitwise("attn_prologue", vc[loc[1]], vc_all[loc[1]], output="v_of_a_far_row")
+
+
+def _held_error_cases():
+    """(cfg, base arguments, [(name, change, message)]) for attn_prologue_held's refusals on the CPU (every one
+    before `held_prologue_supported`'s, which comes last: here the model's, H 64)."""
+    cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16)
+    bf = torch.bfloat16
+    n = (4 + 2 * 2) * 16
+    base = dict(x=torch.randn(3, 64).to(bf), qkv_weight=torch.randn(n, 64).to(bf), attn_norm=torch.ones(64, dtype=bf),
+                positions=torch.arange(3), out_cache_loc=torch.arange(1, 4, dtype=torch.int32), num_valid_rows=3,
+                k_cache=torch.zeros(8, 2, 16, dtype=bf), v_cache=torch.zeros(8, 2, 16, dtype=bf),
+                cos_sin_table=torch.zeros(16, 16), out_q=torch.zeros(3, 4, 16, dtype=bf))
+    cases = [
+        ("M 0", dict(x=torch.zeros(0, 64, dtype=bf)), "x has M=0 rows; the held prologue takes 1..48"),
+        ("H", dict(x=torch.zeros(3, 32, dtype=bf)), "x has H=32 columns; cfg.hidden_size is 64"),
+        ("x row-strided", dict(x=torch.zeros(3, 128, dtype=bf)[:, :64]), "x must be contiguous"),
+        ("x dtype", dict(x=torch.zeros(3, 64)), "x must be torch.bfloat16"),
+        ("v_cache", dict(v_cache=torch.zeros(9, 2, 16, dtype=bf)), "v_cache"),
+        ("N", dict(qkv_weight=torch.zeros(n + 16, 64, dtype=bf)), "qkv_weight has N=144 rows"),
+        ("weight strided", dict(qkv_weight=torch.zeros(64, n, dtype=bf).T), "qkv_weight"),
+        ("norm", dict(attn_norm=torch.ones(32, dtype=bf)), "attn_norm"),
+        ("positions", dict(positions=torch.arange(3, dtype=torch.int32)), "positions must be torch.int64"),
+        ("slots", dict(out_cache_loc=torch.arange(3)), "out_cache_loc must be torch.int32"),
+        ("table", dict(cos_sin_table=torch.zeros(16, 8)), "cos_sin_table"),
+        ("nvr", dict(num_valid_rows=4), "num_valid_rows=4 must be in 0..M=3"),
+        ("out_q", dict(out_q=torch.zeros(3, 2, 16, dtype=bf)), "out_q"),
+        ("model", {}, "the held prologue cannot run here: hidden_size 64"),
+        ("model, folded weight", dict(attn_norm=None), "the held prologue cannot run here: hidden_size 64"),
+    ]
+    return cfg, base, cases
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_held_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
+    from lowlat.kernels.attn_prologue_held import attn_prologue_held
+
+    cfg, base, cases = _held_error_cases()
+    name, change, msg = cases[case]
+    kc0, vc0, q0 = base["k_cache"].clone(), base["v_cache"].clone(), base["out_q"].clone()
+    with pytest.raises(StepContractError, match=re.escape(msg)):
+        attn_prologue_held(cfg=cfg, **{**base, **change})
+    for key, before in (("k_cache", kc0), ("v_cache", vc0), ("out_q", q0)):
+        assert torch.equal(base[key], before), (name, key)
+
+
+def test_fold_attn_norm_rounds_each_product_once():
+    """fold_attn_norm(W, g) is bf16(W g), each product of two bf16 values (exact in float64) rounded once to the
+    nearest bf16 (ties to even), what the kernel computes in registers; other dtypes / shapes are refused."""
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+
+    w = _bf16_like(96, 64, seed=1)
+    g = _bf16_like(64, seed=2) + 1
+    got = fold_attn_norm(w, g)
+    assert got.dtype == torch.bfloat16 and got.is_contiguous()
+    assert torch.equal(got, (w.double() * g.double()).to(torch.bfloat16))
+    assert not torch.equal(got, w), "g was multiplied in"
+    with pytest.raises(StepContractError, match="attn_norm"):
+        fold_attn_norm(w, g[:32])
+    with pytest.raises(StepContractError, match="qkv_weight must be torch.bfloat16"):
+        fold_attn_norm(w.float(), g)
+
+
+def _bf16_like(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("name,why", [("Llama-3.2-1B", "device cpu"), ("SmolLM2-135M", "hidden_size 576"),
+                                      ("Qwen2.5-0.5B", "QKV bias"), ("Qwen3-0.6B", "QK-norm"),
+                                      ("Qwen3-30B-A3B", "QK-norm")])
+def test_held_prologue_supported_names_the_first_reason(name, why):
+    """The model's reasons come before the device's: on the CPU only Llama-3.2-1B (no bias, no QK-norm, H 2048, D 64)
+    is refused for the device; H 4096 (Llama-3.1-8B's) would hold 256 registers of weights a thread, H 128 slices of
+    32 columns (replicated in the mma operand layout)."""
+    from lowlat.kernels.attn_prologue_held import held_prologue_supported
+
+    assert why in held_prologue_supported(preset(name), "cpu")
+    assert "hidden_size 4096" in held_prologue_supported(preset("Llama-3.2-1B").replace(hidden_size=4096), "cpu")
+    assert "head_dim 48" in held_prologue_supported(tiny_config(head_dim=48), "cpu")
+    assert "hidden_size 128" in held_prologue_supported(tiny_config(hidden_size=128), "cpu")     # slices < 64
+    assert "device cpu" in held_prologue_supported(tiny_config(hidden_size=256), "cpu")
+
+
+def test_held_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
+    """The held prologue compiled for sm_90 on the CPU (Llama-3.2-1B's H 2048 / D 64, a D-128 head at H 1024, D 16 at
+    H 512; 1 / 2 / 3 / 6 row blocks): no spills, no shared memory but the slices' 2 KB, and before the PDL wait every
+    weight load and (FOLD_G) the norm weight's (16-byte loads), the valid-row count's, the first row block's positions / slots /
+    cos / sin, and no mma; then 16 K / (16 x 4 warps) mma.sync a row block."""
+    from sampling_stats import compile_sm90
+
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "g_ptr": "*bf16", "tab_ptr": "*fp32", "pos_ptr": "*i64",
+            "loc_ptr": "*i32", "nvr_ptr": "*i32", "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16"}
+    cases = [(2048, 64, 1, True), (2048, 64, 2, True), (2048, 64, 6, True), (1024, 128, 3, True), (512, 16, 6, True),
+             (2048, 64, 1, False), (2048, 64, 6, False)]
+    specs = [{"constexprs": {"K": k, "D": d, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": fold},
+              "pointers": ptrs,
+              "scalars": {"eps": "fp32"}, "num_warps": 4, "launch_pdl": True, "ptx": True,
+              "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch"]}
+             for k, d, nmb, fold in cases]
+    for case, info in zip(cases, compile_sm90("lowlat.kernels.attn_prologue_held:_held_prologue_kernel", specs)):
+        k, d, nmb, fold = case
+        assert info["spill_bytes"] == 0 and info["shared"] <= 2176, (case, info)
+        ptx = info["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        before = ptx[:wait]
+        v4 = 16 * k // 4 * 2 // 32 // 16                  # [16, K / 4] bf16 a warp: 16-byte loads a thread
+        loads = v4 * (2 if fold else 1)                   # the weights, and g where it is multiplied in here
+        assert before.count("ld.global.v4") == loads, case
+        assert before.count("ld.global") - loads == 5, case       # num_valid_rows, position, slot, cos, sin
+        assert "mma.sync" not in before, case
+        assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // 4 * nmb, case

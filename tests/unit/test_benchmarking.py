@@ -175,7 +175,7 @@ def test_gpu_kernel_trace_lists_the_graph_replays_kernels_in_order(device):
 
 def test_launch_roles_and_costs_of_a_fused_step_trace():
     """lowlat.bench's profile section: roles by kernel name (a layer's first residual GEMV is out_proj, its
-    second down, reset at every attention prologue), each launch's cost = its end minus the previous end (the
+    second down, reset at every attention prologue, split-K or held), each launch's cost = its end minus the previous end (the
     first of a replay: its duration), replays split by count and checked to launch the same kernels."""
     from lowlat import bench
     from lowlat.config import preset
@@ -186,6 +186,8 @@ def test_launch_roles_and_costs_of_a_fused_step_trace():
     assert bench.launch_roles(names) == (["other:void at::native::indexSelect"]
                                          + ["attn_prologue", "decode_attention", "out_proj", "gate_up", "down"] * 2
                                          + ["lm_head"])
+    held = ["_held_prologue_kernel"] + layer[1:]        # the held prologue (session 25) resets the count too
+    assert bench.launch_roles(held * 2) == ["attn_prologue", "decode_attention", "out_proj", "gate_up", "down"] * 2
     moe = ["_attn_prologue_kernel", "_decode_attention_kernel", "_residual_gemv_kernel", "_router_logits_kernel",
            "_route_plan_kernel", "_expert_gate_up_kernel", "_expert_down_kernel", "_combine_kernel"]
     assert bench.launch_roles(moe)[2:] == ["out_proj", "moe_router", "moe_route_plan", "moe_gate_up", "moe_down",

@@ -393,3 +393,142 @@ def test_register_mma_gemv_compiles_for_sm90_with_weights_held_in_registers(monk
         assert ptx[:wait].count("ld.global.v4" if kw == 8 else "ld.global.b32") == w_bytes // (16 if kw == 8 else 4), \
             case
         assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // q * rb // 8 * nmb, case
+
+
+def _prologue_case(d: int, device):
+    """A small Llama-family prologue (H 256, D 64: Hq 4, Hkv 2; D 128: Hq 2, Hkv 1; llama3 RoPE scaling), weights
+    packed as `pack_qkv`, a random RMSNorm weight, the `rope_table` of 512 positions."""
+    from lowlat.config import preset
+    from lowlat.kernels.attn_prologue import rope_table
+
+    cfg = preset("Llama-3.2-1B").replace(hidden_size=256, num_heads=256 // d, num_kv_heads=128 // d, head_dim=d)
+    n = (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+    w = _bf16(n, 256, scale=256 ** -0.5, seed=70 + d, device=device)
+    g = (1 + 0.1 * _bf16(256, seed=71 + d)).to(device)
+    return cfg, w, g, rope_table(cfg, 512, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,early", [(0, 0), (1, 0), (2, 0), (2, 1)])
+@pytest.mark.parametrize("d,warps,slices,rb,fold,inp,epi", [(64, 4, 4, 8, 1, 0, 0), (64, 4, 8, 8, 0, 1, 1),
+                                                            (128, 2, 4, 16, 1, 1, 0), (128, 4, 8, 16, 0, 0, 1)])
+def test_register_mma_prologue_matches_reference(device, mode, early, d, warps, slices, rb, fold, inp, epi):
+    """bench/explore/explore34.py (session 25; Gluon, GPU only): 1 / 5 / 8 / 9 / 17 / 40 / 48 rows, the last row
+    padding from 5 rows on, against the float64 reference prologue (q of every row, the k / v cache rows of the valid
+    ones; explore's bound: one bf16 rounding plus fp32 sums, 2^-7 of the largest value). q and both caches are
+    poisoned first: every q element is written, no slot but the valid rows' changes. Each of rows 0, 4 and the last
+    also gives bit for bit what a 1-row launch gives it (row invariance)."""
+    from explore.explore34 import close, launch_held_prologue, oracle
+
+    cfg, w, g, table = _prologue_case(d, device)
+    hq, hkv, slots = cfg.num_heads, cfg.num_kv_heads, 64
+    x_all = _bf16(48, 256, seed=72, device=device)
+    pos_all = torch.randint(0, 512, (48,), generator=torch.Generator().manual_seed(73)).to(device)
+    loc_all = (torch.randperm(slots - 1, generator=torch.Generator().manual_seed(74))[:48] + 1).to(torch.int32)
+    loc_all = loc_all.to(device)
+    kw = dict(eps=cfg.rms_eps, warps=warps, slices=slices, rb=rb, fold=fold, inp=inp, epi=epi, mode=mode, early=early)
+    alone = {}
+    for r in (1, 5, 8, 9, 17, 40, 48):
+        nvr = r if r < 5 else r - 1
+        x, pos, loc = x_all[:r].contiguous(), pos_all[:r].contiguous(), loc_all[:r].contiguous()
+        q = poison(torch.empty(r, hq, d, dtype=torch.bfloat16, device=device))
+        kc = poison(torch.empty(slots, hkv, d, dtype=torch.bfloat16, device=device))
+        vc = poison(torch.empty(slots, hkv, d, dtype=torch.bfloat16, device=device))
+        launch_held_prologue(x, w, g, table, pos, loc, nvr, q, kc, vc, **kw)
+        torch.cuda.synchronize()
+        wq, wk, wv = oracle(x, w, g, pos, loc, nvr, hkv, d, slots, cfg)
+        valid = loc[:nvr].long()
+        for what, got, want in (("q", q, wq), ("k", kc[valid], wk[valid]), ("v", vc[valid], wv[valid])):
+            err, ok = close(got, want)
+            assert ok, f"{what}: max error {err} at {r} rows"
+        untouched = torch.ones(slots, dtype=torch.bool, device=device)
+        untouched[valid] = False
+        assert kc[untouched].isnan().all() and vc[untouched].isnan().all(), f"a slot not of a valid row written ({r})"
+        for i in sorted({0, min(4, r - 1), r - 1}):
+            if i not in alone:
+                q1 = poison(torch.empty(1, hq, d, dtype=torch.bfloat16, device=device))
+                kc1, vc1 = poison(torch.empty_like(kc)), poison(torch.empty_like(vc))
+                launch_held_prologue(x_all[i:i + 1].contiguous(), w, g, table, pos_all[i:i + 1].contiguous(),
+                                     loc_all[i:i + 1].contiguous(), 1, q1, kc1, vc1, **dict(kw, rb=8))
+                alone[i] = (q1, kc1[loc_all[i].long()], vc1[loc_all[i].long()])
+            assert torch.equal(q[i:i + 1], alone[i][0]), f"q of row {i} at {r} rows differs from its 1-row launch"
+            if i < nvr:
+                assert torch.equal(kc[loc[i].long()], alone[i][1]) and torch.equal(vc[loc[i].long()], alone[i][2]), \
+                    f"k / v of row {i} at {r} rows differ from its 1-row launch"
+
+
+def test_register_mma_prologue_refuses_inputs():
+    """launch_held_prologue refuses, before any launch and with a message naming the value, every input its kernel
+    cannot take (on the CPU: the refusals come before the launch)."""
+    from explore.explore34 import launch_held_prologue
+
+    bf = torch.bfloat16
+    cfg, w, g, table = _prologue_case(64, "cpu")
+    x, pos, loc = torch.zeros(3, 256, dtype=bf), torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int32)
+    q, kc, vc = torch.zeros(3, 4, 64, dtype=bf), torch.zeros(8, 2, 64, dtype=bf), torch.zeros(8, 2, 64, dtype=bf)
+    args = dict(x=x, w=w, g=g, table=table, positions=pos, out_cache_loc=loc, num_valid_rows=3, q=q, k_cache=kc,
+                v_cache=vc)
+    ok = dict(eps=1e-5, warps=4, slices=4)
+    cases = [
+        ("M 0 must lie", dict(x=x[:0], positions=pos[:0], out_cache_loc=loc[:0], q=q[:0], num_valid_rows=0), ok),
+        ("M 49 must lie", dict(x=torch.zeros(49, 256, dtype=bf), positions=torch.zeros(49, dtype=torch.int64),
+                               out_cache_loc=torch.zeros(49, dtype=torch.int32), q=torch.zeros(49, 4, 64, dtype=bf)),
+         ok),
+        ("warps 3 must be a power of two", {}, dict(ok, warps=3)),
+        ("slices 2 must be a power of two and a multiple of 4", {}, dict(ok, slices=2)),
+        ("H 256 must be 32 slices", {}, dict(ok, slices=32)),
+        ("head_dim 48 must be a power of two", dict(q=torch.zeros(3, 4, 48, dtype=bf),
+                                                    k_cache=torch.zeros(8, 2, 48, dtype=bf),
+                                                    v_cache=torch.zeros(8, 2, 48, dtype=bf)), ok),
+        (r"N 512 must be \(Hq 3 \+ 2 Hkv 2\)", dict(q=torch.zeros(3, 3, 64, dtype=bf)), ok),
+        ("rb 4 must be 8 or 16", {}, dict(ok, rb=4)),
+        ("fold 2, inp 0, epi 0 must be 0 or 1", {}, dict(ok, fold=2)),
+        ("fold 1, inp 2, epi 0 must be 0 or 1", {}, dict(ok, inp=2)),
+        ("fold 1, inp 0, epi 3 must be 0 or 1", {}, dict(ok, epi=3)),
+        ("mode 3 must be", {}, dict(ok, mode=3)),
+        ("early 2 0 / 1", {}, dict(ok, early=2)),
+        ("num_valid_rows 4 must lie in 0..3", dict(num_valid_rows=4), ok),
+        ("num_valid_rows -1 must lie", dict(num_valid_rows=-1), ok),
+        (r"g \(128,\)", dict(g=g[:128]), ok),
+        (r"table \(512, 64\) torch.float64", dict(table=table.double()), ok),
+        (r"positions \(3,\) torch.int32", dict(positions=pos.int()), ok),
+        (r"out_cache_loc \(3,\) torch.int64", dict(out_cache_loc=loc.long()), ok),
+        (r"v_cache \(9, 2, 64\)", dict(v_cache=torch.zeros(9, 2, 64, dtype=bf)), ok),
+        (r"x \(3, 256\) torch.bfloat16 on cpu must be a contiguous", dict(x=torch.zeros(256, 3, dtype=bf).T), ok),
+    ]
+    for match, change, kw in cases:
+        with pytest.raises(ValueError, match=match):
+            launch_held_prologue(**dict(args, **change), **kw)
+
+
+def test_register_mma_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
+    """explore34's kernel compiled for sm_90 on the CPU at Llama-3.2-1B's prologue (H 2048, D 64; 1 / 3 / 6 row
+    blocks; g folded into the weights or applied to x; the epilogue's inputs before the wait or after; both
+    epilogues): no spills, no shared memory but the cross-slice sum's and the RoPE halves' (<= 4.5 KB), every weight
+    load (and, folding, the norm weight's; with INP the first row block's positions, slots and cos / sin, four more
+    loads) issued before the PDL wait, no mma before it, then the expected number of mma.sync; EPI 1 has fewer
+    barriers than EPI 0."""
+    from sampling_stats import compile_sm90
+
+    monkeypatch.setenv("PYTHONPATH", str(BENCH))
+    cases = [(4, 4, 8, 1, 1, 0, 0), (4, 4, 8, 1, 1, 0, 1), (4, 4, 8, 1, 1, 1, 0), (4, 4, 8, 1, 1, 1, 1),
+             (4, 8, 8, 6, 1, 1, 1), (4, 4, 8, 1, 0, 1, 1), (4, 8, 8, 1, 1, 0, 0), (8, 8, 8, 3, 0, 0, 0)]
+    pointers = {"x_ptr": "*bf16", "w_ptr": "*bf16", "g_ptr": "*bf16", "tab_ptr": "*fp32", "pos_ptr": "*i64",
+                "loc_ptr": "*i32", "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16"}
+    specs = [{"constexprs": {"K": 2048, "D": 64, "Q": q, "S": sl, "RB": rb, "NMB": nmb, "FOLD": fold, "MODE": 2,
+                             "EARLY": 0, "INP": inp, "EPI": epi},
+              "pointers": pointers, "scalars": {"eps": "fp32"}, "divisible": ["Hq"], "num_warps": q,
+              "launch_pdl": True, "ptx": True} for q, sl, rb, nmb, fold, inp, epi in cases]
+    bars = {}
+    for case, info in zip(cases, compile_sm90("explore.explore34:_held_prologue_kernel", specs)):
+        q, sl, rb, nmb, fold, inp, epi = case
+        assert info["spill_bytes"] == 0 and info["shared"] <= 4608, (case, info)
+        ptx = info["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        loads = 16 * 2048 // q * 2 // 32 // 16          # [16, K / Q] bf16 a warp: 16-byte loads a thread
+        v4 = ptx[:wait].count("ld.global.v4")
+        assert v4 == loads * (2 if fold else 1) and ptx[:wait].count("ld.global") - v4 == 4 * inp, case
+        assert "mma.sync" not in ptx[:wait], case
+        assert ptx.count("mma.sync.aligned.m16n8k16") == 2048 // 16 // q * rb // 8 * nmb, case
+        bars[case] = ptx.count("bar.sync")
+    assert bars[(4, 4, 8, 1, 1, 0, 1)] < bars[(4, 4, 8, 1, 1, 0, 0)], bars

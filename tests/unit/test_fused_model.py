@@ -224,7 +224,8 @@ def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
     DEFER_DOWN_MAX_SM_BYTES of partials per SM (`down_prepass_sm_bytes`, from the production plans, 132 SMs):
     Llama-3.2-1B at 1-2 rows (23.3 KiB; 46.5 at 4, measured +0.8 us), SmolLM2-135M at every width (43.2 KiB at 48),
     Qwen2.5-0.5B up to 8 (48 KiB at 12, measured +1.7 us), Qwen3-0.6B up to 4 (46.5 KiB at 6), none for an MoE
-    model (no down projection). NOTES sessions 21-22 have the measurements the bound was fitted to."""
+    model (no down projection); none with the held prologue. NOTES sessions 21-22 have the measurements the bound was
+    fitted to."""
     from lowlat.kernels._gemv import plan_gemv
     from lowlat.kernels.attn_prologue import make_prologue_workspace
     from lowlat.runtime.fused_model import (ASSUMED_SMS, DEFAULT_WIDTHS, DEFER_DOWN_MAX_SM_BYTES, down_prepass_bytes,
@@ -237,7 +238,7 @@ def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
     qkv = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
     fm = SimpleNamespace(cfg=cfg, pro_ws=make_prologue_workspace(qkv, cfg.head_dim), _defer_down=None,
                          plan_down=plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual"),
-                         num_sms=ASSUMED_SMS)
+                         num_sms=ASSUMED_SMS, held_prologue=False)
     assert fm.plan_down.split > 1 and ASSUMED_SMS == 132 and DEFER_DOWN_MAX_SM_BYTES == 44 << 10
     assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == widths
     pro = fm.pro_ws.plan
@@ -254,6 +255,8 @@ def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
     assert not any(FusedModel.defers_down(fm, w) for w in DEFAULT_WIDTHS)
     fm._defer_down = 24
     assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == (1, 2, 4, 6, 8, 12, 16, 24)
+    fm.held_prologue = True                    # the held prologue takes no deferred input (session 25)
+    assert not any(FusedModel.defers_down(fm, w) for w in DEFAULT_WIDTHS)
 
 
 def same_steps(models: dict, case, ks, vs, num_layers: int, tag: str = ""):
@@ -370,6 +373,17 @@ def test_unsupported_configs_are_refused():
                 ("prologue",), True, None, 1, (n for n in ("down",)), (1,)):
         with pytest.raises(StepContractError, match=r"^early_release=.* must be 'auto' or a sequence of names in"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
+    for bad in ("on", "Auto", 1, 0, None, ("auto",)):
+        with pytest.raises(StepContractError, match=r"^held_prologue=.* must be 'auto', True or False"):
+            FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", held_prologue=bad)
+    with pytest.raises(UnsupportedConfigError, match=r"held_prologue=True: hidden_size 64"):
+        FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", held_prologue=True)
+    wide = tiny(hidden_size=256)
+    with pytest.raises(UnsupportedConfigError, match=r"held_prologue=True: device cpu"):     # Gluon: GPU only
+        FusedModel(wide, random_model_weights(wide, seed=0), device="cpu", held_prologue=True)
+    for arg in ("auto", False):                  # where it cannot run, "auto" runs the split-K prologue
+        assert not FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu",
+                              held_prologue=arg).held_prologue
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
     with pytest.raises(StepContractError, match="widths"):
@@ -438,14 +452,18 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
     steps of 1 / 6 / 16 rows with out_proj's reduction deferred to gate/up and layer 0's down reduction deferred to
     layer 1's prologue (defer=16, defer_down=16; the defaults defer out_proj at 1 row, down at 1-2), or the down's
     alone, give bitwise the logits and KV of no deferral and of a 24-row width (never deferred) for the same rows,
-    and the same logits on a pure replay with x2 and every partial buffer NaN first."""
+    and the same logits on a pure replay with x2 and every partial buffer NaN first. All with the split-K prologue
+    (held_prologue=False): the held one takes no deferred input, so a model running it never defers down."""
     cfg = preset("Llama-3.2-1B").replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
-    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=16, defer_down=16),
-                  down=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=16),
-                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=0),
-                  wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16, defer_down=16))
-    default = FusedModel(cfg, w, device=device, widths=(1, 2, 4))
+    split = dict(held_prologue=False)            # the down's deferral needs the split-K prologue (session 25)
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=16, defer_down=16, **split),
+                  down=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=16, **split),
+                  off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=0, **split),
+                  wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16, defer_down=16, **split))
+    default = FusedModel(cfg, w, device=device, widths=(1, 2, 4), **split)
+    held = FusedModel(cfg, w, device=device, widths=(1, 2, 4), defer_down=16)
+    assert held.held_prologue and not any(held.defers_down(r) for r in (1, 2, 4))
     assert default.defers(1) and not default.defers(2) and not models["off"].defers(1)
     if default.num_sms == 132:                 # the default rule divides by the SMs: fitted on an H200
         assert default.defers_down(2) and not default.defers_down(4)
@@ -521,6 +539,43 @@ def test_early_release_auto_names_the_launches_over_8_mb(monkeypatch):
         assert FusedModel(cfg, w, device="cpu", widths=(1,)).early_release == names, bound
         assert FusedModel(cfg, w, device="cpu", widths=(1,), early_release="auto").early_release == names, bound
         assert FusedModel(cfg, w, device="cpu", widths=(1,), early_release=["down"]).early_release == ("down",)
+
+
+@pytest.mark.gpu
+def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device):
+    """Llama-3.2-1B's shapes (2 layers, random weights): the default model runs the held prologue
+    (`attn_prologue_held`: held_prologue "auto" on an sm_90 GPU) and never defers down. A mixed step (decode, verify
+    and prefill-chunk rows, padding) gives logits and K / V within the policy against the float64 reference, like the
+    split-K prologue's model on the same step; graphed decode steps of 1 / 6 / 16 rows give bitwise the logits and KV
+    of a 24-row width (row invariance with padding), and the same logits on a pure replay with q and the attention's
+    output NaN first (a launch reading them before its wait would show)."""
+    cfg = preset("Llama-3.2-1B").replace(num_layers=2)
+    w = random_model_weights(cfg, seed=0).to(device=device)
+    held = FusedModel(cfg, w, device=device, widths=(1, 6, 16))
+    assert held.held_prologue and not any(held.defers_down(r) for r in (1, 2, 6, 16))
+    case = random_step(ctx_lens=[100, 3, 250, 0], new_rows=[1, 1, 4, 2], num_kv_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=12,
+                       generator=torch.Generator().manual_seed(5), device=device)
+    ks, vs = layer_caches(case, cfg.num_layers, 6)
+    k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
+    oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).forward(case.step, k64, v64)
+    kb, vb = [k.clone() for k in ks], [v.clone() for v in vs]
+    baseline = ReferenceModel(cfg, w).forward(case.step, kb, vb)
+    loc = case.step.out_cache_loc[:case.step.num_valid_rows].long()
+    for name, fm in (("held", FusedModel(cfg, w, device=device, widths=(12,))),
+                     ("split_k", FusedModel(cfg, w, device=device, widths=(12,), held_prologue=False))):
+        assert fm.held_prologue == (name == "held")
+        pool = fresh_pool(ks, vs)
+        logits = fm.forward(case.step, pool).clone()
+        check_accuracy("fused_model", logits, oracle, baseline, output=f"logits_{name}")
+        for i in range(cfg.num_layers):
+            check_accuracy("fused_model", pool.k_caches[i][loc], k64[i][loc], kb[i][loc], output=f"k_cache_{name}")
+            check_accuracy("fused_model", pool.v_caches[i][loc], v64[i][loc], vb[i][loc], output=f"v_cache_{name}")
+    models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)))
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        replay_after_nan(held, case, ks, vs, (held._full["q"], held._full["attn"]), on, f"_r{rows}")
 
 
 @pytest.mark.gpu

@@ -1,0 +1,249 @@
+"""The attention prologue with its QKV weights held in registers across the PDL wait (Gluon, sm_90, GPU only).
+
+Matches `lowlat.reference.attn_prologue.attn_prologue` for the Llama family (no QKV bias, no QK-norm):
+
+    rstd     = 1 / sqrt(sum_k x[m, k]^2 / H + eps)                               fp32
+    lo, hi   = rstd * sum_k bf16(W[row, k] g[k]) x[m, k]                          fp32 (mma.sync, bf16 operands)
+    q, k     = (lo cos - hi sin, hi cos + lo sin)      cos / sin: `attn_prologue.rope_table` rows at positions
+    q -> out_q [M, Hq, D] (every row); k, v -> k_cache / v_cache [out_cache_loc] (rows < num_valid_rows)
+
+where g is the RMSNorm weight and (lo, hi) the two RoPE partners of a rotary index (rows head D + j and head D + D/2
++ j of the packed weight, `attn_prologue.pack_qkv`). Same formulas as `kernels/attn_prologue.py` except where g is
+applied: here it is multiplied into the weights (one bf16 rounding of W g: in registers before the wait, or once at
+build time by `fold_attn_norm`, the same bits), there into x (one rounding of x g, after the wait).
+
+Why a second prologue: the split-K prologue pays its reduction's chain (arrival, partial loads, finisher) after the
+PDL wait, ~4-5 us at Llama-3.2-1B's 12.6 MB of weights (7.8 us per kernel at 1 row, 38% of copy bandwidth). Here each
+program loads its whole weight slice straight into mma.sync A-operand registers (no shared memory) BEFORE the wait,
+with the first row block's positions, KV slots and cos / sin (step inputs: copied in before the step, never written
+by a launch of it), so that after the wait one round trip (x) precedes the mma chain and the stores. Measured per
+kernel (PDL-chained over rotating cold copies, `bench/explore/explore34.py`, session 25 call 3,
+bench/results/session25/call3/explore34.json): 4.47 / 4.75 / 6.58 / 13.75 us at 1 / 6 / 16 / 48 rows against the
+split-K prologue's 7.83 / 8.15 / 8.27 / 16.16 in the same run (67% of copy bandwidth at 1 row against 38%).
+
+Tiling (fixed: a row's arithmetic must not depend on M): program p takes the 8 RoPE pairs p0..p0+7 (p0 = 8 p) of one
+head, i.e. 16 weight rows (the mma's m: tile row t < 8 the lower-half row, t + 8 its upper partner, so a thread of
+the mma accumulator holds both partners); 4 warps, H cut into 4 slices of H / 4 columns (one a warp, a batched
+mma_v2 over [4, 16, H / 4] weights and [4, H / 4, 8] x), rows in blocks of 8 (the mma's n; masked rows zero), the
+4 slices' partials summed in slice order through shared memory, every block the same instructions: a row's output is
+bitwise independent of M and of the other rows (row invariant), not the split-K prologue's bits. Weights per thread:
+16 H / 128 bf16 (H 2048: 128 registers), hence H <= 2048 (`held_prologue_supported`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from lowlat.config import ModelConfig
+from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import check_tensor, cuda_props, gdc_launch_dependents, gdc_wait, interpreting
+from lowlat.kernels._gemv import MAX_ROWS
+from lowlat.kernels.attn_prologue import check_qkv_and_caches, check_rows_inputs
+
+WARPS = 4          # warps a program
+SLICES = 4         # K slices (one a warp)
+ROW_BLOCK = 8      # rows a block (the mma's n)
+MAX_HIDDEN = 2048  # 16 H / 128 bf16 weights a thread: 128 registers at 2048 (255 in all at 8 rows, no spill)
+MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated in the mma operand layout (the sm_90
+#                    PTX loads the weights 2-4 times at H 64-128), a form the GPU tests do not cover
+
+
+def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str | None:
+    """None where `attn_prologue_held` runs this model's prologue, else why not (the first reason found, the model's
+    before the device's): it needs no QKV bias, no QK-norm, a head_dim that is a power of two in 16..256, a hidden
+    size H that is a power of two in 256..2048 and a CUDA device of compute capability >= 9.0 (not the Triton
+    interpreter: Gluon kernels do not run there)."""
+    dev = torch.device(device)
+    h, d = cfg.hidden_size, cfg.head_dim
+    if cfg.qkv_bias or cfg.qk_norm:
+        return "QKV bias / QK-norm: not in this kernel (the Llama family's prologue only)"
+    if d & (d - 1) or not 16 <= d <= 256:
+        return f"head_dim {d}: needs a power of two in 16..256"
+    if h & (h - 1) or not MIN_HIDDEN <= h <= MAX_HIDDEN:
+        return f"hidden_size {h}: needs a power of two in {MIN_HIDDEN}..{MAX_HIDDEN} (weights held in registers)"
+    if dev.type != "cuda" or interpreting():
+        return f"device {dev}: a CUDA device (not the interpreter) runs Gluon kernels"
+    if cuda_props(dev).major < 9:
+        return f"compute capability {cuda_props(dev).major}: needs >= 9.0"
+    return None
+
+
+def fold_attn_norm(qkv_weight: torch.Tensor, attn_norm: torch.Tensor) -> torch.Tensor:
+    """bf16(W g): the packed QKV weight [N, H] with the RMSNorm weight [H] multiplied into its columns, each product
+    rounded once to bf16 (round to nearest even), exactly what `attn_prologue_held` computes in registers when given
+    attn_norm; passing this weight with attn_norm=None gives the same bits and saves the kernel g's loads. bf16
+    tensors on one device; raises StepContractError for other dtypes or shapes."""
+    check_tensor("qkv_weight", qkv_weight, dtype=torch.bfloat16, ndim=2)
+    check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", qkv_weight.shape[1]),),
+                 device=qkv_weight.device)
+    return (qkv_weight.float() * attn_norm.float()).to(torch.bfloat16).contiguous()
+
+
+@triton.jit
+def _pdl(USE_PDL: tl.constexpr):
+    """The PDL wait, then the release of the next launch (after the weight loads; the production rule)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@gluon.jit
+def _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j, D: gl.constexpr, HALF: gl.constexpr):
+    """Rows erow's KV slots (int64; 0 past M or num_valid_rows) and the cos / sin [8, RB] of rotary indices j at
+    their positions (0 past M or outside the table)."""
+    emok = erow < M
+    pos = gl.load(pos_ptr + erow, mask=emok, other=0)
+    loc = gl.load(loc_ptr + erow, mask=emok & (erow < nvr), other=0).to(gl.int64)
+    ok = gl.expand_dims(emok & (pos >= 0) & (pos < max_pos), 0) & gl.expand_dims(j >= 0, 1)
+    tab = tab_ptr + gl.expand_dims(pos, 0) * D + gl.expand_dims(j, 1)
+    return loc, gl.load(tab, mask=ok, other=0.0), gl.load(tab + HALF, mask=ok, other=0.0)
+
+
+@gluon.jit
+def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
+                          stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
+                          M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
+                          NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FOLD_G: gl.constexpr = True,
+                          Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8):
+    """See the module docstring. Grid (Hq + 2 Hkv) D / 16 programs of Q warps; NMB = ceil(M / RB) row blocks; x
+    contiguous (row stride K: a runtime stride cost the 2-row-block launch 12 bytes of spills at K 2048). FOLD_G:
+    multiply g into the weights here (else w is `fold_attn_norm`'s, g unread)."""
+    HALF: gl.constexpr = D // 2
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LE3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 4, 8], [1, Q, 1], [2, 1, 0])   # [1, 8, RB]: a half
+    LE: gl.constexpr = gl.SliceLayout(0, LE3)                                       # [8, RB]
+    KQ: gl.constexpr = K // S
+    p0 = gl.program_id(0) * 8
+    hd = p0 // HALF                                   # head of the packed weight: q heads, then k, then v
+    j0 = p0 % HALF
+    aq = gl.arange(0, S, layout=gl.SliceLayout(1, gl.SliceLayout(2, LA)))
+    at = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, LA)))
+    ak = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
+    wrow = hd * D + j0 + at % 8 + (at // 8) * HALF
+    acol = gl.expand_dims(gl.expand_dims(aq, 1), 2) * KQ + gl.expand_dims(gl.expand_dims(ak, 0), 1)   # [S, 1, KQ]
+    aoff = gl.expand_dims(gl.expand_dims(wrow, 0), 2) * K + acol
+    bq = gl.arange(0, S, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    bk = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
+    bm = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    bcol = gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ + gl.expand_dims(gl.expand_dims(bk, 0), 2)   # [S, KQ, 1]
+    boff = gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + bcol
+    ti = gl.arange(0, 8, layout=gl.SliceLayout(1, LE))
+    tm = gl.arange(0, RB, layout=gl.SliceLayout(0, LE))
+    jj = gl.expand_dims(j0 + ti, 1)
+    part = gl.allocate_shared_memory(gl.float32, [S, 16, RB], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    is_q = hd < Hq
+    is_v = hd >= Hq + Hkv
+    kvh = gl.where(is_v, hd - Hq - Hkv, hd - Hq)
+    # before the wait: the weights with g multiplied in (held: [S, 16, KQ] in the A layout), the step inputs
+    w = gl.load(w_ptr + aoff)
+    if FOLD_G:
+        w = (w.to(gl.float32) * gl.load(g_ptr + acol + 0 * aoff).to(gl.float32)).to(gl.bfloat16)
+    if NVR_FROM_PTR:
+        nvr = gl.load(nvr_ptr)
+    else:
+        nvr = nvr_int
+    loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
+    _pdl(USE_PDL)
+    for b in gl.static_range(NMB):
+        brow = b * RB + bm
+        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)
+        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)
+        erow = b * RB + tm
+        if b == 0:
+            loc, cos, sin = loc0, cos0, sin0
+        else:
+            loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
+        xf = xb.to(gl.float32)
+        ss = gl.sum(gl.sum(xf * xf, axis=1), axis=0)                                # [RB]
+        acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))
+        if b > 0:
+            gl.thread_barrier()                                                     # the last block's reads done
+        part.store(acc)
+        gl.thread_barrier()
+        lo3 = gl.zeros([1, 8, RB], gl.float32, LE3)
+        hi3 = gl.zeros([1, 8, RB], gl.float32, LE3)
+        for sl in gl.static_range(S):                                               # the slices in order
+            lo3 += part.slice(sl, 1, dim=0).slice(0, 8, dim=1).load(LE3)
+            hi3 += part.slice(sl, 1, dim=0).slice(8, 8, dim=1).load(LE3)
+        rstd = gl.expand_dims(gl.convert_layout(1.0 / gl.sqrt(ss / K + eps), gl.SliceLayout(0, LE)), 0)
+        lo = gl.sum(lo3, axis=0) * rstd                                             # (a size-1 axis: exact)
+        hi = gl.sum(hi3, axis=0) * rstd
+        rlo = gl.where(is_v, lo, lo * cos - hi * sin).to(gl.bfloat16)
+        rhi = gl.where(is_v, hi, hi * cos + lo * sin).to(gl.bfloat16)
+        emask = gl.expand_dims(erow < M, 0) & gl.expand_dims(ti >= 0, 1)
+        qp = q_ptr + gl.expand_dims(erow, 0).to(gl.int64) * stride_qm + hd * stride_qh + jj
+        gl.store(qp, rlo, mask=emask & is_q)
+        gl.store(qp + HALF, rhi, mask=emask & is_q)
+        wmask = emask & gl.expand_dims(erow < nvr, 0) & (hd >= Hq)
+        kvp = gl.where(is_v, vc_ptr + gl.expand_dims(loc, 0) * stride_vcs + kvh * stride_vch,
+                       kc_ptr + gl.expand_dims(loc, 0) * stride_kcs + kvh * stride_kch) + jj
+        gl.store(kvp, rlo, mask=wmask)
+        gl.store(kvp + HALF, rhi, mask=wmask)
+
+
+def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: torch.Tensor | None,
+                       positions: torch.Tensor, out_cache_loc: torch.Tensor, num_valid_rows: int | torch.Tensor,
+                       k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *, cfg: ModelConfig,
+                       out_q: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
+    """RMSNorm -> QKV projection -> RoPE -> KV write in one launch, the weights held in registers across the PDL wait.
+
+    Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py; g multiplied into
+    the weights, see the module docstring) for models without QKV bias or QK-norm (`held_prologue_supported`).
+
+    Parameters:
+        x             [M, H] bf16 (M = 1..48), contiguous: the layer's input rows (pre-norm)
+        qkv_weight    [N, H] bf16 contiguous, N = (Hq + 2 Hkv) D (`attn_prologue.pack_qkv`), or with attn_norm None
+                      `fold_attn_norm(pack_qkv(...), attn_norm)` (the norm weight already multiplied in: same bits)
+        attn_norm     [H] bf16, or None (qkv_weight folded)
+        positions     [M] int64 (a position outside the table rotates by cos = sin = 0, as `attn_prologue`)
+        out_cache_loc [M] int32, KV slot each valid row writes
+        num_valid_rows  int in 0..M, or a 1-element int32 device tensor (read in-kernel, for graphs)
+        k_cache, v_cache [S, Hkv, D] bf16, last dim contiguous
+        cos_sin_table [P, D] float32 contiguous (`attn_prologue.rope_table`)
+        cfg           gives head_dim (D) and rms_eps; head counts come from the shapes (TP shards work)
+        out_q         optional preallocated [M, Hq, D] bf16 output (last dim contiguous)
+        use_pdl       wait for the previous launch after the weight loads, release the next right after
+    Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
+    Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows]; padding rows write nothing.
+    Raises: StepContractError naming the offending tensor / value, nothing launched (out_q allocated at most): M
+        outside 1..48, H not cfg.hidden_size, x not contiguous, a tensor of another dtype / shape / device, N not
+        (Hq + 2 Hkv) D, num_valid_rows outside 0..M, then a model or device the kernel does not take
+        (`held_prologue_supported`'s reason).
+    """
+    dev = x.device if isinstance(x, torch.Tensor) else None
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
+    m, hidden = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"x has M={m} rows; the held prologue takes 1..{MAX_ROWS}")
+    if hidden != cfg.hidden_size:
+        raise StepContractError(f"x has H={hidden} columns; cfg.hidden_size is {cfg.hidden_size}")
+    if not x.is_contiguous():
+        raise StepContractError(f"x must be contiguous (the kernel takes its row stride to be H), got strides "
+                                f"{x.stride()}")
+    d = cfg.head_dim
+    _, hkv, hq = check_qkv_and_caches(qkv_weight, k_cache, v_cache, hidden, d, dev)
+    n = qkv_weight.shape[0]
+    if attn_norm is not None:
+        check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
+    nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
+                                              d, dev)
+    why = held_prologue_supported(cfg, dev)
+    if why is not None:
+        raise StepContractError(f"the held prologue cannot run here: {why}")
+    pdl = bool(use_pdl)
+    _held_prologue_kernel[(n // 16,)](
+        x, qkv_weight, qkv_weight if attn_norm is None else attn_norm, cos_sin_table, positions, out_cache_loc,
+        nvr_t if nvr_t is not None else out_cache_loc, nvr_int, out_q, out_q.stride(0), out_q.stride(1),
+        k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
+        m, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps), K=hidden, D=d, NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK,
+        NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, FOLD_G=attn_norm is not None, Q=WARPS, S=SLICES, RB=ROW_BLOCK, num_warps=WARPS,
+        launch_pdl=pdl)
+    return out_q
