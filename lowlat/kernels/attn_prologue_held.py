@@ -41,29 +41,31 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import check_tensor, cuda_props, gdc_launch_dependents, gdc_wait, interpreting
+from lowlat.kernels._attn_common import (check_tensor, cuda_props, gdc_launch_dependents, gdc_wait, interpreting,
+                                         pdl_supported)
 from lowlat.kernels._gemv import MAX_ROWS
-from lowlat.kernels.attn_prologue import check_qkv_and_caches, check_rows_inputs
+from lowlat.kernels.attn_prologue import _check_values, check_qkv_and_caches, check_rows_inputs
 
 WARPS = 4          # warps a program
 SLICES = 4         # K slices (one a warp)
 ROW_BLOCK = 8      # rows a block (the mma's n)
-MAX_HIDDEN = 2048  # 16 H / 128 bf16 weights a thread: 128 registers at 2048 (255 in all at 8 rows, no spill)
+MAX_HIDDEN = 2048  # 16 H / 128 bf16 weights a thread: 128 registers at 2048 (254-255 in all with g multiplied in
+#                    registers, 166-216 on folded weights, no spill: sm_90 ptxas)
 MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated in the mma operand layout (the sm_90
 #                    PTX loads the weights 2-4 times at H 64-128), a form the GPU tests do not cover
 
 
 def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str | None:
     """None where `attn_prologue_held` runs this model's prologue, else why not (the first reason found, the model's
-    before the device's): it needs no QKV bias, no QK-norm, a head_dim that is a power of two in 16..256, a hidden
+    before the device's): it needs no QKV bias, no QK-norm, a head_dim that is a power of two in 16..128, a hidden
     size H that is a power of two in 256..2048 and a CUDA device of compute capability >= 9.0 (not the Triton
     interpreter: Gluon kernels do not run there)."""
     dev = torch.device(device)
     h, d = cfg.hidden_size, cfg.head_dim
     if cfg.qkv_bias or cfg.qk_norm:
         return "QKV bias / QK-norm: not in this kernel (the Llama family's prologue only)"
-    if d & (d - 1) or not 16 <= d <= 256:
-        return f"head_dim {d}: needs a power of two in 16..256"
+    if d & (d - 1) or not 16 <= d <= 128:
+        return f"head_dim {d}: needs a power of two in 16..128 (the GPU tests' range)"
     if h & (h - 1) or not MIN_HIDDEN <= h <= MAX_HIDDEN:
         return f"hidden_size {h}: needs a power of two in {MIN_HIDDEN}..{MAX_HIDDEN} (weights held in registers)"
     if dev.type != "cuda" or interpreting():
@@ -192,7 +194,8 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                        positions: torch.Tensor, out_cache_loc: torch.Tensor, num_valid_rows: int | torch.Tensor,
                        k_cache: torch.Tensor,
                        v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *, cfg: ModelConfig,
-                       out_q: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
+                       out_q: torch.Tensor | None = None, use_pdl: bool = False,
+                       check_values: bool = False) -> torch.Tensor:
     """RMSNorm -> QKV projection -> RoPE -> KV write in one launch, the weights held in registers across the PDL wait.
 
     Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py; g multiplied into
@@ -202,7 +205,8 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         x             [M, H] bf16 (M = 1..48), contiguous: the layer's input rows (pre-norm)
         qkv_weight    [N, H] bf16 contiguous, N = (Hq + 2 Hkv) D (`attn_prologue.pack_qkv`), or with attn_norm None
                       `fold_attn_norm(pack_qkv(...), attn_norm)` (the norm weight already multiplied in: same bits)
-        attn_norm     [H] bf16, or None (qkv_weight folded)
+        attn_norm     [H] bf16, or None: qkv_weight MUST then be `fold_attn_norm`'s (the kernel cannot tell; an
+                      unfolded weight with None silently drops the norm weight)
         positions     [M] int64 (a position outside the table rotates by cos = sin = 0, as `attn_prologue`)
         out_cache_loc [M] int32, KV slot each valid row writes
         num_valid_rows  int in 0..M, or a 1-element int32 device tensor (read in-kernel, for graphs)
@@ -210,13 +214,18 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         cos_sin_table [P, D] float32 contiguous (`attn_prologue.rope_table`)
         cfg           gives head_dim (D) and rms_eps; head counts come from the shapes (TP shards work)
         out_q         optional preallocated [M, Hq, D] bf16 output (last dim contiguous)
-        use_pdl       wait for the previous launch after the weight loads, release the next right after
+        use_pdl       wait for the previous launch (gdc_wait) after the weight loads, release the next right after it.
+                      BEFORE the wait the launch also reads positions, out_cache_loc, a device num_valid_rows and the
+                      cos / sin table (the first 8 rows'): the previous launch must not write them (the split-K
+                      prologue reads them after its wait). FusedModel copies them in before the step.
+        check_values  also check positions (in the table) / out_cache_loc (in 1..S-1) values (host sync; not under
+                      capture)
     Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows]; padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value, nothing launched (out_q allocated at most): M
         outside 1..48, H not cfg.hidden_size, x not contiguous, a tensor of another dtype / shape / device, N not
-        (Hq + 2 Hkv) D, num_valid_rows outside 0..M, then a model or device the kernel does not take
-        (`held_prologue_supported`'s reason).
+        (Hq + 2 Hkv) D, num_valid_rows outside 0..M, with check_values a position outside the table or a slot
+        outside 1..S-1, then a model or device the kernel does not take (`held_prologue_supported`'s reason).
     """
     dev = x.device if isinstance(x, torch.Tensor) else None
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
@@ -235,15 +244,19 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
     nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
                                               d, dev)
+    if check_values:
+        _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
+                      cos_sin_table.shape[0], k_cache.shape[0])
     why = held_prologue_supported(cfg, dev)
     if why is not None:
         raise StepContractError(f"the held prologue cannot run here: {why}")
-    pdl = bool(use_pdl)
+    pdl = bool(use_pdl) and pdl_supported(dev)
     _held_prologue_kernel[(n // 16,)](
         x, qkv_weight, qkv_weight if attn_norm is None else attn_norm, cos_sin_table, positions, out_cache_loc,
         nvr_t if nvr_t is not None else out_cache_loc, nvr_int, out_q, out_q.stride(0), out_q.stride(1),
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps), K=hidden, D=d, NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK,
-        NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, FOLD_G=attn_norm is not None, Q=WARPS, S=SLICES, RB=ROW_BLOCK, num_warps=WARPS,
+        NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, FOLD_G=attn_norm is not None, Q=WARPS, S=SLICES, RB=ROW_BLOCK,
+        num_warps=WARPS,
         launch_pdl=pdl)
     return out_q

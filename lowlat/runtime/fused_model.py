@@ -86,7 +86,8 @@ FOLD_MAX_WIDTH = 0
 #: FusedModel's default early_release: "auto", the dense layers' residual GEMVs ("out_proj", "down") whose weights
 #: exceed EARLY_RELEASE_MIN_BYTES release the next launch at their start instead of after their wait
 #: (`out_proj.residual_gemv`'s early_release; safe there: their successors, gate/up, the next prologue, the final
-#: RMSNorm and the LM head, read only weights before their waits; MoE layers never do). Per kernel it takes
+#: RMSNorm and the LM head, read before their waits only weights and, the held prologue, the step inputs (positions,
+#: KV slots, num_valid_rows), which are copied in before the step and no launch writes; MoE layers never do). Per kernel it takes
 #: Llama-3.2-1B's deferred out_proj from 3.53 to 2.71 us at 1 row (57.5% -> 74.9% of copy bandwidth, session 23's
 #: call 5). In the step the sign depends on the launch: one launch alone, once each at 1 / 6 rows (session 23's
 #: call 6, explore26, us a step against none): out_proj SmolLM2-135M (0.66 MB) +3.4 / +2.3, Qwen2.5-0.5B (1.6 MB)
@@ -102,10 +103,12 @@ EARLY_RELEASE_MIN_BYTES = 8_000_000
 #: the launches `FusedModel(early_release=...)` may name
 EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
 #: The attention prologue with its weights held in registers across the PDL wait (`attn_prologue_held`): "auto" runs
-#: it wherever `held_prologue_supported` allows (the Llama family: no QKV bias or QK-norm, H a power of two <= 2048,
-#: on sm_90). Per kernel (session 25 call 3, bench/explore/explore34.py, Llama-3.2-1B): 4.47 / 4.75 / 6.58 / 13.75 us
-#: at 1 / 6 / 16 / 48 rows against the split-K prologue's 7.83 / 8.15 / 8.27 / 16.16. It takes no deferred input, so
-#: a model running it never defers the down projection's reduction (`defers_down`).
+#: it wherever `held_prologue_supported` allows (the Llama family: no QKV bias or QK-norm, H a power of two in
+#: 256..2048, on sm_90) and no explicit defer_down > 0 asks for the down's deferral. Per kernel, Llama-3.2-1B, on the
+#: folded weights FusedModel stores (session 25 call 4, bench_attn_prologue.py, one run): 4.69 / 5.64 / 6.38 / 13.92 us
+#: at 1 / 6 / 16 / 48 rows (g multiplied in registers: 4.50 / 4.67 / 6.59 / 13.94) against the split-K prologue's
+#: 7.75 / 8.02 / 8.16 / 16.01. In the step (explore26, ABBA): -37.6 / -53.8 / -46.6 / -64.4 us. It takes no deferred
+#: input, so a model running it never defers the down projection's reduction (`defers_down`).
 HELD_PROLOGUE = "auto"
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
@@ -235,7 +238,8 @@ class FusedModel:
                          layer's attention prologue is `attn_prologue_held` (weights held in registers across the PDL
                          wait, its own bits: every width runs it, so rows stay invariant; the QKV weights stored with
                          the norm weight multiplied in, `fold_attn_norm`) instead of the split-K `attn_prologue`;
-                         with it the down projection never defers (`defers_down`)
+                         with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
+                         turns "auto" off and is refused with True
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
     `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
@@ -290,6 +294,11 @@ class FusedModel:
         why = held_prologue_supported(cfg, self.device)
         if held_prologue is True and why is not None:
             raise UnsupportedConfigError("held_prologue", True, why)
+        if defer_down and why is None:            # the down's deferral needs the split-K prologue (a DeferredX input)
+            if held_prologue is True:
+                raise StepContractError(f"held_prologue=True cannot take defer_down={defer_down}: the held prologue "
+                                        "takes no deferred input")
+            why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
         self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
@@ -583,7 +592,8 @@ class FusedModel:
         """Whether a step of this width leaves the dense layers' down-projection reduction to the next layer's
         attention prologue (not the last layer a graph runs): a dense model, a down plan with split-K, and width
         <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_SM_BYTES per SM
-        (`down_prepass_sm_bytes` on this device's SMs); never with the held prologue (it takes no deferred input). The prologue preloads its weights before its wait, so its
+        (`down_prepass_sm_bytes` on this device's SMs); never with the held prologue (it takes no deferred input).
+        The prologue preloads its weights before its wait, so its
         pre-pass runs beside their loads; what it costs grows with the partials each SM's programs re-read (NOTES
         sessions 21-22)."""
         if self.cfg.is_moe or self.plan_down.split < 2 or self.held_prologue:

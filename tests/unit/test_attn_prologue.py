@@ -709,14 +709,21 @@ def _held_error_cases():
         ("table", dict(cos_sin_table=torch.zeros(16, 8)), "cos_sin_table"),
         ("nvr", dict(num_valid_rows=4), "num_valid_rows=4 must be in 0..M=3"),
         ("out_q", dict(out_q=torch.zeros(3, 2, 16, dtype=bf)), "out_q"),
+        ("position past the table", dict(positions=torch.tensor([0, 16, 1]), check_values=True),
+         "positions[1]=16 outside the RoPE table [0, 16)"),
+        ("slot 0", dict(out_cache_loc=torch.tensor([1, 0, 2], dtype=torch.int32), check_values=True),
+         "out_cache_loc[1]=0 outside [1, 8)"),
         ("model", {}, "the held prologue cannot run here: hidden_size 64"),
         ("model, folded weight", dict(attn_norm=None), "the held prologue cannot run here: hidden_size 64"),
     ]
     return cfg, base, cases
 
 
-@pytest.mark.parametrize("case", range(15))
-def test_held_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
+@pytest.mark.parametrize("case", range(len(_held_error_cases()[2])))
+def test_held_prologue_bad_input_raises_typed_error_before_any_launch(case):
+    """Every refusal of attn_prologue_held, on the CPU: a StepContractError naming the value, the caches and out_q
+    untouched. (The kernel cannot launch on the CPU, so what this proves is the message and that nothing else runs
+    first, e.g. a host-side write; the GPU tests prove the kernel writes only valid rows' slots.)"""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held
 
     cfg, base, cases = _held_error_cases()
@@ -761,6 +768,7 @@ def test_held_prologue_supported_names_the_first_reason(name, why):
     assert why in held_prologue_supported(preset(name), "cpu")
     assert "hidden_size 4096" in held_prologue_supported(preset("Llama-3.2-1B").replace(hidden_size=4096), "cpu")
     assert "head_dim 48" in held_prologue_supported(tiny_config(head_dim=48), "cpu")
+    assert "head_dim 256" in held_prologue_supported(tiny_config(hidden_size=256, head_dim=256), "cpu")  # untested
     assert "hidden_size 128" in held_prologue_supported(tiny_config(hidden_size=128), "cpu")     # slices < 64
     assert "device cpu" in held_prologue_supported(tiny_config(hidden_size=256), "cpu")
 
@@ -768,8 +776,8 @@ def test_held_prologue_supported_names_the_first_reason(name, why):
 def test_held_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypatch):
     """The held prologue compiled for sm_90 on the CPU (Llama-3.2-1B's H 2048 / D 64, a D-128 head at H 1024, D 16 at
     H 512; 1 / 2 / 3 / 6 row blocks): no spills, no shared memory but the slices' 2 KB, and before the PDL wait every
-    weight load and (FOLD_G) the norm weight's (16-byte loads), the valid-row count's, the first row block's positions / slots /
-    cos / sin, and no mma; then 16 K / (16 x 4 warps) mma.sync a row block."""
+    weight load and (FOLD_G) the norm weight's (16-byte loads), the valid-row count's, the first row block's
+    positions / slots / cos / sin, and no mma; then K / 64 mma.sync a row block (K / 4 columns a warp, k16 steps)."""
     from sampling_stats import compile_sm90
 
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "g_ptr": "*bf16", "tab_ptr": "*fp32", "pos_ptr": "*i64",

@@ -175,8 +175,8 @@ def test_gpu_kernel_trace_lists_the_graph_replays_kernels_in_order(device):
 
 def test_launch_roles_and_costs_of_a_fused_step_trace():
     """lowlat.bench's profile section: roles by kernel name (a layer's first residual GEMV is out_proj, its
-    second down, reset at every attention prologue, split-K or held), each launch's cost = its end minus the previous end (the
-    first of a replay: its duration), replays split by count and checked to launch the same kernels."""
+    second down, reset at every attention prologue, split-K or held), each launch's cost = its end minus the previous
+    end (the first of a replay: its duration), replays split by count and checked to launch the same kernels."""
     from lowlat import bench
     from lowlat.config import preset
 

@@ -384,6 +384,30 @@ def test_unsupported_configs_are_refused():
     for arg in ("auto", False):                  # where it cannot run, "auto" runs the split-K prologue
         assert not FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu",
                               held_prologue=arg).held_prologue
+
+
+def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
+    """Where the held prologue could run (`held_prologue_supported` patched to allow the CPU: the model is only built,
+    never run): "auto" takes it, stores the QKV weights folded with the norm weight, defers no down; an explicit
+    defer_down > 0 (it needs the split-K prologue's DeferredX input) turns "auto" off and is refused with True;
+    False never takes it."""
+    from lowlat.kernels.attn_prologue import pack_qkv
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+    from lowlat.runtime import fused_model
+
+    monkeypatch.setattr(fused_model, "held_prologue_supported", lambda cfg, device: None)
+    cfg = tiny(hidden_size=256, intermediate_size=1024)
+    w = random_model_weights(cfg, seed=0)
+    held = FusedModel(cfg, w, device="cpu", widths=(1, 2))
+    assert held.held_prologue and not held.defers_down(1)
+    lw = w.layers[0]
+    assert torch.equal(held.layers[0].qkv, fold_attn_norm(pack_qkv(lw), lw.attn_norm))
+    split = FusedModel(cfg, w, device="cpu", widths=(1, 2), defer_down=16)
+    assert not split.held_prologue and split.defers_down(1) and torch.equal(split.layers[0].qkv, pack_qkv(lw))
+    assert not FusedModel(cfg, w, device="cpu", widths=(1,), held_prologue=False).held_prologue
+    assert FusedModel(cfg, w, device="cpu", widths=(1,), defer_down=0).held_prologue
+    with pytest.raises(StepContractError, match=r"held_prologue=True cannot take defer_down=16"):
+        FusedModel(cfg, w, device="cpu", widths=(1,), held_prologue=True, defer_down=16)
     with pytest.raises(UnsupportedConfigError, match="head_dim"):
         FusedModel(tiny(head_dim=16), random_model_weights(tiny(head_dim=16), seed=0), device="cpu")
     with pytest.raises(StepContractError, match="widths"):
@@ -462,7 +486,7 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
                   off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), defer=0, defer_down=0, **split),
                   wide=FusedModel(cfg, w, device=device, widths=(24,), defer=16, defer_down=16, **split))
     default = FusedModel(cfg, w, device=device, widths=(1, 2, 4), **split)
-    held = FusedModel(cfg, w, device=device, widths=(1, 2, 4), defer_down=16)
+    held = FusedModel(cfg, w, device=device, widths=(1, 2, 4))
     assert held.held_prologue and not any(held.defers_down(r) for r in (1, 2, 4))
     assert default.defers(1) and not default.defers(2) and not models["off"].defers(1)
     if default.num_sms == 132:                 # the default rule divides by the SMs: fitted on an H200
