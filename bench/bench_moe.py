@@ -14,7 +14,9 @@ host to find each expert's rows, so it cannot be captured) is timed for context.
     python3 bench/bench_moe.py --out bench/results/moe_h200.json [--rows 1,6,8,16,48] [--sweep]
 
 --sweep also times a small grid of block sizes / stages / warps per row count and reports the best,
-to choose `MoEKernelConfig` defaults from measurements.
+to choose `MoEKernelConfig` defaults from measurements. --norm also times the block with the FFN's RMSNorm
+in its router launch (`moe_forward(x, x, norm_weight=..., eps=...)`, "fused_graph_norm[_pdl]": x pre-norm,
+the normed rows into the workspace, out a separate buffer so every replay sees the same x).
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def time_replays(fn, flush, iters: int) -> dict:
     return {"median_us": t["us_median"], "p10_us": t["us_p10"], "p90_us": t["us_p90"]}
 
 
-def capture(h, x, lw, cfg, ws, out, use_pdl, config):
-    return capture_graph(lambda _: kmoe.moe_forward(h, x, lw, cfg, h.shape[0], out=out, workspace=ws,
-                                                    use_pdl=use_pdl, config=config), 1)
+def capture(h, x, lw, cfg, ws, out, use_pdl, config, norm_weight=None):
+    """The block captured in a CUDA graph; with norm_weight h is taken as the pre-norm rows (RMSNorm in the
+    router launch, eps = cfg.rms_eps)."""
+    eps = cfg.rms_eps if norm_weight is not None else None
+    return capture_graph(lambda _: kmoe.moe_forward(h, x, lw, cfg, h.shape[0], norm_weight=norm_weight, eps=eps,
+                                                    out=out, workspace=ws, use_pdl=use_pdl, config=config), 1)
 
 
 def block_case(cfg, lw, m: int, g: torch.Generator, bw: float):
@@ -97,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="also time a grid of kernel configs")
+    ap.add_argument("--norm", action="store_true", help="also time the block with the RMSNorm in its router launch")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe needs a CUDA GPU", file=sys.stderr)
@@ -110,6 +116,8 @@ def main(argv=None) -> int:
     write_flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
     base_cfg = kmoe.MoEKernelConfig.for_shapes(hidden, e, ie)
     g = torch.Generator(device=device).manual_seed(args.seed + 1)
+    gn = torch.Generator(device=device).manual_seed(args.seed + 2)     # its own: h and x stay the same
+    norm_weight = (1.0 + 0.1 * torch.randn(hidden, generator=gn, device=device)).to(torch.bfloat16)
     results = []
     for m in (int(r) for r in args.rows.split(",")):
         case = block_case(cfg, lw, m, g, bw)
@@ -130,6 +138,14 @@ def main(argv=None) -> int:
             row[key].update(gbps=nbytes / (t * 1e-6) / 1e9, pct_of_floor=100.0 * floor_us / t)
             tw = row[key + "_write_flush"]["median_us"]
             row[key + "_write_flush"].update(gbps=nbytes / (tw * 1e-6) / 1e9, pct_of_floor=100.0 * floor_us / tw)
+            if args.norm:
+                nkey = "fused_graph_norm_pdl" if use_pdl else "fused_graph_norm"
+                try:       # x as the pre-norm rows and the residual (its routing, so its bytes, differ from h's)
+                    graph = capture(x, x, lw, cfg, ws, out, use_pdl, None, norm_weight=norm_weight)
+                except Exception as exc:
+                    row[nkey] = {"error": repr(exc)[:300]}
+                    continue
+                row[nkey] = time_replays(graph.replay, flush, args.iters)
         row["reference_eager_bf16"] = time_replays(
             lambda: x + ref_moe(h, lw.router, lw.expert_gate, lw.expert_up, lw.expert_down, cfg.top_k,
                                 cfg.norm_topk_prob, m), flush, max(20, args.iters // 10))
@@ -151,7 +167,9 @@ def main(argv=None) -> int:
             return f"{row[key]['median_us']:7.1f} us" if "median_us" in row.get(key, {}) else "  error"
         print(f"M={m:3d} experts={active:3d} floor {floor_us:7.1f} us | graph {us('fused_graph')} | graph+PDL "
               f"{us('fused_graph_pdl')} | write flush: graph {us('fused_graph_write_flush')} | graph+PDL "
-              f"{us('fused_graph_pdl_write_flush')} | reference eager {us('reference_eager_bf16')}", flush=True)
+              f"{us('fused_graph_pdl_write_flush')} | reference eager {us('reference_eager_bf16')}"
+              + (f" | norm: graph {us('fused_graph_norm')} | graph+PDL {us('fused_graph_norm_pdl')}"
+                 if args.norm else ""), flush=True)
     report = {
         "bench": "moe", "model": cfg.name,
         "shape": {"hidden": hidden, "experts": e, "top_k": cfg.top_k, "moe_intermediate": ie},

@@ -14,8 +14,9 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
             the candidates of the same arithmetic (`by_row_blocks`),
             is written to --plans-out and used by the rest of the run (the format of
             $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
-  kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_write_h: with
-            the RMSNorm epilogue writing h, as MoE layers run it), mlp (gate/up with the FFN norm
+  kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_held: the weights
+            held in registers, as MoE layers run it with moe_out_proj "held"; fused_write_h: with
+            the RMSNorm epilogue writing h, as MoE layers run it by default), mlp (gate/up with the FFN norm
             computed in-kernel + SiLU*mul, then down + residual; also each launch alone: gate_up,
             down) and lm_head (final norm + LM head + argmax), each with PDL on, against its
             reference (lowlat.reference) under a CUDA graph. One graph replays many launches
@@ -164,7 +165,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                   variants=("fused", "fused_write_h", "reference_graph")) -> None:
     """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it: out_proj
     is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
-    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it),
+    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it by default),
     reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
     alone (ops gate_up, down) to check each GEMV against the bandwidth target, and where out_proj's plan splits K, at
     up to 16 rows, out_proj as the fused step runs it there: "fused_deferred" (its split partials only, the
@@ -172,13 +173,17 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     "fused_deferred": the reduction's pre-pass over the partials first, `mlp.gate_up_act` given the DeferredX).
     The ops out_proj and down release the next launch as the fused step's dense layers do by default
     (`runtime.fused_model.early_release_launches(cfg)`: at their start where their weights exceed 8 MB,
-    `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait."""
+    `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait.
+    With "fused", where `residual_gemv_held.held_residual_supported` takes out_proj's shape, also "fused_held" (the
+    weights held in registers across the PDL wait: how MoE layers run out_proj with `FusedModel(moe_out_proj="held")`
+    or "auto"; informative for dense models, whose step runs "fused")."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
     from lowlat.kernels.lm_head import lm_head
     from lowlat.kernels.mlp import gate_up_act, mlp
     from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
+    from lowlat.kernels.residual_gemv_held import held_residual_supported, residual_gemv_held
     from lowlat.reference import lm_head as ref_lm
     from lowlat.reference import out_proj as ref_op
     from lowlat.reference.mlp import swiglu_mlp
@@ -229,6 +234,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                                                                plan=plan_r, use_pdl=True, early_release=early_o),
             "fused_write_h": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, h_out=hh, rstd_out=rstd,
                                                 workspace=ws, plan=plan_o, use_pdl=True),
+            "fused_held": lambda k: residual_gemv_held(attn, wos[k % nc], x, out=xo, use_pdl=True),
             "reference_graph": lambda k: ref_op.out_proj(attn, wos[k % nc], x, nw, eps),
             "reference_compile_graph": lambda k: cop(attn, wos[k % nc], x, nw, eps),
         }
@@ -238,6 +244,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                 nbytes + (_nbytes(hh, rstd) if var != "fused" else 0))
         if "fused" in variants and deferrable:
             run("out_proj", rows, "fused_deferred", fns, max(nc, MIN_LAUNCHES), h * q * 2 + _nbytes(attn, parts))
+        if "fused" in variants and held_residual_supported(h, q, device) is None:
+            run("out_proj", rows, "fused_held", fns, max(nc, MIN_LAUNCHES), nbytes)
     del wos
 
     # ---- mlp: x + down(silu(gate(h)) * up(h)), h = rms_norm(x) computed in the gate/up launch
@@ -818,11 +826,11 @@ _ROLES = {"_attn_prologue_kernel": "attn_prologue", "_held_prologue_kernel": "at
 
 def launch_roles(names) -> list[str]:
     """The role of each launch of a fused step, from its kernel names in launch order: `_ROLES`, and a
-    layer's first `_residual_gemv_kernel` (after its attention prologue) is out_proj, its second down;
-    anything else is "other:<name>"."""
+    layer's first residual GEMV (`_residual_gemv_kernel` or `_held_residual_gemv_kernel`, after its attention
+    prologue) is out_proj, its second down; anything else is "other:<name>"."""
     roles, gemvs = [], 0
     for n in names:
-        if n.startswith("_residual_gemv_kernel"):
+        if n.startswith(("_residual_gemv_kernel", "_held_residual_gemv_kernel")):
             roles.append("out_proj" if gemvs == 0 else "down")
             gemvs += 1
             continue

@@ -38,6 +38,9 @@ the next launch at their start; auto, the default since session 24: those over 8
 --held-prologue auto|on|off (session 25): FusedModel's held_prologue (the attention prologue with its weights held in
 registers across the wait, `kernels/attn_prologue_held.py`; auto, the default: where the model allows it); it has its
 own bits, so the logits checksum differs between on and off (each is row invariant).
+--moe-out-proj auto|held|split_k|norm_epilogue (session 26): FusedModel's moe_out_proj (MoE layers' output
+projection: the held residual GEMV, the split-K one, both with the RMSNorm in the MoE's router launch, or the
+RMSNorm epilogue in out_proj as before); each has its own bits.
 --plan-d JSON: fields of FusedModel's down-projection plan replaced, as `dataclasses.replace` (no plan check; its
 `by_row_blocks` cleared unless the JSON names it, so the given fields hold at every width), for
 the experiment on down's packing at 24-48 rows (NOTES "Left"; session13f.sh, call6). warps / stages / preload / pf_k move
@@ -91,6 +94,7 @@ def main() -> None:
                         "launch at their start), off, or auto (session 23; default: FusedModel's, auto since "
                         "session 24)")
     p.add_argument("--held-prologue", default=None, choices=["auto", "on", "off"])
+    p.add_argument("--moe-out-proj", default=None, choices=["auto", "held", "split_k", "norm_epilogue"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -145,6 +149,8 @@ def main() -> None:
         defer["early_release"] = {"off": (), "auto": "auto"}.get(a.early_release, tuple(a.early_release.split(",")))
     if a.held_prologue is not None:
         defer["held_prologue"] = {"auto": "auto", "on": True, "off": False}[a.held_prologue]
+    if a.moe_out_proj is not None:
+        defer["moe_out_proj"] = a.moe_out_proj
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
@@ -153,7 +159,7 @@ def main() -> None:
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
                prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
                defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
-               held_prologue=fm.held_prologue,
+               held_prologue=fm.held_prologue, moe_out_proj=fm.moe_out_proj,
                widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -178,7 +184,7 @@ def summary(out: dict) -> str:
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} defer_down "
              f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release={','.join(out.get('early_release', ())) or 'off'} "
-             f"held_prologue {out.get('held_prologue', False)} "
+             f"held_prologue {out.get('held_prologue', False)} moe_out_proj {out.get('moe_out_proj')} "
              f"down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

@@ -49,6 +49,26 @@ def pdl_supported(device: torch.device) -> bool:
             and cuda_props(device).major >= 9)
 
 
+def gluon_sm90_reason(device: torch.device | str) -> str | None:
+    """None where a Gluon sm_90 kernel (the held prologue, the held residual GEMV) runs on `device`, else why not: it
+    needs a CUDA device (not the Triton interpreter: Gluon kernels do not run there) of compute capability >= 9.0."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or interpreting():
+        return f"device {dev}: a CUDA device (not the interpreter) runs Gluon kernels"
+    if cuda_props(dev).major < 9:
+        return f"compute capability {cuda_props(dev).major}: needs >= 9.0"
+    return None
+
+
+@triton.jit
+def pdl_wait_then_release(USE_PDL: tl.constexpr):
+    """The PDL wait, then the release of the next launch (called after a held kernel's weight loads: the production
+    rule, the next launch may read before its own wait only what two or more launches back wrote)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 @triton.jit
 def round_bf16(x):
     """fp32 -> fp32 holding the bf16 round-to-nearest-even of x (integer ops: exact everywhere)."""

@@ -36,16 +36,13 @@ bitwise independent of M and of the other rows (row invariant), not the split-K 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (check_tensor, cuda_props, gdc_launch_dependents, gdc_wait, interpreting,
-                                         pdl_supported)
+from lowlat.kernels._attn_common import check_tensor, gluon_sm90_reason, pdl_supported, pdl_wait_then_release
 from lowlat.kernels._gemv import MAX_ROWS
 from lowlat.kernels.attn_prologue import _check_values, check_qkv_and_caches, check_rows_inputs
 
@@ -71,11 +68,7 @@ def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str
         return f"head_dim {d}: needs a power of two in 16..128 (the GPU tests' range)"
     if h & (h - 1) or not MIN_HIDDEN <= h <= MAX_HIDDEN:
         return f"hidden_size {h}: needs a power of two in {MIN_HIDDEN}..{MAX_HIDDEN} (weights held in registers)"
-    if dev.type != "cuda" or interpreting():
-        return f"device {dev}: a CUDA device (not the interpreter) runs Gluon kernels"
-    if cuda_props(dev).major < 9:
-        return f"compute capability {cuda_props(dev).major}: needs >= 9.0"
-    return None
+    return gluon_sm90_reason(dev)
 
 
 def fold_attn_norm(qkv_weight: torch.Tensor, attn_norm: torch.Tensor) -> torch.Tensor:
@@ -87,14 +80,6 @@ def fold_attn_norm(qkv_weight: torch.Tensor, attn_norm: torch.Tensor) -> torch.T
     check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", qkv_weight.shape[1]),),
                  device=qkv_weight.device)
     return (qkv_weight.float() * attn_norm.float()).to(torch.bfloat16).contiguous()
-
-
-@triton.jit
-def _pdl(USE_PDL: tl.constexpr):
-    """The PDL wait, then the release of the next launch (after the weight loads; the production rule)."""
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @gluon.jit
@@ -155,7 +140,7 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     else:
         nvr = nvr_int
     loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
-    _pdl(USE_PDL)
+    pdl_wait_then_release(USE_PDL)
     for b in gl.static_range(NMB):
         brow = b * RB + bm
         bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)

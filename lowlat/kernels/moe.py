@@ -6,11 +6,27 @@ and returns the residual sum of `lowlat.reference.layer.decoder_layer`'s FFN ste
 
     out[m] = x_residual[m] + moe(h)[m]             h, x_residual, out: [M, H] bf16
 
+or, given the layer's norm weight g (`moe_forward(norm_weight=g, eps=...)`), with the FFN's RMSNorm done
+by the first launch on the pre-norm rows x:
+
+    out[m] = x_residual[m] + moe(rms_norm(x, g, eps))[m]     x: [M, H] bf16, commonly x_residual itself
+
+so the launch before the block (out_proj) can be a plain residual GEMV, x = x + attn Wo^T, instead of also
+normalising x, which needs every row's sum of squares over all of its output tiles: a cross-program
+reduction chain inside that launch.
+
 Five launches (seven with a shared expert), each a fixed grid, no host synchronisation, every buffer
 preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA graph:
 
 1. `_router_logits_kernel`, grid (ceil(E / BE), NSPLIT): partial router logits of every row over
    one slice of the hidden dim, part[s, m, e] = sum_{k in slice s} h[m, k] * router[e, k] (fp32).
+   With the norm (NORM) every program first reduces whole rows of x itself — rstd[m] =
+   `_gemv.rstd_of(sum_k x[m, k]^2, H, eps, EXACT=True)`, the squares added in a fixed [BK, 64] tile
+   (never a function of M, so a row's bits are the same for any M, and the same in every program) — no
+   extra launch, no cross-program chain; then h[m, k] = bf16(g[k] * bf16(x[m, k] * rstd[m])), the two
+   roundings of `kernels/rms_norm.py` (`lowlat.reference.rms_norm.rms_norm`'s), replaces x in the
+   product, and the programs of expert block 0 store it, each its hidden slice of every row < M (padding
+   rows computed like valid ones), to h_out (or `MoEWorkspace.h`): the later launches read h there.
 2. `_route_plan_kernel`, one program for all M <= 64 rows (a row tile of max(16, next power of two
    of M): each row's work is its own and its reductions do not depend on their order — maxima, and
    the two sums in int64 fixed point, `_exact_row_sum` — so the tile changes no result): logits[m, e]
@@ -52,8 +68,10 @@ kernel keeps everything in fp32 from the matmul accumulators to the single final
 
 Optional PDL (programmatic dependent launch, `use_pdl=True`, sm_90): every kernel waits
 (`griddepcontrol.wait`) before reading what the previous kernel wrote and then lets the next kernel
-launch; the router kernel loads its first weight slice before waiting, the down kernel reads the plan
-(two launches old) before waiting. Off under the interpreter.
+launch; the router kernel loads its first weight slice (and with the norm the norm weight's first slice)
+before waiting, x only after; the down kernel reads the plan (two launches old) before waiting. Off under
+the interpreter. With the norm, x_residual may be h itself and out too (in place): h is read by the first
+launch only, x_residual by the last (the combine), each element by the program that then writes it.
 
 Where the time goes (H200, one Qwen3-30B-A3B block, 128 experts top-8, `bench/explore/moe_profile.py`:
 CUPTI timestamps of the CUDA-graph replay after a read-only L2 flush, PDL on; session 8, 2026-12-01,
@@ -82,6 +100,7 @@ Mixtral as HF transformers implements them (softmax router, top-k, renormalised 
 
 from __future__ import annotations
 
+import numbers
 import os
 import types
 from dataclasses import dataclass
@@ -93,7 +112,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._gemv import argmax_key
+from lowlat.kernels._gemv import argmax_key, rstd_of, to_bf16
 from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
@@ -126,10 +145,48 @@ def _round_bf16(x, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _row_rstd(x_ptr, stride_xm, rows, rmask, H, eps, KP: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr):
+    """rstd [BM] of the rows (`_gemv.rstd_of`, correctly rounded, over the whole row of H <= KP columns): the
+    squares are added elementwise into a [BK, BM] fp32 tile, chunk after chunk in increasing k (loaded four chunks at a
+    time: session 26 measured the router launch 4-10 us slower a layer in the step with one chunk's round trip after
+    another), then reduced over k once. The tile is BM = MAX_KERNEL_ROWS rows whatever M (masked rows load nothing), so
+    the order of a
+    row's additions, hence its bits, follow H and BK only: the same in every router program and for any M."""
+    ss = tl.zeros([BK, BM], dtype=tl.float32)
+    for k0 in tl.static_range(0, KP, 4 * BK):        # 4 chunks' loads issued together, then added in k order
+        xs0 = _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0, BK)
+        xs1 = _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0 + BK, BK)
+        xs2 = _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0 + 2 * BK, BK)
+        xs3 = _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0 + 3 * BK, BK)
+        ss += xs0 * xs0
+        ss += xs1 * xs1
+        ss += xs2 * xs2
+        ss += xs3 * xs3
+    return rstd_of(tl.sum(ss, axis=0), H, eps, EXACT=True)
+
+
+@triton.jit
+def _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0, BK: tl.constexpr):
+    """x^T [BK, BM] fp32 of columns k0..k0+BK-1 (0 past H or for masked rows)."""
+    k = k0 + tl.arange(0, BK)
+    return tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None], mask=rmask[None, :] & (k < H)[:, None],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
+                          g_ptr, hn_ptr, stride_hn, eps,
                           BE: tl.constexpr, HS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
-                          INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} x[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32."""
+                          INTERP: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
+                          NSPLIT: tl.constexpr = 1):
+    """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} x[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32.
+
+    NORM: x is the pre-norm rows; every program first computes rstd[m] over whole rows (`_row_rstd`, over
+    NSPLIT * HS >= H columns, NSPLIT the grid's second dim), then uses hn[m, k] = bf16(g[k] * bf16(x[m, k] *
+    rstd[m])) (`kernels/rms_norm.py`'s two roundings) in place of x; the programs of expert block 0 store hn
+    (their hidden slice, rows < M) to hn_ptr. With PDL the first router and norm weight slices are loaded
+    before the wait, x only after it. Without NORM, g_ptr, hn_ptr, stride_hn, eps and NSPLIT are not read.
+    """
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
     e = pid_e * BE + tl.arange(0, BE)
@@ -137,18 +194,46 @@ def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
     emask = e < E
     rmask = rows < M
     acc = tl.zeros([BE, BM], dtype=tl.float32)
+    if NORM:
+        # the router and norm weights do not depend on the previous kernel: their first slices are loaded
+        # before waiting on it; x (its output) only after, over whole rows for the statistic
+        k = pid_s * HS + tl.arange(0, BK)
+        kmask = k < H
+        w_first = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
+                          mask=emask[:, None] & kmask[None, :], other=0.0)
+        g_first = tl.load(g_ptr + k, mask=kmask, other=0.0)
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        rstd = _row_rstd(x_ptr, stride_xm, rows, rmask, H, eps, NSPLIT * HS, BK, BM)
     for i in tl.static_range(HS // BK):
         k = pid_s * HS + i * BK + tl.arange(0, BK)
         kmask = k < H
-        # the router weights do not depend on the previous kernel: load them before waiting on it
-        w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
-                    mask=emask[:, None] & kmask[None, :], other=0.0)
-        if i == 0:
-            if USE_PDL:
-                gdc_wait()
-                gdc_launch_dependents()
+        if NORM:
+            if i == 0:
+                w = w_first
+            else:
+                w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
+                            mask=emask[:, None] & kmask[None, :], other=0.0)
+        else:
+            # the router weights do not depend on the previous kernel: load them before waiting on it
+            w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
+                        mask=emask[:, None] & kmask[None, :], other=0.0)
+            if i == 0:
+                if USE_PDL:
+                    gdc_wait()
+                    gdc_launch_dependents()
         xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
                      mask=rmask[None, :] & kmask[:, None], other=0.0)
+        if NORM:
+            if i == 0:
+                gk = g_first
+            else:
+                gk = tl.load(g_ptr + k, mask=kmask, other=0.0)
+            y = to_bf16(xt.to(tl.float32) * rstd[None, :], INTERP).to(tl.float32)     # the reference's first
+            xt = to_bf16(gk.to(tl.float32)[:, None] * y, INTERP)                      # ... and second rounding
+            tl.store(hn_ptr + rows[None, :] * stride_hn + k[:, None], xt,
+                     mask=rmask[None, :] & kmask[:, None] & (pid_e == 0))
         if INTERP:
             w = w.to(tl.float32)
             xt = xt.to(tl.float32)
@@ -492,6 +577,8 @@ class MoEWorkspace:
     act         [R * KMAX, Ie]          bf16   SwiGLU intermediate of each (row, slot)
     y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
     shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
+    h           [R, H]                  bf16   the normed rows, when `moe_forward` normalises (norm_weight)
+                                               and is given no h_out
     R = max_rows (<= 64), KMAX = slots per row (top_k).
     """
 
@@ -509,6 +596,7 @@ class MoEWorkspace:
     y: torch.Tensor
     shared_act: torch.Tensor | None
     shared_y: torch.Tensor | None
+    h: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
@@ -534,6 +622,7 @@ class MoEWorkspace:
             y=torch.empty(max_rows * slots_per_row, hidden, dtype=f32, device=device),
             shared_act=torch.empty(max_rows, shared_inter, dtype=bf16, device=device) if has_shared else None,
             shared_y=torch.empty(max_rows, hidden, dtype=f32, device=device) if has_shared else None,
+            h=torch.empty(max_rows, hidden, dtype=bf16, device=device),
         )
 
     @classmethod
@@ -627,6 +716,50 @@ def _check_rows(h: torch.Tensor, num_valid_rows) -> tuple[int, torch.Tensor | No
     return num_valid_rows, None
 
 
+def _check_norm(h: torch.Tensor, norm_weight, eps, h_out) -> bool:
+    """True when moe_forward normalises (norm_weight given); raise StepContractError naming the bad value."""
+    m, hidden = h.shape
+    if norm_weight is None:
+        if eps is not None:
+            raise StepContractError(f"eps={eps!r} given without norm_weight (moe_forward normalises h only "
+                                    "with a norm_weight)")
+        if h_out is not None:
+            raise StepContractError("h_out given without norm_weight (the normed rows are written only when "
+                                    "moe_forward normalises h)")
+        return False
+    _check_tensor("norm_weight", norm_weight, (hidden,), torch.bfloat16, h.device)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < float(eps) < float("inf"):
+        raise StepContractError(f"eps={eps!r} must be a finite float > 0 with norm_weight")
+    if h_out is not None:
+        _check_tensor("h_out", h_out, (m, hidden), torch.bfloat16, h.device)
+        if m > 1 and h_out.stride(0) < hidden:
+            raise StepContractError(f"h_out's rows overlap (row stride {h_out.stride(0)} < H={hidden})")
+    return True
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, ws: MoEWorkspace) -> torch.Tensor:
+    """Where the router launch stores the normed rows: h_out, else workspace.h[:M]; refused (StepContractError)
+    when it shares storage with a tensor the block reads or writes around it."""
+    m, hidden = h.shape
+    name = "h_out"
+    if h_out is None:
+        name = "workspace.h"
+        if ws.h is None:
+            raise StepContractError("workspace.h is None: moe_forward with norm_weight needs a workspace from "
+                                    "MoEWorkspace.allocate / for_config, or h_out")
+        _check_tensor(name, ws.h, (ws.max_rows, hidden), torch.bfloat16, h.device)
+        h_out = ws.h[:m]
+    for other, t in (("h", h), ("x_residual", x_residual), ("out", out), ("norm_weight", norm_weight)):
+        if _shares_storage(h_out, t):
+            raise StepContractError(f"{name} shares storage with {other}: the normed rows need a buffer of "
+                                    "their own")
+    return h_out
+
+
 def _check_workspace(ws: MoEWorkspace, m: int, e: int, hidden: int, ie: int, s: int, kmax: int,
                      device: torch.device) -> None:
     want = dict(num_experts=e, hidden=hidden, moe_inter=ie, shared_inter=s)
@@ -659,7 +792,9 @@ def _launch_opts(c, use_pdl: bool) -> dict:
 
 # ----------------------------------------------------------------------------------------- launches
 def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: MoEKernelConfig,
-                  use_pdl: bool) -> None:
+                  use_pdl: bool, norm_weight=None, eps=None, hn=None) -> None:
+    """Router logits + route / plan. With norm_weight: h is the pre-norm rows, the router launch normalises
+    them (eps) and stores the normed rows to hn [M, H]."""
     m, hidden = h.shape
     e = router.shape[0]
     interp = _interpreting()
@@ -669,9 +804,14 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
                                 f"slices of HS={c.HS} and E={e} (allocate it with the same config)")
     nv_ptr = nv_t if nv_t is not None else ws.bitmap
     opts = _launch_opts(c, use_pdl)
+    norm = norm_weight is not None
+    # without the norm, g_ptr / hn_ptr / stride_hn / eps are not read (any valid pointer will do)
     _router_logits_kernel[(triton.cdiv(e, c.BE), nsplit)](
         h, h.stride(0), router, router.stride(0), ws.logits, m, e, hidden,
-        BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, **opts)
+        norm_weight if norm else router, hn if norm else h, hn.stride(0) if norm else 0,
+        float(eps) if norm else 1.0,
+        BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, NORM=norm,
+        NSPLIT=nsplit if norm else 1, **opts)
     _route_plan_kernel[(1,)](
         ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, nv_ptr, m, e,
         NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
@@ -777,27 +917,47 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
 
 
 def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg: ModelConfig,
-                num_valid_rows, *, out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None,
-                use_pdl: bool = False, config: MoEKernelConfig | None = None) -> torch.Tensor:
+                num_valid_rows, *, norm_weight: torch.Tensor | None = None, eps: float | None = None,
+                h_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                workspace: MoEWorkspace | None = None, use_pdl: bool = False,
+                config: MoEKernelConfig | None = None) -> torch.Tensor:
     """x_residual + moe(h): route, run the active experts, combine; matches
     `x_residual + lowlat.reference.moe.moe(h, ...)` (the FFN step of `reference.layer.decoder_layer`).
+    With norm_weight, x_residual + moe(rms_norm(h, norm_weight, eps)), the RMSNorm done by the router launch.
 
     Parameters
     ----------
-    h : [M, H] bf16, 1 <= M <= 64 — rms_norm(x, mlp_norm).
+    h : [M, H] bf16, 1 <= M <= 64 — rms_norm(x, mlp_norm) without norm_weight; with it the pre-norm rows x
+        (commonly the very tensor x_residual is).
     x_residual : [M, H] bf16 — the residual stream x.
     lw : LayerWeights with router [E, H], expert_gate / expert_up [E, Ie, H] (contiguous),
         expert_down [E, H, Ie], optional shared_gate / shared_up [Is, H], shared_down [H, Is]; bf16.
     cfg : ModelConfig (top_k, norm_topk_prob).
     num_valid_rows : int in 0..M or an int32 [1] device tensor; rows >= it are padding: they never
         enter routing and out[m] = x_residual[m] for them.
-    out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add).
+    norm_weight : [H] bf16 contiguous on h's device (the layer's mlp_norm), or None (h is already normed).
+        Given, the router launch computes, for every row m < M (padding rows included),
+        rstd[m] = 1 / sqrt(sum_k h[m, k]^2 / H + eps) (fp32, correctly rounded mean, sqrt and reciprocal) and
+        hn[m, k] = bf16(norm_weight[k] * bf16(h[m, k] * rstd[m])) — `lowlat.reference.rms_norm.rms_norm`'s
+        two roundings, as `kernels/rms_norm.py` — routes on hn, stores it, and the expert launches read it.
+        A row's hn is bitwise the same for any M (its statistic is reduced in a fixed [BK, 64] tile).
+    eps : float > 0, finite — required with norm_weight, refused without it.
+    h_out : [M, H] bf16 on h's device, stride 1 along H, rows not overlapping — where hn is stored (every
+        element of its M rows); None: workspace.h[:M]. Only with norm_weight. It must not share storage
+        with h, x_residual, out or norm_weight (the router reads whole rows of h while it writes hn).
+    out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add), and with
+        norm_weight also h itself: h is read only by the first launch, x_residual by the last (the
+        combine, each element read by the program that then writes it).
     workspace : MoEWorkspace (preallocate it for CUDA graphs); allocated for M rows when None.
     use_pdl : launch with programmatic dependent launch (CUDA only).
 
     Returns out: [M, H] bf16, out[m] = bf16(((sum over m's experts in index order of
-    gate * expert(h[m])) + shared(h[m])) + x_residual[m]), fp32 throughout.
-    Mutates: out, workspace. Raises StepContractError / UnsupportedConfigError before any write.
+    gate * expert(hn[m])) + shared(hn[m])) + x_residual[m]), fp32 throughout (hn = h without norm_weight).
+    Mutates: out, workspace, and h_out (or workspace.h) with norm_weight.
+    Raises StepContractError (bad shape, dtype, device or layout of a tensor — norm_weight and h_out
+    included —, a row count, eps missing or not a finite float > 0 with norm_weight, eps or h_out given
+    without norm_weight, h_out sharing storage with h, x_residual, out or norm_weight) or
+    UnsupportedConfigError (config / weights mismatch, use_pdl off CUDA) before anything is written.
     """
     if not cfg.is_moe:
         raise UnsupportedConfigError("num_experts", cfg.num_experts, "moe_forward needs an MoE config")
@@ -810,6 +970,7 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     if e != cfg.num_experts or not 1 <= cfg.top_k <= e:
         raise UnsupportedConfigError("num_experts", e, f"weights have E={e}, config num_experts="
                                      f"{cfg.num_experts}, top_k={cfg.top_k}")
+    norm = _check_norm(h, norm_weight, eps, h_out)
     if out is None:
         out = torch.empty_like(x_residual)
     _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
@@ -819,8 +980,12 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=cfg.top_k,
                                           moe_inter=ie, shared_inter=s, device=h.device, config=c)
     _check_workspace(workspace, m, e, hidden, ie, s, cfg.top_k, h.device)
-    _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl)
-    _launch_experts(h, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,
+    hn = h
+    if norm:
+        hn = _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, workspace)
+    _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl,
+                  norm_weight=norm_weight if norm else None, eps=eps, hn=hn)
+    _launch_experts(hn, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,
                     workspace, c, use_pdl)
     return out
 
@@ -879,8 +1044,9 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     nsplit = triton.cdiv(hidden, c.HS)
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
            "nvalid_ptr": "*u8", "plan_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
-           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16"}
-    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False)
+           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16",
+           "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32"}
+    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False)
     specs = []
 
     def add(name, fn, launch, **cx):
@@ -888,7 +1054,9 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
         sig = {p: ptr.get(p, "i32") for p in fn.arg_names if p not in cx}
         specs.append((name, fn, sig, cx, dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
 
-    add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER)
+    add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NSPLIT=1)
+    add("router_logits_norm", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NORM=True,
+        NSPLIT=nsplit)
     for bm in (16, 32, MAX_KERNEL_ROWS):             # the plan row tiles `_plan_rows` gives
         add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
             PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)

@@ -10,7 +10,8 @@ its weight loads before the PDL wait; plus the launch's program count and how ma
 Catches GPU-only failures (layouts, dot shapes, inline asm, atomics, register spills) on a CPU-only
 machine, where the interpreter runs none of that. Shapes are SmolLM2-135M's (and, without --quick,
 Llama-3.2-1B's and Qwen3-30B-A3B's prologue), each with the plan the fused model uses (`plan_gemv`,
-tuned table included).
+tuned table included); for a model whose FusedModel runs the held prologue (`attn_prologue_held`, Gluon:
+Llama-3.2-1B, without --quick) that kernel too, as FusedModel launches it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
             if (sig[name].startswith("*") or name.startswith("stride") or "_stride_" in name
                     or name in ("N", "K", "I", "V")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
+    if getattr(kernel, "is_gluon", lambda: False)():      # a Gluon kernel (the held prologue): its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": pdl})
@@ -132,9 +135,84 @@ RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_p
                      "fml_ptr": "*fp32", "fpos_ptr": "*i64", "fnvr_ptr": "*i32", "f_hq": "i32"}
 
 
+#: `attn_prologue_held._held_prologue_kernel`'s runtime parameters and their types as FusedModel's launch specialises
+#: them (g_ptr: the weight again, FusedModel passing folded weights and no norm weight; all bf16 pointers either way)
+HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")},
+                     "tab_ptr": "*fp32", "pos_ptr": "*i64", "loc_ptr": "*i32", "nvr_ptr": "*i32", "nvr_int": "i32",
+                     **{a: "i32" for a in ("stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs",
+                                           "stride_vch", "M", "Hq", "Hkv", "max_pos")}, "eps": "fp32"}
+
+
+def runs_held_prologue(cfg) -> bool:
+    """Whether FusedModel (held_prologue "auto", the default) runs `attn_prologue_held` for this model on an sm_90 GPU:
+    `held_prologue_supported` names no reason of the model's. Asked for the CPU, where it names the device's reason
+    after the model's, so that only a model reason keeps it off here (Llama-3.2-1B runs it, SmolLM2-135M's H 576 and
+    the Qwen models' QKV bias / QK-norm do not)."""
+    from lowlat.kernels.attn_prologue_held import held_prologue_supported
+
+    return held_prologue_supported(cfg, "cpu").startswith("device ")
+
+
+def held_prologue_variants(cfg, row_blocks) -> list[dict]:
+    """The constexprs of each `_held_prologue_kernel` compile FusedModel launches for `cfg` on an sm_90 GPU, at the
+    16-row block counts `row_blocks` the GEMVs are compiled at: none where it does not run the held prologue
+    (`runs_held_prologue`); else one per 8-row block count NMB = ceil(width / 8) of FusedModel's default widths
+    within those counts (1 / 2 / 3 blocks of 16: NMB 1-2 / 3-4 / 6, every NMB FusedModel launches by default; the
+    kernel unrolls its NMB blocks), each with what `FusedModel._run`'s launch passes: K = H, D = head_dim,
+    NVR_FROM_PTR (num_valid_rows the device tensor nvalid), USE_PDL, FOLD_G False (the weights folded at build by
+    `fold_attn_norm`, attn_norm None) and the launcher's warps / K slices / row block (Q, S, RB)."""
+    from lowlat.kernels._gemv import row_blocks as blocks_of
+    from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
+    from lowlat.runtime.fused_model import DEFAULT_WIDTHS
+
+    if not runs_held_prologue(cfg):
+        return []
+    nmbs = sorted({-(-w // ROW_BLOCK) for w in DEFAULT_WIDTHS if blocks_of(w) in row_blocks})
+    return [dict(K=cfg.hidden_size, D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True, FOLD_G=False, Q=WARPS,
+                 S=SLICES, RB=ROW_BLOCK) for nmb in nmbs]
+
+
+def compile_held_prologue(name: str, row_blocks) -> list[dict]:
+    """Compile for sm_90 and report (`_report`: its weight loads checked to come before the PDL wait) each of
+    `held_prologue_variants(preset(name), row_blocks)`, as `name`/held_prologue/nmbN; [] for a model whose FusedModel
+    does not run the held prologue. Grid: (Hq + 2 Hkv) D / 16 programs of the launcher's WARPS warps, PDL on."""
+    from lowlat.config import preset
+    from lowlat.kernels.attn_prologue_held import WARPS, _held_prologue_kernel
+
+    cfg = preset(name)
+    out = []
+    for const in held_prologue_variants(cfg, row_blocks):
+        t = time.time()
+        c = _compile(_held_prologue_kernel, HELD_PROLOGUE_SIG, const, num_warps=WARPS, num_stages=3,  # the launch's
+                     pdl=True)                                                                 # default stages
+        out.append(_report(f"{name}/held_prologue/nmb{const['NMB']}", c, time.time() - t, preload=True,
+                           programs=(cfg.q_size + 2 * cfg.kv_size) // 16))
+    return out
+
+
+def compile_held_residual(n: int, k: int, name: str) -> list[dict]:
+    """Compile for sm_90 and report (its weight loads checked to come before the PDL wait) `residual_gemv_held`'s
+    launches of an [n, k] weight at FusedModel's DEFAULT_WIDTHS (one per (row blocks, rows a block) pair, PDL on), as
+    `name`/nmbN-rbR: the MoE layers' output projection with `FusedModel(moe_out_proj="held")` (or "auto")."""
+    from lowlat.kernels.residual_gemv_held import SLICES, _held_residual_gemv_kernel, held_warps, row_block
+    from lowlat.runtime.fused_model import DEFAULT_WIDTHS
+
+    sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32"}
+    q, out = held_warps(k), []
+    for nmb, rb in sorted({(-(-w // row_block(w, k)), row_block(w, k)) for w in DEFAULT_WIDTHS}):
+        t = time.time()
+        c = _compile(_held_residual_gemv_kernel, sig, dict(K=k, Q=q, S=SLICES, NMB=nmb, RB=rb, USE_PDL=True),
+                     num_warps=q, num_stages=3, pdl=True)
+        out.append(_report(f"{name}/nmb{nmb}-rb{rb}", c, time.time() - t, preload=True, programs=n // 16))
+    return out
+
+
 def compile_all(quick: bool = False) -> list[dict]:
     """Compile every GEMV kernel variant the fused model launches (quick: SmolLM2 only, 1 and 3 row
-    blocks), plus out_proj with the RMSNorm epilogue (MoE layers) and its h-writing form."""
+    blocks), plus out_proj with the RMSNorm epilogue (MoE layers' `moe_out_proj="norm_epilogue"`) and its h-writing
+    form, Qwen3-30B-A3B's held out_proj (`compile_held_residual`, moe_out_proj "held"), and the held prologue of the
+    models
+    that run it (`compile_held_prologue`)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: this compiles the GPU path")
     import triton
@@ -208,6 +286,7 @@ def compile_all(quick: bool = False) -> list[dict]:
         for nmb in row_blocks:
             run("Qwen3-30B-A3B/out_proj_norm", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=True, WRITE_H=True,
                 NT_P2=max(2, triton.next_power_of_2(p.n_tiles)), BH=512, N_COLS=qc.hidden_size)
+        out.extend(compile_held_residual(qc.hidden_size, qc.q_size, "Qwen3-30B-A3B/out_proj_held"))
     # the attention prologue (a pair GEMV of kind "qkv"; one row block per program, NUM_MB only sizes the
     # workspace rows), with its plan and epilogue-load rule; Qwen3 adds QK-norm
     from lowlat.config import preset
@@ -246,6 +325,7 @@ def compile_all(quick: bool = False) -> list[dict]:
                 out.append(_report(f"{name}/attn_prologue{f'_deferred_r{rows}' if xsplit else ''}/"
                                    f"{'preload' if p.preload else 'stream'}-bn{p.bn}-split{p.split}/mb{nmb}", c,
                                    time.time() - t, preload=p.preload, programs=p.n_tiles * p.split * nmb))
+        out.extend(compile_held_prologue(name, row_blocks))    # the prologue FusedModel runs there by default
     return out
 
 

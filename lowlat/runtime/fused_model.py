@@ -13,7 +13,10 @@
                  gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`; the down
                  projection's, at the widths where the next layer's prologue reduces few partial bytes, by that
                  prologue: `FusedModel.defers_down`)
-                (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward)
+                (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward; or, with
+                 `FusedModel(moe_out_proj="held" | "split_k" | "auto")`, x = residual_gemv(attn), the weights
+                 held in registers across the wait (kernels/residual_gemv_held) or not, and the MoE's router
+                 launch computes h = rms_norm(x) for the experts)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
 A self-speculation draft position (`draft_position`) runs embed + layers 0..n-1, then
@@ -52,6 +55,7 @@ from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draf
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
 from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
+from lowlat.kernels.residual_gemv_held import held_residual_supported, residual_gemv_held
 from lowlat.kernels.rms_norm import MAX_HIDDEN as RMS_MAX_HIDDEN
 from lowlat.kernels.rms_norm import rms_norm_into
 from lowlat.step import MAX_ROWS, StepBatch
@@ -110,6 +114,19 @@ EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
 #: 7.75 / 8.02 / 8.16 / 16.01. In the step (explore26, ABBA): -37.6 / -53.8 / -46.6 / -64.4 us. It takes no deferred
 #: input, so a model running it never defers the down projection's reduction (`defers_down`).
 HELD_PROLOGUE = "auto"
+#: The MoE layers' output projection. "norm_epilogue" (the default): `out_proj.out_proj` writes x and h = rms_norm(x)
+#: (a cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth),
+#: the MoE reads h. "held": `residual_gemv_held` (weights held in registers across the PDL wait: 5.72 us, 70.2%) and
+#: "split_k": `out_proj.residual_gemv` (7.36 us, 54.5%), both with the RMSNorm computed by the MoE's router launch
+#: (`moe_forward(norm_weight=...)`); "auto": "held" where `held_residual_supported` allows, else "split_k". In the
+#: step (session 26 call 3, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated) "held" is 438.0 against
+#: 454.1 at 1 row but 814.4 / 1282.7 / 1967.4 against 799.1 / 1262.7 / 1957.1 at 6 / 16 / 48 rows: the router's
+#: whole-row norm pass (router 7.0 / 11.8 / 10.7 / 15.2 us a layer against 5.6 / 4.9 / 4.3 / 4.7) and the attention
+#: beside the held weight loads (+1.5-2.6 us) cost more than out_proj saves (2.3-12.4 against 8.1-23.9). A row's bits
+#: must not depend on the width, so one form runs every width: the default stays the one that is not slower at 6-48.
+MOE_OUT_PROJ = "norm_epilogue"
+#: the values `FusedModel(moe_out_proj=...)` takes
+MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -240,11 +257,16 @@ class FusedModel:
                          the norm weight multiplied in, `fold_attn_norm`) instead of the split-K `attn_prologue`;
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
+        moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
+                         "norm_epilogue" (default MOE_OUT_PROJ): `out_proj` writes x and h; "held"
+                         (`residual_gemv_held`; UnsupportedConfigError with the reason where not supported) or
+                         "split_k" (`residual_gemv`): the MoE's router launch computes h = rms_norm(x); "auto": "held"
+                         where `held_residual_supported` allows, else "split_k"
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
     `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
     an early_release other than "auto" or a tuple / list / set of launch names, a held_prologue other than "auto",
-    True or False, or widths outside 1..48.
+    True or False, a moe_out_proj not in MOE_OUT_PROJ_FORMS, or widths outside 1..48.
 
     `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
     `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).
@@ -259,8 +281,10 @@ class FusedModel:
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
                  early_release: str | Sequence[str] = EARLY_RELEASE,
-                 held_prologue: str | bool = HELD_PROLOGUE) -> None:
+                 held_prologue: str | bool = HELD_PROLOGUE, moe_out_proj: str = MOE_OUT_PROJ) -> None:
         self.cfg = cfg
+        if not isinstance(moe_out_proj, str) or moe_out_proj not in MOE_OUT_PROJ_FORMS:
+            raise StepContractError(f"moe_out_proj={moe_out_proj!r} must be one of {MOE_OUT_PROJ_FORMS}")
         if not (held_prologue is True or held_prologue is False
                 or (isinstance(held_prologue, str) and held_prologue == "auto")):
             raise StepContractError(f"held_prologue={held_prologue!r} must be 'auto', True or False")
@@ -301,6 +325,8 @@ class FusedModel:
             why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
+        #: the MoE layers' output projection, resolved: "held", "split_k" or "norm_epilogue" (None: a dense model)
+        self.moe_out_proj = self._resolve_moe_out_proj(cfg, moe_out_proj)
         self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
         self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
         self.validate = validate
@@ -323,6 +349,16 @@ class FusedModel:
         self.last_tokens: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------ build
+    def _resolve_moe_out_proj(self, cfg: ModelConfig, form: str) -> str | None:
+        if not cfg.is_moe:
+            return None
+        why = held_residual_supported(cfg.hidden_size, cfg.q_size, self.device)
+        if form == "held" and why is not None:
+            raise UnsupportedConfigError("moe_out_proj", form, why)
+        if form == "auto":
+            return "held" if why is None else "split_k"
+        return form
+
     @staticmethod
     def _check_config(cfg: ModelConfig) -> None:
         if cfg.head_dim % 32 or cfg.head_dim & (cfg.head_dim - 1):
@@ -353,7 +389,8 @@ class FusedModel:
                 w_down=lw_dev.w_down if dense else None, moe=None if dense else lw_dev))
         cfg = self.cfg
         h, i = cfg.hidden_size, cfg.intermediate_size
-        self.plan_o = plan_gemv(h, cfg.q_size, kind="out_proj" if cfg.is_moe else "residual")
+        self.plan_o = plan_gemv(h, cfg.q_size,
+                                kind="out_proj" if self.moe_out_proj == "norm_epilogue" else "residual")
         self.plan_gu = plan_gemv(i, h, kind="gate_up") if not cfg.is_moe else None
         self.plan_down = plan_gemv(h, i, kind="residual") if not cfg.is_moe else None
         self.plan_lm = plan_gemv(cfg.vocab_size, h, kind="lm_head")
@@ -645,9 +682,19 @@ class FusedModel:
         if not isinstance(attn, DeferredAttention):
             attn = attn.view(w, -1)
         if L.moe is not None:                     # MoE models never defer: the stream stays in bufs.x
-            out_proj(attn, L.wo, xs, L.mlp_norm, cfg.rms_eps, out=xs, h_out=bufs.h,
-                     rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
-            self._moe.moe_forward(bufs.h, xs, L.moe, cfg, bufs.nvalid, out=xs, workspace=self.moe_ws, use_pdl=pdl)
+            if self.moe_out_proj == "norm_epilogue":
+                out_proj(attn, L.wo, xs, L.mlp_norm, cfg.rms_eps, out=xs, h_out=bufs.h,
+                         rstd_out=bufs.rstd, write_h=True, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+                self._moe.moe_forward(bufs.h, xs, L.moe, cfg, bufs.nvalid, out=xs, workspace=self.moe_ws,
+                                      use_pdl=pdl)
+                return xs
+            if self.moe_out_proj == "held":
+                residual_gemv_held(attn, L.wo, xs, out=xs, use_pdl=pdl)
+            else:
+                residual_gemv(attn, L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
+            # the router launch normalises x (h = rms_norm(x, mlp_norm), written to bufs.h for the experts)
+            self._moe.moe_forward(xs, xs, L.moe, cfg, bufs.nvalid, norm_weight=L.mlp_norm, eps=cfg.rms_eps,
+                                  h_out=bufs.h, out=xs, workspace=self.moe_ws, use_pdl=pdl)
             return xs
         if self.defers(w):                        # out_proj's reduction done by the gate/up launch (same bits)
             xa = other(xs)

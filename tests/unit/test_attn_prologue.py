@@ -72,10 +72,14 @@ def _run_reference(cfg, lw, step, x, kc, vc, dtype):
     return q, kc, vc
 
 
-def _check_against_reference(cfg, lw, step, x, kc0, vc0, **kw):
+def _check_against_reference(cfg, lw, step, x, kc0, vc0, run=None, **kw):  # kw: run's
+    """q of every row and K / V at the valid rows' slots of one launch within the prologue's policy
+    (`check_accuracy("attn_prologue", ...)`: at most 2x the bf16 reference's own error against float64), no other
+    slot changed; the launch `run` is the split-K prologue's `_run_kernel` (default) or the held one's `_run_held`
+    (held to the same bound)."""
     kc, vc = kc0.clone(), vc0.clone()
     table = rope_table(cfg, MAX_POS, x.device)
-    q = _run_kernel(cfg, lw, step, x, kc, vc, table=table, **kw)
+    q = (run or _run_kernel)(cfg, lw, step, x, kc, vc, table=table, **kw)
     qo, kco, vco = _run_reference(cfg, lw, step, x, kc0, vc0, torch.float64)
     qb, kcb, vcb = _run_reference(cfg, lw, step, x, kc0, vc0, torch.bfloat16)
     check_accuracy("attn_prologue", q, qo, qb, output="q")
@@ -497,52 +501,52 @@ def test_attn_prologue_model_shapes_within_2x_baseline_error(device, name, reqs,
     _check_against_reference(cfg, lw, step, x, kc, vc)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["SmolLM2-135M", "Llama-3.2-1B", "Qwen3-0.6B", "Qwen2.5-0.5B", "Qwen3-30B-A3B"])
-def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device, name):
-    """Run-to-run bitwise; each row's q / K / V identical alone, among 48 rows and with padding;
-    PDL on == off; epilogue inputs early == late; a CUDA-graph replay (num_valid_rows as a device
-    tensor) == eager."""
-    cfg = preset(name)
-    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
-                                  device=device)
-    table = rope_table(cfg, MAX_POS, device)
-    ws = make_prologue_workspace(pack_qkv(lw), cfg.head_dim)
-    n = step.num_valid_rows
-    runs = []
-    other = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, early_inputs=not ws.early_inputs)
-    for pdl, wsp in ((False, ws), (False, ws), (True, ws), (True, other)):
-        kc, vc = kc0.clone(), vc0.clone()
-        runs.append((_run_kernel(cfg, lw, step, x, kc, vc, table=table, workspace=wsp, use_pdl=pdl), kc, vc))
-    for q, kc, vc in runs[1:]:
-        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_pdl_early_inputs")
-        check_bitwise("attn_prologue", kc.nan_to_num(), runs[0][1].nan_to_num(), output="k_cache_run_to_run")
-    q_all, kc_all, vc_all = runs[0]
-    loc = step.out_cache_loc[:n].long()
-    for i in (0, 1, 17, n - 1):
-        kc, vc = kc0.clone(), vc0.clone()
-        idx = torch.tensor([i], device=device)
-        one = _run_kernel(cfg, lw, _rows(step, 1, idx), x[idx], kc, vc, table=table, workspace=ws)
-        check_bitwise("attn_prologue", one[0], q_all[i], output="q_row_invariance")
-        check_bitwise("attn_prologue", kc[loc[i]], kc_all[loc[i]], output="k_row_invariance")
-        check_bitwise("attn_prologue", vc[loc[i]], vc_all[loc[i]], output="v_row_invariance")
-    for m in (6, 17, 33):       # 1-3 row blocks: a plan's weight stream and bn may depend on the count (Llama's bn)
-        kc, vc = kc0.clone(), vc0.clone()
-        part = _run_kernel(cfg, lw, _rows(step, m), x[:m], kc, vc, table=table, workspace=ws)
-        check_bitwise("attn_prologue", part, q_all[:m], output=f"q_first_{m}_rows")
-        check_bitwise("attn_prologue", kc[loc[:m]], kc_all[loc[:m]], output=f"k_first_{m}_rows")
-        check_bitwise("attn_prologue", vc[loc[:m]], vc_all[loc[:m]], output=f"v_first_{m}_rows")
-    # CUDA graph: static buffers, num_valid_rows read in-kernel
-    nvr = torch.tensor([n], dtype=torch.int32, device=device)
+def _on_copies(run, kc0, vc0):
+    """(q, k_cache, v_cache) of `run(kc, vc) -> q`, one prologue launch on fresh copies of the caches kc0 / vc0."""
     kc, vc = kc0.clone(), vc0.clone()
-    out_q = torch.empty_like(q_all)
-    w, b = pack_qkv(lw), pack_qkv_bias(lw)
+    return run(kc, vc), kc, vc
+
+
+def _assert_same_outputs(got, want, tag, loc=None):
+    """Two prologue runs' (q, k_cache, v_cache) bitwise equal: q whole (every row is written, padding rows too, so a
+    NaN of the poisoned output fails), the caches at the slots `loc` (written: NaN fails) or, with loc None, whole
+    (their unowned slots are NaN: compared as nan_to_num)."""
+    (q, kc, vc), (q0, kc0, vc0) = got, want
+    check_bitwise("attn_prologue", q, q0, output=f"q_{tag}")
+    for kind, a, b in (("k", kc, kc0), ("v", vc, vc0)):
+        if loc is None:
+            check_bitwise("attn_prologue", a.nan_to_num(), b.nan_to_num(), output=f"{kind}_cache_{tag}")
+        else:
+            check_bitwise("attn_prologue", a[loc], b[loc], output=f"{kind}_{tag}")
+
+
+def _assert_rows_invariant(run, step, x, kc0, vc0, want):
+    """Row invariance of a prologue launch `run(step, x, kc, vc) -> q` (on fresh copies of the caches kc0 / vc0):
+    rows 0, 1, 8 (the second 8-row block's first), 17 and the last valid one each alone, and the first 6 / 17 / 33
+    rows (1-3 16-row blocks: a split-K plan's weight stream and bn may depend on the count, Llama's bn does; 1, 3 and
+    5 of the held prologue's 8-row blocks), give bitwise the q rows and K / V slots of `want` = (q, k_cache, v_cache),
+    the launch of every row of `step`."""
+    loc = step.out_cache_loc[:step.num_valid_rows].long()
+    for i in (0, 1, 8, 17, step.num_valid_rows - 1):
+        idx = torch.tensor([i], device=x.device)
+        q, kc, vc = _on_copies(lambda kc, vc: run(_rows(step, 1, idx), x[idx], kc, vc), kc0, vc0)
+        _assert_same_outputs((q[0], kc, vc), (want[0][i], *want[1:]), "row_invariance", loc[i])
+    for m in (6, 17, 33):
+        q, kc, vc = _on_copies(lambda kc, vc: run(_rows(step, m), x[:m].contiguous(), kc, vc), kc0, vc0)
+        _assert_same_outputs((q, kc, vc), (want[0][:m], *want[1:]), f"first_{m}_rows", loc[:m])
+
+
+def _assert_graph_replay_equals_eager(launch, kc0, vc0, want):
+    """A CUDA-graph replay of `launch(kc, vc, out_q)` (static buffers; num_valid_rows a device tensor, read in-kernel)
+    equals eager: run once (compiling outside the capture), captured, then replayed on the caches reset to kc0 / vc0
+    and out_q poisoned; q and the whole caches bitwise those of `want` = (q, k_cache, v_cache), an eager run."""
+    kc, vc = kc0.clone(), vc0.clone()
+    out_q = torch.empty_like(want[0])
 
     def call():
-        attn_prologue(x, w, b, lw.attn_norm, lw.q_norm, lw.k_norm, step.positions, step.out_cache_loc, nvr, kc, vc,
-                      table, cfg=cfg, out_q=out_q, workspace=ws, use_pdl=True)
+        launch(kc, vc, out_q)
 
-    call()  # compile outside capture
+    call()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
@@ -551,8 +555,35 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
     poison(out_q)
     graph.replay()
     torch.cuda.synchronize()
-    check_bitwise("attn_prologue", out_q, q_all, output="q_cuda_graph")
-    check_bitwise("attn_prologue", kc.nan_to_num(), kc_all.nan_to_num(), output="k_cache_cuda_graph")
+    _assert_same_outputs((out_q, kc, vc), want, "cuda_graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["SmolLM2-135M", "Llama-3.2-1B", "Qwen3-0.6B", "Qwen2.5-0.5B", "Qwen3-30B-A3B"])
+def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device, name):
+    """Run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and among the first 6 / 17 /
+    33 (`_assert_rows_invariant`); PDL on == off; epilogue inputs early == late; a CUDA-graph replay (num_valid_rows
+    as a device tensor) == eager; the split-K counters reset."""
+    cfg = preset(name)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
+                                  device=device)
+    table = rope_table(cfg, MAX_POS, device)
+    ws = make_prologue_workspace(pack_qkv(lw), cfg.head_dim)
+    other = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, early_inputs=not ws.early_inputs)
+    runs = [_on_copies(lambda kc, vc: _run_kernel(cfg, lw, step, x, kc, vc, table=table, workspace=wsp, use_pdl=pdl),
+                       kc0, vc0)
+            for pdl, wsp in ((False, ws), (False, ws), (True, ws), (True, other))]
+    for got in runs[1:]:
+        _assert_same_outputs(got, runs[0], "run_to_run_pdl_early_inputs")
+    _assert_rows_invariant(lambda st, xs, kc, vc: _run_kernel(cfg, lw, st, xs, kc, vc, table=table, workspace=ws),
+                           step, x, kc0, vc0, runs[0])
+    nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
+    w, b = pack_qkv(lw), pack_qkv_bias(lw)
+    _assert_graph_replay_equals_eager(
+        lambda kc, vc, out_q: attn_prologue(x, w, b, lw.attn_norm, lw.q_norm, lw.k_norm, step.positions,
+                                            step.out_cache_loc, nvr, kc, vc, table, cfg=cfg, out_q=out_q, workspace=ws,
+                                            use_pdl=True),
+        kc0, vc0, runs[0])
     assert int(ws.counters.abs().sum()) == 0, "split-K counters must be reset by the last arriver"
 
 
@@ -570,24 +601,6 @@ def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folde
     return q
 
 
-def _check_held_against_reference(cfg, lw, step, x, kc0, vc0, **kw):  # kw: _run_held's
-    """The held prologue's q (every row) and K / V (valid rows' slots) within the prologue's policy
-    (`check_accuracy("attn_prologue", ...)`: at most 2x the bf16 reference's own error against float64, the
-    split-K prologue's bound), no other slot changed."""
-    kc, vc = kc0.clone(), vc0.clone()
-    table = rope_table(cfg, MAX_POS, x.device)
-    q = _run_held(cfg, lw, step, x, kc, vc, table=table, **kw)
-    qo, kco, vco = _run_reference(cfg, lw, step, x, kc0, vc0, torch.float64)
-    qb, kcb, vcb = _run_reference(cfg, lw, step, x, kc0, vc0, torch.bfloat16)
-    check_accuracy("attn_prologue", q, qo, qb, output="q")
-    loc = step.out_cache_loc[:step.num_valid_rows].long()
-    check_accuracy("attn_prologue", kc[loc], kco[loc], kcb[loc], output="k_cache")
-    check_accuracy("attn_prologue", vc[loc], vco[loc], vcb[loc], output="v_cache")
-    _assert_only_slots_written(kc0, kc, loc)
-    _assert_only_slots_written(vc0, vc, loc)
-    return q, kc, vc
-
-
 @pytest.mark.gpu
 @given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
        hkv=st.sampled_from([1, 2, 8]), d=st.sampled_from([16, 32, 64, 128]),
@@ -602,7 +615,8 @@ def test_held_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, h
     ctxs = [(seed >> i) % 40 for i in range(len(rows))]
     pad = min(pad, 48 - m)
     lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device, hostile_padding=hostile)
-    _check_held_against_reference(cfg, lw, step, x, kc, vc, use_pdl=bool(seed & 1), folded=bool(seed & 2))
+    _check_against_reference(cfg, lw, step, x, kc, vc, run=_run_held, use_pdl=bool(seed & 1),
+                             folded=bool(seed & 2))
 
 
 @pytest.mark.gpu
@@ -615,67 +629,37 @@ def test_held_prologue_llama_shapes_and_tp_shards_within_2x_baseline_error(devic
     for m, pad, seed in ((1, 0, 1), (6, 0, 2), (15, 2, 3), (44, 4, 4)):
         lw, step, x, kc, vc = _case(cfg, ctxs=[(5 * i) % 90 for i in range(m)], rows=[1] * m, pad=pad, seed=seed,
                                     device=device)
-        _check_held_against_reference(cfg, lw, step, x, kc, vc, use_pdl=True)
+        _check_against_reference(cfg, lw, step, x, kc, vc, run=_run_held, use_pdl=True)
 
 
 @pytest.mark.gpu
 def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device):
     """Llama-3.2-1B's shapes: run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and
-    among the first 6 / 17 / 33; PDL on == off; the weights folded by `fold_attn_norm` == g multiplied in registers;
-    num_valid_rows as a device tensor in a CUDA-graph replay == eager;
+    among the first 6 / 17 / 33 (`_assert_rows_invariant`); PDL on == off; the weights folded by `fold_attn_norm` ==
+    g multiplied in registers; num_valid_rows as a device tensor in a CUDA-graph replay == eager;
     a position past the RoPE table rotates by cos = sin = 0 (q and K of that row 0, V untouched), as the split-K
     prologue does."""
+    from lowlat.kernels.attn_prologue_held import attn_prologue_held
+
     cfg = preset("Llama-3.2-1B")
     lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
                                   device=device)
     table = rope_table(cfg, MAX_POS, device)
-    n = step.num_valid_rows
-    runs = []
-    for pdl, folded in ((False, False), (False, False), (True, False), (True, True)):
-        kc, vc = kc0.clone(), vc0.clone()
-        runs.append((_run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl, folded=folded), kc, vc))
-    for q, kc, vc in runs[1:]:
-        check_bitwise("attn_prologue", q, runs[0][0], output="q_run_to_run_pdl_folded")
-        check_bitwise("attn_prologue", kc.nan_to_num(), runs[0][1].nan_to_num(), output="k_cache_run_to_run")
-        check_bitwise("attn_prologue", vc.nan_to_num(), runs[0][2].nan_to_num(), output="v_cache_run_to_run")
-    q_all, kc_all, vc_all = runs[0]
-    loc = step.out_cache_loc[:n].long()
-    for i in (0, 1, 8, 17, n - 1):
-        kc, vc = kc0.clone(), vc0.clone()
-        idx = torch.tensor([i], device=device)
-        one = _run_held(cfg, lw, _rows(step, 1, idx), x[idx], kc, vc, table=table)
-        check_bitwise("attn_prologue", one[0], q_all[i], output="q_row_invariance")
-        check_bitwise("attn_prologue", kc[loc[i]], kc_all[loc[i]], output="k_row_invariance")
-        check_bitwise("attn_prologue", vc[loc[i]], vc_all[loc[i]], output="v_row_invariance")
-    for m in (6, 17, 33):
-        kc, vc = kc0.clone(), vc0.clone()
-        part = _run_held(cfg, lw, _rows(step, m), x[:m].contiguous(), kc, vc, table=table)
-        check_bitwise("attn_prologue", part, q_all[:m], output=f"q_first_{m}_rows")
-        check_bitwise("attn_prologue", kc[loc[:m]], kc_all[loc[:m]], output=f"k_first_{m}_rows")
-        check_bitwise("attn_prologue", vc[loc[:m]], vc_all[loc[:m]], output=f"v_first_{m}_rows")
-    from lowlat.kernels.attn_prologue_held import attn_prologue_held
-
-    nvr = torch.tensor([n], dtype=torch.int32, device=device)
-    kc, vc = kc0.clone(), vc0.clone()
-    out_q = torch.empty_like(q_all)
+    runs = [_on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl, folded=folded),
+                       kc0, vc0)
+            for pdl, folded in ((False, False), (False, False), (True, False), (True, True))]
+    for got in runs[1:]:
+        _assert_same_outputs(got, runs[0], "run_to_run_pdl_folded")
+    _assert_rows_invariant(lambda st, xs, kc, vc: _run_held(cfg, lw, st, xs, kc, vc, table=table),
+                           step, x, kc0, vc0, runs[0])
+    nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
     w = pack_qkv(lw)
-
-    def call():
-        attn_prologue_held(x, w, lw.attn_norm, step.positions, step.out_cache_loc, nvr, kc, vc, table, cfg=cfg,
-                           out_q=out_q, use_pdl=True)
-
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    kc.copy_(kc0)
-    vc.copy_(vc0)
-    poison(out_q)
-    graph.replay()
-    torch.cuda.synchronize()
-    check_bitwise("attn_prologue", out_q, q_all, output="q_cuda_graph")
-    check_bitwise("attn_prologue", kc.nan_to_num(), kc_all.nan_to_num(), output="k_cache_cuda_graph")
-    check_bitwise("attn_prologue", vc.nan_to_num(), vc_all.nan_to_num(), output="v_cache_cuda_graph")
+    _assert_graph_replay_equals_eager(
+        lambda kc, vc, out_q: attn_prologue_held(x, w, lw.attn_norm, step.positions, step.out_cache_loc, nvr, kc, vc,
+                                                 table, cfg=cfg, out_q=out_q, use_pdl=True),
+        kc0, vc0, runs[0])
+    q_all, _, vc_all = runs[0]
+    loc = step.out_cache_loc[:step.num_valid_rows].long()
     far = _rows(step, 2)
     far.positions[1] = MAX_POS                     # one past the table
     kc, vc = kc0.clone(), vc0.clone()

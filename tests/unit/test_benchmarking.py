@@ -192,6 +192,9 @@ def test_launch_roles_and_costs_of_a_fused_step_trace():
            "_route_plan_kernel", "_expert_gate_up_kernel", "_expert_down_kernel", "_combine_kernel"]
     assert bench.launch_roles(moe)[2:] == ["out_proj", "moe_router", "moe_route_plan", "moe_gate_up", "moe_down",
                                            "moe_combine"]
+    moe[2] = "_held_residual_gemv_kernel"               # MoE layers' out_proj with its weights held (session 26)
+    assert bench.launch_roles(moe * 2)[2:9] == ["out_proj", "moe_router", "moe_route_plan", "moe_gate_up", "moe_down",
+                                                "moe_combine", "attn_prologue"]
     # two replays of three launches; under PDL a launch starts before its predecessor ends
     trace = [("a", 0.0, 2.0), ("_residual_gemv_kernel", 1.0, 7.0), ("_gate_up_kernel", 6.5, 8.0),
              ("a", 20.0, 21.0), ("_residual_gemv_kernel", 20.5, 25.0), ("_gate_up_kernel", 24.0, 26.5)]

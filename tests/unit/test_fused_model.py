@@ -6,15 +6,17 @@ writes it, padding rows 0, greedy generation through `Engine`, MoE layers throug
 refusals, and every kernel compiling for sm_90. Self-speculation: the early-exit forward and the draft
 position (layers + final norm + draft sampler) against their reference pipeline, padding rows' sampling
 parameters, LayerSkipDrafter's routes, greedy speculative decoding through draft positions == plain
-greedy. GPU: CUDA-graph replay == eager bitwise (steps, early exits, draft positions), greedy
-generation equal to the reference engine on a random-weight SmolLM2-135M-shape model; one Qwen3-30B-A3B
-MoE layer: graph == eager bitwise, logits within the policy.
+greedy. GPU: CUDA-graph replay == eager bitwise (steps, early exits, draft positions; the last two also on a
+Llama-3.2-1B-shape model, which runs the held prologue), greedy generation equal to the reference engine on a
+random-weight SmolLM2-135M-shape model; one Qwen3-30B-A3B MoE layer: graph == eager bitwise, logits within the
+policy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -24,6 +26,7 @@ import torch
 
 from lowlat.config import preset
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels.residual_gemv_held import held_residual_supported
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.engine import Engine, SamplingParams, reference_engine
@@ -317,14 +320,17 @@ def test_engine_greedy_generation_matches_reference_engine():
     assert_tokens_equal_or_near_tie(cfg, w, "cpu", prompts, got, want)
 
 
-def test_moe_layer_runs_through_moe_kernels():
-    """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference."""
+@pytest.mark.parametrize("moe_out_proj", ["auto", "norm_epilogue"])
+def test_moe_layer_runs_through_moe_kernels(moe_out_proj):
+    """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference: by default ("auto",
+    the split-K residual GEMV on the CPU) with the RMSNorm in the MoE's router launch, and with out_proj's RMSNorm
+    epilogue."""
     cfg = tiny(num_experts=4, top_k=2, moe_intermediate_size=32, architecture="Qwen3MoeForCausalLM",
                qk_norm=True)
     w = random_model_weights(cfg, seed=7)
     case = random_step(ctx_lens=[3, 6], new_rows=[1, 1], num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                        pad_to=4, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(8))
-    compare_step(cfg, w, case, widths=(4,))
+    compare_step(cfg, w, case, widths=(4,), moe_out_proj=moe_out_proj)
 
 
 def test_bad_step_raises_before_any_kv_write():
@@ -577,24 +583,11 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device)
     w = random_model_weights(cfg, seed=0).to(device=device)
     held = FusedModel(cfg, w, device=device, widths=(1, 6, 16))
     assert held.held_prologue and not any(held.defers_down(r) for r in (1, 2, 6, 16))
-    case = random_step(ctx_lens=[100, 3, 250, 0], new_rows=[1, 1, 4, 2], num_kv_heads=cfg.num_kv_heads,
-                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=12,
-                       generator=torch.Generator().manual_seed(5), device=device)
-    ks, vs = layer_caches(case, cfg.num_layers, 6)
-    k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
-    oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).forward(case.step, k64, v64)
-    kb, vb = [k.clone() for k in ks], [v.clone() for v in vs]
-    baseline = ReferenceModel(cfg, w).forward(case.step, kb, vb)
-    loc = case.step.out_cache_loc[:case.step.num_valid_rows].long()
+    mixed = MixedStep(cfg, w, device)
     for name, fm in (("held", FusedModel(cfg, w, device=device, widths=(12,))),
                      ("split_k", FusedModel(cfg, w, device=device, widths=(12,), held_prologue=False))):
         assert fm.held_prologue == (name == "held")
-        pool = fresh_pool(ks, vs)
-        logits = fm.forward(case.step, pool).clone()
-        check_accuracy("fused_model", logits, oracle, baseline, output=f"logits_{name}")
-        for i in range(cfg.num_layers):
-            check_accuracy("fused_model", pool.k_caches[i][loc], k64[i][loc], kb[i][loc], output=f"k_cache_{name}")
-            check_accuracy("fused_model", pool.v_caches[i][loc], v64[i][loc], vb[i][loc], output=f"v_cache_{name}")
+        mixed.check(fm, name)
     models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)))
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
@@ -818,6 +811,35 @@ def run_draft_position(fm, step, pool, n, rows):
 
     k_cap, need_noise = launch_flags(rows[0], rows[1], fm.cfg.vocab_size)
     return fm.draft_position(step, pool, n, *rows, k_cap=k_cap, need_noise=need_noise)
+
+
+class MixedStep:
+    """A mixed step of 12 rows (decode, verify and prefill-chunk rows: new rows 1 / 1 / 4 / 2 after 100 / 3 / 250 / 0
+    cached tokens, then padding), its per-layer caches and the reference's logits / K / V in float64 (oracle) and
+    bf16 (baseline); `check(fm, tag)` runs it through a FusedModel (width 12 among its widths) on a fresh pool and
+    checks logits and the written K / V against them within the policy."""
+
+    def __init__(self, cfg, w, device):
+        self.case = random_step(ctx_lens=[100, 3, 250, 0], new_rows=[1, 1, 4, 2], num_kv_heads=cfg.num_kv_heads,
+                                head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=12,
+                                generator=torch.Generator().manual_seed(5), device=device)
+        self.ks, self.vs = layer_caches(self.case, cfg.num_layers, 6)
+        self.k64, self.v64 = [k.double() for k in self.ks], [v.double() for v in self.vs]
+        step = self.case.step
+        self.oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).forward(step, self.k64, self.v64)
+        self.kb, self.vb = [k.clone() for k in self.ks], [v.clone() for v in self.vs]
+        self.baseline = ReferenceModel(cfg, w).forward(step, self.kb, self.vb)
+        self.loc = step.out_cache_loc[:step.num_valid_rows].long()
+
+    def check(self, fm, tag: str) -> None:
+        pool, loc = fresh_pool(self.ks, self.vs), self.loc
+        logits = fm.forward(self.case.step, pool).clone()
+        check_accuracy("fused_model", logits, self.oracle, self.baseline, output=f"logits_{tag}")
+        for i in range(len(self.ks)):
+            check_accuracy("fused_model", pool.k_caches[i][loc], self.k64[i][loc], self.kb[i][loc],
+                           output=f"k_cache_{tag}")
+            check_accuracy("fused_model", pool.v_caches[i][loc], self.v64[i][loc], self.vb[i][loc],
+                           output=f"v_cache_{tag}")
 
 
 def replay_after_nan(fm, case, ks, vs, buffers, want, tag: str) -> None:
@@ -1113,13 +1135,39 @@ def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monke
     assert eng.backend.counts["fused"] > 0
 
 
+#: the self-speculation GPU tests' models: one per attention prologue FusedModel runs
+SELF_SPEC_MODELS = ["SmolLM2-135M", "Llama-3.2-1B"]
+
+
+def _self_spec_model(model: str, device):
+    """(cfg, weights on `device`, draft depths n) of a self-speculation GPU test. SmolLM2-135M (30 layers, n = 4 and
+    29) runs the split-K prologue (`attn_prologue`); Llama-3.2-1B's shapes cut to 3 layers and a 4096-token vocabulary
+    (n = 1 and 2: early exits before the last layer, as SmolLM2's) run the held one (`attn_prologue_held`: held_prologue
+    "auto" on an sm_90 GPU), whose launch reads the step inputs before its PDL wait, so the draft graphs are tested
+    on both prologues."""
+    if model == "SmolLM2-135M":
+        return (*_smollm2_random(device), (4, 29))
+    cfg = preset(model).replace(num_layers=3, vocab_size=4096)
+    return cfg, random_model_weights(cfg, seed=0).to(device=device), (1, 2)
+
+
+def _assert_runs_its_prologue(model: str, *models: FusedModel) -> None:
+    """Every FusedModel of a `SELF_SPEC_MODELS` case runs the prologue the case is named for (the held one for
+    Llama-3.2-1B only), so a case cannot silently test the other kernel."""
+    for fm in models:
+        assert fm.held_prologue is (model == "Llama-3.2-1B"), (model, fm.held_prologue)
+
+
 @pytest.mark.gpu
-def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
+@pytest.mark.parametrize("model", SELF_SPEC_MODELS)
+def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device, model):
     """(width, n) graphs of the draft forward replay bitwise equal to an eager run, and interleaving
-    them with full steps leaves the full step's logits bitwise unchanged."""
-    cfg, w = _smollm2_random(device)
+    them with full steps leaves the full step's logits bitwise unchanged; with the split-K prologue (SmolLM2-135M)
+    and the held one (Llama-3.2-1B's shapes, 3 layers), asserted run."""
+    cfg, w, depths = _self_spec_model(model, device)
     eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False)
     graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True)
+    _assert_runs_its_prologue(model, eager, graphed)
     case = random_step(ctx_lens=[40, 7, 90], new_rows=[1, 1, 1], num_kv_heads=cfg.num_kv_heads,
                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(3),
                        device=device)
@@ -1128,7 +1176,7 @@ def test_gpu_early_exit_graph_equals_eager_and_full_step_unchanged(device):
     pb = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
     full = eager.forward(case.step, pa).clone()
     check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_captured_first")
-    for n in (4, 29):
+    for n in depths:
         a = eager.early_exit_hidden(case.step, pa, n).clone()
         for _ in range(2):                                   # capture, then a pure replay
             check_bitwise("fused_model", graphed.early_exit_hidden(case.step, pb, n), a, output=f"hidden_{n}")
@@ -1144,17 +1192,20 @@ def assert_same_draft(a, b, what: str) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_draft_position_graph_equals_eager_bitwise(device):
-    """Draft positions at widths 1 and 6 (5 valid rows + 1 padding row), n = 4 and 29, greedy-only and mixed
-    rows, PDL on: the DraftKey graph's capture run and a pure replay equal an eager run bitwise (tokens, lse,
-    cut values, logits, one_hot; K/V); the tokens are the standalone draft sampler's on early_exit_hidden's
-    rows; the full step's graph, captured first, replays unchanged after the drafts."""
+@pytest.mark.parametrize("model", SELF_SPEC_MODELS)
+def test_gpu_draft_position_graph_equals_eager_bitwise(device, model):
+    """Draft positions at widths 1 and 6 (5 valid rows + 1 padding row), two depths n (SmolLM2-135M: 4 and 29 of
+    30 layers, split-K prologue; Llama-3.2-1B's shapes: 1 and 2 of 3, the held prologue, asserted run), greedy-only
+    and mixed rows, PDL on: the DraftKey graph's capture run and a pure replay equal an eager run bitwise (tokens,
+    lse, cut values, logits, one_hot; K/V); the tokens are the standalone draft sampler's on early_exit_hidden's rows;
+    the full step's graph, captured first, replays unchanged after the drafts."""
     from lowlat.kernels.draft_sampling import draft_sample, launch_flags
     from lowlat.runtime.fused_model import DraftKey
 
-    cfg, w = _smollm2_random(device)
+    cfg, w, depths = _self_spec_model(model, device)
     eager = FusedModel(cfg, w, device=device, use_cuda_graphs=False)
     graphed = FusedModel(cfg, w, device=device, use_cuda_graphs=True)
+    _assert_runs_its_prologue(model, eager, graphed)
     assert graphed.use_pdl
     for rows, width in ((1, 1), (5, 6)):
         case = random_step(ctx_lens=[40 + 7 * i for i in range(rows)], new_rows=[1] * rows,
@@ -1164,7 +1215,7 @@ def test_gpu_draft_position_graph_equals_eager_bitwise(device):
         pa, pb = fresh_pool(ks, vs), fresh_pool(ks, vs)
         full = eager.forward(case.step, pa).clone()
         check_bitwise("fused_model", graphed.forward(case.step, pb), full, output="logits_captured_first")
-        for n in (4, 29):
+        for n in depths:
             for rows_case in ("greedy", "mixed"):
                 d = draft_rows(rows_case, rows, seed=n)
                 a = run_draft_position(eager, case.step, pa, n, d)
@@ -1217,3 +1268,52 @@ def test_draft_position_refuses_a_hidden_size_its_norm_kernel_cannot_take(monkey
         fm.draft_position(case.step, pool, 2, *draft_rows("mixed", 3, seed=1), k_cap=8, need_noise=True)
     for i in range(cfg.num_layers):
         check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ks[i].nan_to_num(7.0), output="k_cache")
+
+
+def test_moe_out_proj_forms_resolve_and_refuse():
+    """`FusedModel(moe_out_proj=...)`: the default is "norm_epilogue"; "auto" resolves to "held" where
+    `held_residual_supported` allows (an sm_90 GPU; the GPU test below) else "split_k" (the CPU here); "held" where it
+    is not supported raises UnsupportedConfigError with the reason; anything outside MOE_OUT_PROJ_FORMS raises
+    StepContractError; dense models ignore it (None)."""
+    cfg = tiny(num_experts=4, top_k=2, moe_intermediate_size=32, architecture="Qwen3MoeForCausalLM", qk_norm=True)
+    w = random_model_weights(cfg, seed=7)
+    assert FusedModel(cfg, w, device="cpu", widths=(4,)).moe_out_proj == "norm_epilogue"
+    assert FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj="auto").moe_out_proj == "split_k"
+    for form in ("split_k", "norm_epilogue"):
+        assert FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj=form).moe_out_proj == form
+    why = held_residual_supported(cfg.hidden_size, cfg.q_size, "cpu")
+    with pytest.raises(UnsupportedConfigError, match=re.escape(f"moe_out_proj='held': {why}")):
+        FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj="held")
+    for bad in ("fast", True, None, "HELD"):
+        with pytest.raises(StepContractError, match="moe_out_proj="):
+            FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj=bad)
+    dense = tiny()
+    assert FusedModel(dense, random_model_weights(dense, seed=1), device="cpu", widths=(4,),
+                      moe_out_proj="held").moe_out_proj is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["held", "split_k", "norm_epilogue"])
+def test_gpu_moe_out_proj_forms_within_policy_row_invariant_and_replayed(device, form):
+    """One Qwen3-30B-A3B layer (random weights, vocab cut to 4096) with each form of the MoE layers' output projection
+    (`moe_out_proj`: "held", what "auto" picks on an sm_90 GPU, and "split_k" leave the RMSNorm to the MoE's router
+    launch; "norm_epilogue", the default, is out_proj writing h): a mixed step (decode, verify and prefill-chunk rows,
+    padding) within the policy against the float64 reference (logits, K / V); graphed decode steps of 1 / 6 / 16 rows
+    give bitwise the logits and KV of a 48-row width (row invariance with padding), and the same logits on a pure replay
+    with h (the normed rows the experts read) and the attention output NaN first (a launch reading them before they are
+    rewritten
+    would show)."""
+    from lowlat.bench import random_weights_on_device
+
+    cfg = preset("Qwen3-30B-A3B").replace(num_layers=1, vocab_size=4096)
+    w = random_weights_on_device(cfg, device, seed=0)
+    if form == "held":
+        assert FusedModel(cfg, w, device=device, widths=(1,), moe_out_proj="auto").moe_out_proj == "held"   # H200
+    fm = FusedModel(cfg, w, device=device, widths=(1, 6, 12, 16), moe_out_proj=form)
+    assert fm.moe_out_proj == form
+    MixedStep(cfg, w, device).check(fm, form)
+    models = dict(on=fm, wide=FusedModel(cfg, w, device=device, widths=(48,), moe_out_proj=form))
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm._full["h"], fm._full["attn"]), on, f"_r{rows}")

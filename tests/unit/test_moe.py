@@ -3,8 +3,12 @@
 CPU (Triton interpreter, tiny shapes): routing bitmap equality incl. deliberate ties, placement on
 forced routings incl. degenerate bitmaps, the full block within the numerics policy, padding rows,
 a dense MLP split into experts, NaN weights of inactive experts, typed errors, and a compile of
-every kernel for sm_90. GPU (`-m gpu`, Qwen3-30B-A3B shapes: H 2048, E 128, top-8, Ie 768): the
-same properties at full size, bitwise run-to-run determinism, row invariance, CUDA graphs and PDL.
+every kernel for sm_90. The RMSNorm in the router launch (`moe_forward(norm_weight=..., eps=...)`):
+the normed rows within the policy of `reference.rms_norm` and every element written, the block bitwise
+the unnormed path fed those rows and within the policy of x + moe(rms_norm(x)), in place, typed
+refusals, its sm_90 build (no spills, x read only after the PDL wait). GPU (`-m gpu`, Qwen3-30B-A3B
+shapes: H 2048, E 128, top-8, Ie 768): the same properties at full size, bitwise run-to-run
+determinism, row invariance, CUDA graphs and PDL, with and without the norm.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from lowlat.kernels import moe as kmoe
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
 from lowlat.reference.mlp import swiglu_mlp
 from lowlat.reference.moe import moe, moe_experts, route_topk
+from lowlat.reference.rms_norm import rms_norm
 from lowlat.weights import LayerWeights, random_layer_weights
 
 ON_GPU = torch.cuda.is_available()
@@ -166,6 +171,41 @@ def check_forward(out, h, x, lw, cfg, nv, *, output="out"):
     check_valid_rows(out, orc, base, nv, output)
     if nv < x.shape[0]:
         check_bitwise("moe", out[nv:], x[nv:], output="padding_rows")
+
+
+#: block sizes that split the router launch: HS 32 hidden per program in two BK_ROUTER 16 steps (so NSPLIT > 1
+#: from H 48 on) and BE 16 experts per program (two expert blocks from E 17 on); the later launches' blocks as
+#: wide as the tiny dims (the interpreter's cost is per program)
+SPLIT_CONFIG = kmoe.MoEKernelConfig(BE=16, HS=32, BK_ROUTER=16, BR=16, BN=64, BK=128, BNH=128, BKI=64, BH=128)
+
+
+def norm_weight_of(g: torch.Generator, hidden: int, device) -> torch.Tensor:
+    """A random RMSNorm weight [H] bf16, far from all ones (spread 0.5 around 1, a few negative)."""
+    return (1.0 + 0.5 * torch.randn(hidden, generator=g)).to(device=device, dtype=torch.bfloat16)
+
+
+def run_norm_forward(x, residual, lw, cfg, nv, norm_weight, eps, *, nv_tensor: bool = False, **kw):
+    """moe_forward(x, residual, ..., norm_weight, eps) into NaN-poisoned out and h_out: (out, hn)."""
+    out, hn = poison(torch.empty_like(residual)), poison(torch.empty_like(x))
+    nv_arg = torch.tensor([nv], dtype=torch.int32, device=x.device) if nv_tensor else nv
+    res = kmoe.moe_forward(x, residual, lw, cfg, nv_arg, norm_weight=norm_weight, eps=eps, h_out=hn, out=out, **kw)
+    assert res is out
+    return out, hn
+
+
+def check_norm_forward(out, hn, x, residual, norm_weight, eps, lw, cfg, nv, *, lw64=None):
+    """hn (every row, padding ones too) within the policy of rms_norm(x) and every element written (a NaN left
+    by the poison fails check_accuracy); out within the policy of residual + moe(rms_norm(x)) on the valid
+    rows and == residual bitwise on the padding rows."""
+    x64, w64 = oracle_cast(x), oracle_cast(norm_weight)
+    h_base, h_orc = rms_norm(x, norm_weight, eps), rms_norm(x64, w64, eps)
+    check_accuracy("rms_norm", hn, h_orc, h_base, output="moe_hn")
+    base = expected_forward(h_base, residual, lw, cfg.top_k, cfg.norm_topk_prob, nv)
+    orc = expected_forward(h_orc, oracle_cast(residual), lw64 if lw64 is not None else oracle_weights(lw),
+                           cfg.top_k, cfg.norm_topk_prob, nv)
+    check_valid_rows(out, orc, base, nv, "out_norm")
+    if nv < x.shape[0]:
+        check_bitwise("moe", out[nv:], residual[nv:], output="padding_rows")
 
 
 # ----------------------------------------------------------------------------------------- routing
@@ -358,6 +398,102 @@ def test_inactive_expert_weights_never_read_routed(device, m, seed):
     check_bitwise("moe", dirty, clean, output="inactive_nan")
 
 
+# ----------------------------------------------------------------------------------------- RMSNorm in the router
+@QUICK
+@given(m=st.integers(1, MAX_M), data=st.data(), experts=st.sampled_from([4, 8, 20]),
+       shape=st.sampled_from([(32, 16), (80, 48), (96, 48)]), shared=st.sampled_from([0, 24]),
+       renormalize=st.booleans(), nv_tensor=st.booleans(), split=st.booleans(),
+       residual=st.sampled_from(["x", "other"]), scale=st.sampled_from([0.05, 1.0, 4.0]),
+       eps=st.sampled_from([1e-6, 1e-5, 1e-2]), seed=st.integers(0, 2**16))
+def test_moe_forward_norm_in_router_launch(device, m, data, experts, shape, shared, renormalize, nv_tensor, split,
+                                           residual, scale, eps, seed):
+    """moe_forward(x, r, norm_weight=g, eps=eps, h_out=hn): (a) hn within the policy of rms_norm(x, g, eps), every
+    element of its M rows written (padding rows too); (b) out bitwise == moe_forward(hn, r) (the unnormed path
+    fed the rows it wrote); (c) out within the policy of r + moe(rms_norm(x)), padding rows == r bitwise.
+    split: the router launch in several hidden slices (NSPLIT 1..3, two BK steps each) and, at 20 experts,
+    two expert blocks (only block 0 stores hn); H 80 is ragged (masked columns)."""
+    nv = data.draw(st.integers(0, m), label="num_valid_rows")
+    top_k = data.draw(st.integers(1, min(experts, 3)), label="top_k")
+    hidden, inter = shape
+    cfg = tiny_cfg(hidden=hidden, experts=experts, top_k=top_k, inter=inter, shared=shared,
+                   renormalize=renormalize)
+    g = torch.Generator().manual_seed(seed)
+    lw = moe_weights(cfg, seed, device)
+    x = rand_rows(g, m, hidden, device, scale)
+    r = x if residual == "x" else rand_rows(g, m, hidden, device)
+    norm_weight = norm_weight_of(g, hidden, device)
+    config = SPLIT_CONFIG if split else None
+    x_before, r_before = x.clone(), r.clone()
+    out, hn = run_norm_forward(x, r, lw, cfg, nv, norm_weight, eps, nv_tensor=nv_tensor, config=config)
+    assert torch.equal(x, x_before) and torch.equal(r, r_before), "an input was written"
+    check_norm_forward(out, hn, x, r, norm_weight, eps, lw, cfg, nv)
+    plain = run_forward(hn.clone(), r, lw, cfg, nv, nv_tensor=nv_tensor, config=config)
+    check_bitwise("moe", out, plain, output="norm_vs_unnormed_path")
+
+
+@pytest.mark.parametrize("hidden,scale,eps", [(80, 0.05, 1e-2), (96, 4.0, 1e-6)])
+def test_moe_forward_norm_split_router_most_rows(device, hidden, scale, eps):
+    """The property test's claims (a)-(c) at MAX_M rows with padding, the router launch split in NSPLIT 3 hidden
+    slices x 2 expert blocks (20 experts), H ragged (80) or not (96), eps dominating mean(x^2) or negligible."""
+    cfg = tiny_cfg(hidden=hidden, experts=20, top_k=3, inter=48, shared=24)
+    m, nv = MAX_M, MAX_M - 3
+    g = torch.Generator().manual_seed(hidden)
+    lw = moe_weights(cfg, hidden, device)
+    x = rand_rows(g, m, hidden, device, scale)
+    norm_weight = norm_weight_of(g, hidden, device)
+    out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=SPLIT_CONFIG)
+    check_norm_forward(out, hn, x, x, norm_weight, eps, lw, cfg, nv)
+    plain = run_forward(hn.clone(), x, lw, cfg, nv, config=SPLIT_CONFIG)
+    check_bitwise("moe", out, plain, output="norm_vs_unnormed_path")
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_norm_rows_bitwise_the_reference_on_exact_sums(device, split, eps):
+    """x in multiples of 1/8 in [-2, 2] (never 0): every partial sum of a row's squares is a multiple of 2^-6
+    below 4H, exact in fp32 in any order, so the statistic is torch's and hn must be the CPU reference's
+    rms_norm(x, g, eps) bit for bit — both roundings, in its order (the policy check alone would pass one
+    rounding dropped)."""
+    m, hidden = 9, 96
+    cfg = tiny_cfg(hidden=hidden, experts=20, top_k=2, inter=16)
+    g = torch.Generator().manual_seed(23)
+    lw = moe_weights(cfg, 23, device)
+    sign = 1 - 2 * torch.randint(0, 2, (m, hidden), generator=g)
+    x = (torch.randint(1, 17, (m, hidden), generator=g) * sign * 0.125).to(device=device, dtype=torch.bfloat16)
+    norm_weight = norm_weight_of(g, hidden, device)
+    _, hn = run_norm_forward(x, x, lw, cfg, 6, norm_weight, eps, config=SPLIT_CONFIG if split else None)
+    check_bitwise("rms_norm", hn.cpu(), rms_norm(x.cpu(), norm_weight.cpu(), eps), output="moe_hn_exact")
+
+
+@pytest.mark.parametrize("h_out_given", [False, True])
+@pytest.mark.parametrize("nv_tensor,shared", [(False, 0), (True, 24)])
+def test_moe_forward_norm_in_place(device, h_out_given, nv_tensor, shared):
+    """out = x_residual = h, one tensor (FusedModel's in-place residual add): the same out and hn as with separate
+    buffers, hn in h_out or (none given) in workspace.h."""
+    cfg = tiny_cfg(hidden=96, experts=20, top_k=3, inter=48, shared=shared)
+    m, nv, eps = 7, 5, 1e-5
+    g = torch.Generator().manual_seed(31)
+    lw = moe_weights(cfg, 31, device)
+    x = rand_rows(g, m, 96, device, 2.0)
+    norm_weight = norm_weight_of(g, 96, device)
+    out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=SPLIT_CONFIG)
+    ws = kmoe.MoEWorkspace.allocate(max_rows=8, hidden=96, num_experts=20, slots_per_row=3, moe_inter=48,
+                                    shared_inter=shared, device=device, config=SPLIT_CONFIG)
+    poison(ws.h)
+    h_out = poison(torch.empty_like(x)) if h_out_given else None
+    xs = x.clone()
+    nv_arg = torch.tensor([nv], dtype=torch.int32, device=device) if nv_tensor else nv
+    res = kmoe.moe_forward(xs, xs, lw, cfg, nv_arg, norm_weight=norm_weight, eps=eps, h_out=h_out, out=xs,
+                           workspace=ws, config=SPLIT_CONFIG)
+    assert res is xs
+    check_bitwise("moe", xs, out, output="norm_in_place")
+    check_bitwise("moe", h_out if h_out_given else ws.h[:m], hn, output="norm_in_place_hn")
+    if h_out_given:
+        assert ws.h.isnan().all(), "workspace.h written although h_out was given"
+    else:
+        assert ws.h[m:].isnan().all(), "workspace.h written past row M"
+
+
 # ----------------------------------------------------------------------------------------- errors
 def _error_cases(device):
     cfg = tiny_cfg(hidden=32, experts=4, top_k=2, inter=16)
@@ -418,6 +554,71 @@ def test_route_bad_top_k_and_forced_bad_bitmap(device):
         kmoe.moe_experts_forced(h, x, bad.bool(), torch.zeros(3, 4, device=device, dtype=torch.bfloat16), lw, 3)
 
 
+def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
+    """norm_weight / eps / h_out refused (StepContractError naming the value) before any write: out, h_out,
+    h, x_residual and the workspace's normed-rows buffer unchanged."""
+    cfg, lw, h, x, _ = _error_cases(device)
+    m, hidden = h.shape
+    bf16 = torch.bfloat16
+    norm_weight = norm_weight_of(torch.Generator().manual_seed(5), hidden, device)
+    meta = torch.device("meta")                     # a device other than h's on any machine
+    ws = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=4, slots_per_row=2, moe_inter=16,
+                                    device=device)
+    ws.h.copy_(h)                                   # the pre-norm rows kept in the workspace's own buffer
+    ws_no_h = kmoe.MoEWorkspace(**{**vars(ws), "h": None})
+    h_big = torch.cat([h, torch.full_like(h, 7.0)])     # h and h_out: two views of one storage
+    w_big = torch.full(((m + 1) * hidden,), 7.0, dtype=bf16, device=device)
+    w_big[:hidden] = norm_weight                   # norm_weight and h_out: two views of one storage
+
+    def sentinel(*shape, dtype=bf16):
+        return torch.full(shape, 7.0, dtype=dtype, device=device)
+
+    cases = [
+        ("norm_weight shape", dict(norm_weight=norm_weight[:16].clone()), "norm_weight must have shape"),
+        ("norm_weight 2-D", dict(norm_weight=norm_weight[None]), "norm_weight must have shape"),
+        ("norm_weight dtype", dict(norm_weight=norm_weight.float()), "norm_weight must be torch.bfloat16"),
+        ("norm_weight device", dict(norm_weight=torch.empty(hidden, dtype=bf16, device=meta)),
+         "norm_weight is on meta"),
+        ("norm_weight strided", dict(norm_weight=torch.stack([norm_weight, norm_weight], 1)[:, 0]),
+         "norm_weight must be contiguous"),
+        ("norm_weight list", dict(norm_weight=norm_weight.tolist()), "norm_weight must be a torch.Tensor"),
+        ("eps missing", dict(eps=None), "eps=None must be a finite float > 0"),
+        ("eps zero", dict(eps=0.0), "eps=0.0 must be"),
+        ("eps negative", dict(eps=-1e-6), "eps=-1e-06 must be"),
+        ("eps nan", dict(eps=float("nan")), "eps=nan must be"),
+        ("eps inf", dict(eps=float("inf")), "eps=inf must be"),
+        ("eps bool", dict(eps=True), "eps=True must be"),
+        ("eps str", dict(eps="1e-6"), "eps='1e-6' must be"),
+        ("eps without norm_weight", dict(norm_weight=None, h_out=None), "eps=1e-06 given without norm_weight"),
+        ("h_out without norm_weight", dict(norm_weight=None, eps=None), "h_out given without norm_weight"),
+        ("h_out shape", dict(h_out=sentinel(m - 1, hidden)), "h_out must have shape"),
+        ("h_out dtype", dict(h_out=sentinel(m, hidden, dtype=torch.float32)), "h_out must be torch.bfloat16"),
+        ("h_out device", dict(h_out=torch.empty(m, hidden, dtype=bf16, device=meta)), "h_out is on meta"),
+        ("h_out rows overlap", dict(h_out=sentinel(1, hidden).expand(m, hidden)), "h_out's rows overlap"),
+        ("h_out is h", dict(h_out="h"), "h_out shares storage with h"),
+        ("h_out beside h", dict(h=h_big[:m], h_out=h_big[m:]), "h_out shares storage with h"),
+        ("h_out is x_residual", dict(h_out="x_residual"), "h_out shares storage with x_residual"),
+        ("h_out is out", dict(h_out="out"), "h_out shares storage with out"),
+        ("h_out beside norm_weight", dict(norm_weight=w_big[:hidden], h_out=w_big[hidden:].view(m, hidden)),
+         "h_out shares storage with norm_weight"),
+        ("workspace.h is h", dict(h=ws.h[:m], h_out=None, workspace=ws), "workspace.h shares storage with h"),
+        ("workspace without h", dict(h_out=None, workspace=ws_no_h), "workspace.h is None"),
+    ]
+    for name, change, msg in cases:
+        args = dict(h=h.clone(), x_residual=x.clone(), lw=lw, cfg=cfg, num_valid_rows=3, norm_weight=norm_weight,
+                    eps=1e-6, h_out=sentinel(m, hidden), out=sentinel(m, hidden))
+        args.update(change)
+        if isinstance(args["h_out"], str):
+            args["h_out"] = args[args["h_out"]]
+        before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.device == h.device}
+        ws_h = ws.h.clone()
+        with pytest.raises(StepContractError, match=msg):
+            kmoe.moe_forward(**args)
+        for k, v in before.items():
+            assert torch.equal(args[k], v), f"{name}: {k} was written before the error"
+        assert torch.equal(ws.h, ws_h), f"{name}: workspace.h was written before the error"
+
+
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels themselves")
 def test_use_pdl_refused_under_interpreter(device):
     cfg, lw, h, x, _ = _error_cases(device)
@@ -455,7 +656,43 @@ def test_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stdout.count(" ok ") == 24, r.stdout
+    assert r.stdout.count(" ok ") == 26, r.stdout
+    assert r.stdout.count("router_logits_norm ") == 2, r.stdout
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
+def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
+    """The router launch's NORM variant at Qwen3-30B-A3B shapes, built as a launch specialises it (16-divisible
+    strides, H and E; launch_pdl with PDL): no spills; with PDL one `griddepcontrol.wait`, and before it only
+    the loads the plain variant issues there (the router's first weight slice) plus the norm weight's first
+    slice: no read of x (the previous launch's output), no store, no tensor-core product."""
+    from sampling_stats import compile_sm90
+
+    cfg = preset("Qwen3-30B-A3B")
+    specs, names = [], []
+    for pdl in (False, True):
+        for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(cfg.hidden_size, cfg.num_experts,
+                                                              cfg.moe_intermediate_size, cfg.top_k, use_pdl=pdl):
+            if fn is not kmoe._router_logits_kernel:
+                continue
+            names.append((name, pdl))
+            specs.append({"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
+                          "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
+                          "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
+                          "launch_pdl": pdl, "ptx": True, **opts})
+    assert sorted(names) == sorted([(n, p) for n in ("router_logits", "router_logits_norm") for p in (False, True)])
+    info = dict(zip(names, compile_sm90("lowlat.kernels.moe:_router_logits_kernel", specs)))
+    for pdl in (False, True):
+        norm = info[("router_logits_norm", pdl)]
+        assert norm["spill_bytes"] == 0, {k: v for k, v in norm.items() if k != "ptx"}
+    heads = {}
+    for name in ("router_logits", "router_logits_norm"):
+        ptx = info[(name, True)]["ptx"]
+        assert ptx.count("griddepcontrol.wait") == 1, name
+        head = ptx.partition("griddepcontrol.wait")[0]
+        assert "st.global" not in head and "mma" not in head, name
+        heads[name] = head.count("ld.global")
+    assert 1 <= heads["router_logits"] <= heads["router_logits_norm"] <= heads["router_logits"] + 2, heads
 
 
 # ----------------------------------------------------------------------------------------- GPU, full size
@@ -628,3 +865,90 @@ def test_qwen3_cuda_graph_replay_bitwise_equals_eager(qwen, device, use_pdl):
         eager = run_forward(h, x, lw, cfg, valid)
         check_bitwise("moe", out, eager, output="graph_vs_eager")
         _qwen_check(out, h, x, cfg, lw, lw64, valid)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,nv", [(1, 1), (6, 6), (48, 48), (48, 41)])
+def test_qwen3_norm_within_policy(qwen, device, m, nv):
+    """The RMSNorm in the router launch at full size: hn within the policy of rms_norm(x), out within the policy
+    of x + moe(rms_norm(x)) (padding rows == x), and out bitwise the unnormed path fed hn."""
+    cfg, lw, lw64 = qwen
+    g = torch.Generator().manual_seed(100 + m + nv)
+    x = rand_rows(g, m, cfg.hidden_size, device)
+    norm_weight = norm_weight_of(g, cfg.hidden_size, device)
+    out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, cfg.rms_eps)
+    check_norm_forward(out, hn, x, x, norm_weight, cfg.rms_eps, lw, cfg, nv, lw64=lw64)
+    plain = run_forward(hn.clone(), x, lw, cfg, nv)
+    check_bitwise("moe", out, plain, output="norm_vs_unnormed_path")
+
+
+@pytest.mark.gpu
+def test_qwen3_norm_deterministic_and_row_invariant(qwen, device):
+    """Bitwise, hn and out: two runs; each row alone (M=1) == that row among 48; the first 30 rows at M=30 and at
+    M=48 with 18 different padding rows; in place (out = x_residual = h, hn in the workspace) == separate buffers."""
+    cfg, lw, _ = qwen
+    hidden, eps = cfg.hidden_size, cfg.rms_eps
+    g = torch.Generator().manual_seed(15)
+    x = rand_rows(g, 48, hidden, device)
+    norm_weight = norm_weight_of(g, hidden, device)
+    out, hn = run_norm_forward(x, x, lw, cfg, 48, norm_weight, eps)
+    out2, hn2 = run_norm_forward(x, x, lw, cfg, 48, norm_weight, eps)
+    check_bitwise("moe", out2, out, output="norm_run_to_run")
+    check_bitwise("moe", hn2, hn, output="norm_run_to_run_hn")
+    for i in range(48):
+        xi = x[i:i + 1].clone()
+        o1, h1 = run_norm_forward(xi, xi, lw, cfg, 1, norm_weight, eps)
+        check_bitwise("moe", h1, hn[i:i + 1], output=f"norm_row{i}_m1_hn")
+        check_bitwise("moe", o1, out[i:i + 1], output=f"norm_row{i}_m1")
+    xp = x.clone()
+    xp[30:] = rand_rows(g, 18, hidden, device)               # different padding contents
+    padded, hp = run_norm_forward(xp, xp, lw, cfg, 30, norm_weight, eps)
+    x30 = x[:30].clone()
+    short, hs = run_norm_forward(x30, x30, lw, cfg, 30, norm_weight, eps)
+    for name, o, h_ in (("padding", padded, hp), ("width", short, hs)):
+        check_bitwise("moe", o[:30], out[:30], output=f"norm_row_invariance_{name}")
+        check_bitwise("moe", h_[:30], hn[:30], output=f"norm_row_invariance_{name}_hn")
+    ws = kmoe.MoEWorkspace.for_config(cfg, 48, device)
+    xs = x.clone()
+    kmoe.moe_forward(xs, xs, lw, cfg, 48, norm_weight=norm_weight, eps=eps, out=xs, workspace=ws)
+    check_bitwise("moe", xs, out, output="norm_in_place")
+    check_bitwise("moe", ws.h[:48], hn, output="norm_in_place_hn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_pdl", [False, True])
+def test_qwen3_norm_cuda_graph_replay_bitwise_equals_eager(qwen, device, use_pdl):
+    """FusedModel's call captured once — in place (out = x_residual = h), hn into the preallocated workspace,
+    num_valid_rows on the device — and replayed on new rows: out and hn bitwise the eager run's (separate
+    buffers, no PDL), and within the policy."""
+    cfg, lw, lw64 = qwen
+    m, hidden, eps = 16, cfg.hidden_size, cfg.rms_eps
+    ws = kmoe.MoEWorkspace.for_config(cfg, m, device)
+    g = torch.Generator().manual_seed(17)
+    norm_weight = norm_weight_of(g, hidden, device)
+    xs = rand_rows(g, m, hidden, device)
+    nv = torch.tensor([m], dtype=torch.int32, device=device)
+
+    def step():
+        kmoe.moe_forward(xs, xs, lw, cfg, nv, norm_weight=norm_weight, eps=eps, out=xs, workspace=ws,
+                         use_pdl=use_pdl)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()                                              # warm-up / compile
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for valid in (16, 9):
+        x = rand_rows(g, m, hidden, device)
+        xs.copy_(x)
+        nv.fill_(valid)
+        poison(ws.h)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager, hn = run_norm_forward(x, x, lw, cfg, valid, norm_weight, eps)
+        check_bitwise("moe", xs, eager, output="norm_graph_vs_eager")
+        check_bitwise("moe", ws.h[:m], hn, output="norm_graph_vs_eager_hn")
+        check_norm_forward(xs, ws.h[:m], x, x, norm_weight, eps, lw, cfg, valid, lw64=lw64)
