@@ -38,6 +38,8 @@ the next launch at their start; auto, the default since session 24: those over 8
 --held-prologue auto|on|off (session 25): FusedModel's held_prologue (the attention prologue with its weights held in
 registers across the wait, `kernels/attn_prologue_held.py`; auto, the default: where the model allows it); it has its
 own bits, so the logits checksum differs between on and off (each is row invariant).
+--held-fold build|registers (session 26): fused_model.HELD_FOLD (the held prologue's norm weight multiplied into the
+weights at build or in the kernel's registers; the same bits).
 --moe-out-proj auto|held|split_k|norm_epilogue (session 26): FusedModel's moe_out_proj (MoE layers' output
 projection: the held residual GEMV, the split-K one, both with the RMSNorm in the MoE's router launch, or the
 RMSNorm epilogue in out_proj as before); each has its own bits.
@@ -95,6 +97,7 @@ def main() -> None:
                         "session 24)")
     p.add_argument("--held-prologue", default=None, choices=["auto", "on", "off"])
     p.add_argument("--moe-out-proj", default=None, choices=["auto", "held", "split_k", "norm_epilogue"])
+    p.add_argument("--held-fold", default=None, choices=["build", "registers"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -151,6 +154,9 @@ def main() -> None:
         defer["held_prologue"] = {"auto": "auto", "on": True, "off": False}[a.held_prologue]
     if a.moe_out_proj is not None:
         defer["moe_out_proj"] = a.moe_out_proj
+    if a.held_fold is not None:                 # read by FusedModel at build
+        import lowlat.runtime.fused_model as fmod
+        fmod.HELD_FOLD = a.held_fold
     fm = FusedModel(cfg, w, device=dev, widths=tuple(sorted(set(order))), validate=False, **defer)
     if a.plan_d:                     # GemvPlan fields that move no arithmetic (warps, stages) keep the logits
         fm.plan_down = dataclasses.replace(fm.plan_down, **{"by_row_blocks": (), **json.loads(a.plan_d)})
@@ -159,7 +165,7 @@ def main() -> None:
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
                prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
                defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
-               held_prologue=fm.held_prologue, moe_out_proj=fm.moe_out_proj,
+               held_prologue=fm.held_prologue, moe_out_proj=fm.moe_out_proj, held_folded=fm._held_folded,
                widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
@@ -184,7 +190,8 @@ def summary(out: dict) -> str:
              f"min {out.get('attn_min_groups', '-')} kv_stages {out.get('kv_stages', 'default')} "
              f"prologue_pdl {out.get('prologue_pdl', 'on')} defer {out.get('defer', 'off')} defer_down "
              f"{out.get('defer_down', 'off')} fold {out.get('fold', 0)} early_release={','.join(out.get('early_release', ())) or 'off'} "
-             f"held_prologue {out.get('held_prologue', False)} moe_out_proj {out.get('moe_out_proj')} "
+             f"held_prologue {out.get('held_prologue', False)} held_folded {out.get('held_folded')} "
+             f"moe_out_proj {out.get('moe_out_proj')} "
              f"down "
              f"{out['plan_down'].replace('GemvPlan', '')} logits {[round(x, 3) for x in out['logits_check'][:2]]}"]
     for w, v in out["widths"].items():

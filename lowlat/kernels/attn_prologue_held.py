@@ -21,8 +21,8 @@ kernel (PDL-chained over rotating cold copies, `bench/explore/explore34.py`, ses
 bench/results/session25/call3/explore34.json): 4.47 / 4.75 / 6.58 / 13.75 us at 1 / 6 / 16 / 48 rows against the
 split-K prologue's 7.83 / 8.15 / 8.27 / 16.16 in the same run (67% of copy bandwidth at 1 row against 38%). This
 launcher (call 4, `bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 6 16 48`, one run): 4.50 / 4.67 / 6.59 /
-13.94 us with g multiplied in registers, 4.69 / 5.64 / 6.38 / 13.92 on `fold_attn_norm`'s weights (FusedModel's form),
-against 7.75 / 8.02 / 8.16 / 16.01.
+13.94 us with g multiplied in registers (FusedModel's form since session 26, `fused_model.HELD_FOLD`), 4.69 / 5.64 /
+6.38 / 13.92 on `fold_attn_norm`'s weights, against 7.75 / 8.02 / 8.16 / 16.01.
 
 Tiling (fixed: a row's arithmetic must not depend on M): program p takes the 8 RoPE pairs p0..p0+7 (p0 = 8 p) of one
 head, i.e. 16 weight rows (the mma's m: tile row t < 8 the lower-half row, t + 8 its upper partner, so a thread of

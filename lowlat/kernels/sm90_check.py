@@ -159,16 +159,18 @@ def held_prologue_variants(cfg, row_blocks) -> list[dict]:
     (`runs_held_prologue`); else one per 8-row block count NMB = ceil(width / 8) of FusedModel's default widths
     within those counts (1 / 2 / 3 blocks of 16: NMB 1-2 / 3-4 / 6, every NMB FusedModel launches by default; the
     kernel unrolls its NMB blocks), each with what `FusedModel._run`'s launch passes: K = H, D = head_dim,
-    NVR_FROM_PTR (num_valid_rows the device tensor nvalid), USE_PDL, FOLD_G False (the weights folded at build by
-    `fold_attn_norm`, attn_norm None) and the launcher's warps / K slices / row block (Q, S, RB)."""
+    NVR_FROM_PTR (num_valid_rows the device tensor nvalid), USE_PDL, FOLD_G (`fused_model.HELD_FOLD` "registers": the
+    norm weight multiplied in registers; "build": `fold_attn_norm`'s weights, attn_norm None) and the launcher's warps /
+    K slices / row block (Q, S, RB)."""
     from lowlat.kernels._gemv import row_blocks as blocks_of
     from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
-    from lowlat.runtime.fused_model import DEFAULT_WIDTHS
+    from lowlat.runtime.fused_model import DEFAULT_WIDTHS, HELD_FOLD
 
     if not runs_held_prologue(cfg):
         return []
     nmbs = sorted({-(-w // ROW_BLOCK) for w in DEFAULT_WIDTHS if blocks_of(w) in row_blocks})
-    return [dict(K=cfg.hidden_size, D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True, FOLD_G=False, Q=WARPS,
+    return [dict(K=cfg.hidden_size, D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True,
+                 FOLD_G=HELD_FOLD == "registers", Q=WARPS,
                  S=SLICES, RB=ROW_BLOCK) for nmb in nmbs]
 
 

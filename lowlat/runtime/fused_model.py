@@ -108,12 +108,21 @@ EARLY_RELEASE_MIN_BYTES = 8_000_000
 EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
 #: The attention prologue with its weights held in registers across the PDL wait (`attn_prologue_held`): "auto" runs
 #: it wherever `held_prologue_supported` allows (the Llama family: no QKV bias or QK-norm, H a power of two in
-#: 256..2048, on sm_90) and no explicit defer_down > 0 asks for the down's deferral. Per kernel, Llama-3.2-1B, on the
-#: folded weights FusedModel stores (session 25 call 4, bench_attn_prologue.py, one run): 4.69 / 5.64 / 6.38 / 13.92 us
-#: at 1 / 6 / 16 / 48 rows (g multiplied in registers: 4.50 / 4.67 / 6.59 / 13.94) against the split-K prologue's
-#: 7.75 / 8.02 / 8.16 / 16.01. In the step (explore26, ABBA): -37.6 / -53.8 / -46.6 / -64.4 us. It takes no deferred
+#: 256..2048, on sm_90) and no explicit defer_down > 0 asks for the down's deferral. Per kernel, Llama-3.2-1B, g
+#: multiplied in registers (HELD_FOLD "registers", session 26 call 2, bench_attn_prologue.py, two runs): 4.49-4.51 /
+#: 4.67-4.68 / 6.56-6.59 / 13.90-13.91 us at 1 / 6 / 16 / 48 rows against the split-K prologue's 7.74-7.75 / 8.01-8.02 /
+#: 8.12-8.17 / 16.05-16.06. In the step (session 25, explore26, ABBA, on folded weights): -37.6 / -53.8 / -46.6 / -64.4
+#: us; HELD_FOLD "registers" a further -10.0 / -15.2 / +1.4 / -16.1 (session 26 call 4). It takes no deferred
 #: input, so a model running it never defers the down projection's reduction (`defers_down`).
 HELD_PROLOGUE = "auto"
+#: Where a held-prologue model applies the attention RMSNorm weight g to its QKV weights (read at build): "registers"
+#: (the kernel multiplies g into its held weights before its wait, FOLD_G) or "build" (`fold_attn_norm` once, FOLD_G
+#: off). The same bits either way (`fold_attn_norm`'s rounding; GPU tests of the kernel and of the step). Per kernel
+#: (session 26 call 2, bench_attn_prologue.py twice, us at 1 / 6 / 16 / 48 rows): registers 4.49-4.51 / 4.67-4.68 /
+#: 6.56-6.59 / 13.90-13.91, build 4.66-4.67 / 5.58-5.59 / 6.38-6.42 / 13.92-13.96. In the step (call 4, explore26
+#: --held-fold, Llama-3.2-1B 16 layers, two runs each alternated, us): registers 861.6 / 942.4 / 1068.5 / 1636.4,
+#: build 871.6 / 957.6 / 1067.1 / 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows).
+HELD_FOLD = "registers"
 #: The MoE layers' output projection. "norm_epilogue" (the default): `out_proj.out_proj` writes x and h = rms_norm(x)
 #: (a cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth),
 #: the MoE reads h. "held": `residual_gemv_held` (weights held in registers across the PDL wait: 5.72 us, 70.2%) and
@@ -181,7 +190,7 @@ class DraftKey(NamedTuple):
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor               # pack_qkv; with the held prologue fold_attn_norm of it (attn_norm multiplied in)
+    qkv: torch.Tensor               # pack_qkv; with the held prologue and HELD_FOLD "build" fold_attn_norm of it
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -253,8 +262,9 @@ class FusedModel:
         held_prologue    "auto" (default HELD_PROLOGUE: where `held_prologue_supported(cfg, device)` allows), True
                          (required: UnsupportedConfigError with the reason where it is not supported) or False: every
                          layer's attention prologue is `attn_prologue_held` (weights held in registers across the PDL
-                         wait, its own bits: every width runs it, so rows stay invariant; the QKV weights stored with
-                         the norm weight multiplied in, `fold_attn_norm`) instead of the split-K `attn_prologue`;
+                         wait, its own bits: every width runs it, so rows stay invariant; the norm weight multiplied
+                         into the held weights in registers, or at build where HELD_FOLD says so) instead of the
+                         split-K `attn_prologue`;
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
@@ -325,6 +335,10 @@ class FusedModel:
             why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
+        if HELD_FOLD not in ("build", "registers"):
+            raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
+        #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
+        self._held_folded = self.held_prologue and HELD_FOLD == "build"
         #: the MoE layers' output projection, resolved: "held", "split_k" or "norm_epilogue" (None: a dense model)
         self.moe_out_proj = self._resolve_moe_out_proj(cfg, moe_out_proj)
         self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
@@ -382,7 +396,7 @@ class FusedModel:
             dense = lw.router is None
             qkv = pack_qkv(lw_dev)
             self.layers.append(_Layer(
-                attn_norm=lw_dev.attn_norm, qkv=fold_attn_norm(qkv, lw_dev.attn_norm) if self.held_prologue else qkv,
+                attn_norm=lw_dev.attn_norm, qkv=fold_attn_norm(qkv, lw_dev.attn_norm) if self._held_folded else qkv,
                 qkv_bias=pack_qkv_bias(lw_dev),
                 q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=lw_dev.wo, mlp_norm=lw_dev.mlp_norm,
                 gate_up=pack_gate_up(lw_dev.w_gate, lw_dev.w_up) if dense else None,
@@ -733,7 +747,8 @@ class FusedModel:
         xin: torch.Tensor | DeferredX = x         # the layer's input: a stream buffer or the down's DeferredX
         for i, L in enumerate(layers):
             if self.held_prologue:                # never a DeferredX: defers_down is False
-                q = attn_prologue_held(xin, L.qkv, None, bufs.positions, bufs.out_cache_loc, bufs.nvalid,   # folded
+                g = None if self._held_folded else L.attn_norm                  # None: folded at build
+                q = attn_prologue_held(xin, L.qkv, g, bufs.positions, bufs.out_cache_loc, bufs.nvalid,
                                        kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl)
             else:
                 q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,

@@ -394,7 +394,8 @@ def test_unsupported_configs_are_refused():
 
 def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
     """Where the held prologue could run (`held_prologue_supported` patched to allow the CPU: the model is only built,
-    never run): "auto" takes it, stores the QKV weights folded with the norm weight, defers no down; an explicit
+    never run): "auto" takes it, stores the QKV weights packed, or folded with the norm weight where HELD_FOLD is
+    "build" (the default "registers" multiplies it in the kernel), defers no down; an explicit
     defer_down > 0 (it needs the split-K prologue's DeferredX input) turns "auto" off and is refused with True;
     False never takes it."""
     from lowlat.kernels.attn_prologue import pack_qkv
@@ -407,7 +408,15 @@ def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
     held = FusedModel(cfg, w, device="cpu", widths=(1, 2))
     assert held.held_prologue and not held.defers_down(1)
     lw = w.layers[0]
-    assert torch.equal(held.layers[0].qkv, fold_attn_norm(pack_qkv(lw), lw.attn_norm))
+    assert fused_model.HELD_FOLD == "registers" and not held._held_folded
+    assert torch.equal(held.layers[0].qkv, pack_qkv(lw))
+    monkeypatch.setattr(fused_model, "HELD_FOLD", "build")
+    folded = FusedModel(cfg, w, device="cpu", widths=(1, 2))
+    assert folded._held_folded and torch.equal(folded.layers[0].qkv, fold_attn_norm(pack_qkv(lw), lw.attn_norm))
+    monkeypatch.setattr(fused_model, "HELD_FOLD", "fold")
+    with pytest.raises(StepContractError, match="HELD_FOLD='fold'"):
+        FusedModel(cfg, w, device="cpu", widths=(1, 2))
+    monkeypatch.setattr(fused_model, "HELD_FOLD", "registers")
     split = FusedModel(cfg, w, device="cpu", widths=(1, 2), defer_down=16)
     assert not split.held_prologue and split.defers_down(1) and torch.equal(split.layers[0].qkv, pack_qkv(lw))
     assert not FusedModel(cfg, w, device="cpu", widths=(1,), held_prologue=False).held_prologue
@@ -572,13 +581,14 @@ def test_early_release_auto_names_the_launches_over_8_mb(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device):
+def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device, monkeypatch):
     """Llama-3.2-1B's shapes (2 layers, random weights): the default model runs the held prologue
     (`attn_prologue_held`: held_prologue "auto" on an sm_90 GPU) and never defers down. A mixed step (decode, verify
     and prefill-chunk rows, padding) gives logits and K / V within the policy against the float64 reference, like the
     split-K prologue's model on the same step; graphed decode steps of 1 / 6 / 16 rows give bitwise the logits and KV
-    of a 24-row width (row invariance with padding), and the same logits on a pure replay with q and the attention's
-    output NaN first (a launch reading them before its wait would show)."""
+    of a 24-row width (row invariance with padding) and of a model applying the norm weight the other way
+    (`HELD_FOLD`: folded at build or multiplied in registers), and the same logits on a pure replay with q and the
+    attention's output NaN first (a launch reading them before its wait would show)."""
     cfg = preset("Llama-3.2-1B").replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
     held = FusedModel(cfg, w, device=device, widths=(1, 6, 16))
@@ -588,7 +598,12 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device)
                      ("split_k", FusedModel(cfg, w, device=device, widths=(12,), held_prologue=False))):
         assert fm.held_prologue == (name == "held")
         mixed.check(fm, name)
-    models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)))
+    import lowlat.runtime.fused_model as fmod
+
+    monkeypatch.setattr(fmod, "HELD_FOLD", "registers" if fmod.HELD_FOLD == "build" else "build")
+    other = FusedModel(cfg, w, device=device, widths=(1, 6, 16))       # the norm weight applied the other way
+    assert other.held_prologue and other._held_folded != held._held_folded
+    models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)), fold=other)
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")

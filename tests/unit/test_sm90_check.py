@@ -68,8 +68,8 @@ def test_compile_all_holds_the_held_prologue_of_the_models_that_run_it():
     the Qwen models (QKV bias / QK-norm): compile_all's list (without --quick) holds `_held_prologue_kernel` for
     Llama-3.2-1B only, beside its split-K prologue, at every 8-row block count NMB of FusedModel's default widths
     (1 2 3 4 6: the kernel unrolls its blocks, so each is its own compile), with the constexprs of FusedModel's launch:
-    K = H 2048, D 64, num_valid_rows from its device tensor, PDL, FOLD_G False (FusedModel passes `fold_attn_norm`'s
-    weights and no norm weight) and the launcher's warps / slices / row block. Each compiles for sm_90 on mma.sync
+    K = H 2048, D 64, num_valid_rows from its device tensor, PDL, FOLD_G True (FusedModel's default HELD_FOLD
+    "registers": the norm weight multiplied in the kernel's registers) and the launcher's warps / slices / row block. Each compiles for sm_90 on mma.sync
     with griddepcontrol, no local memory (no spill, no local array) and its weight loads before the PDL wait."""
     from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
     from lowlat.runtime.fused_model import DEFAULT_WIDTHS
@@ -90,7 +90,7 @@ def test_compile_all_holds_the_held_prologue_of_the_models_that_run_it():
     assert [n for n in names if "out_proj_held" in n] == [f"Qwen3-30B-A3B/out_proj_held/nmb{n}-rb{r}"
                                                           for n, r in ((1, 8), (1, 16), (2, 16), (3, 16))], names
     for e, nmb in zip(held, nmbs):
-        assert e["const"] == dict(K=2048, D=64, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True, FOLD_G=False, Q=WARPS,
+        assert e["const"] == dict(K=2048, D=64, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True, FOLD_G=True, Q=WARPS,
                                   S=SLICES, RB=ROW_BLOCK), e
     assert [r["kernel"] for r in got["compiled"]] == [e["kernel"] for e in held]
     assert not any(got["spills"]), got["compiled"]
