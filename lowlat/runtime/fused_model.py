@@ -131,8 +131,9 @@ HELD_FOLD = "registers"
 #: step (session 26 call 3, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated) "held" is 438.0 against
 #: 454.1 at 1 row but 814.4 / 1282.7 / 1967.4 against 799.1 / 1262.7 / 1957.1 at 6 / 16 / 48 rows: the router's
 #: whole-row norm pass (router 7.0 / 11.8 / 10.7 / 15.2 us a layer against 5.6 / 4.9 / 4.3 / 4.7) and the attention
-#: beside the held weight loads (+1.5-2.6 us) cost more than out_proj saves (2.3-12.4 against 8.1-23.9). A row's bits
-#: must not depend on the width, so one form runs every width: the default stays the one that is not slower at 6-48.
+#: beside the held weight loads (+1.5-2.5 us at 6-48 rows) cost more than out_proj saves (2.3-12.4 against
+#: 8.1-23.9). A row's bits must not depend on the width, so one form runs every width: the default stays the one that
+#: is not slower at 6-48.
 MOE_OUT_PROJ = "norm_epilogue"
 #: the values `FusedModel(moe_out_proj=...)` takes
 MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
