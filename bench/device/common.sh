@@ -24,6 +24,23 @@ gpu_tests() {
   grep -E "passed|failed|FAILED|Error" /tmp/gpu-tests.log | cut -c1-300 | tail -15
   cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
 }
+# the same, verbose (each test named as it passes, so a run cut by its timeout still names its failures; sessions
+# 25-26): gpu_tests_verbose TIMEOUT_S
+gpu_tests_verbose() {
+  timeout "$1" python3 -m pytest -v -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 \
+    -rf --tb=short tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
+  grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" /tmp/gpu-tests.log | grep -v "^FAILED.*PASSED" | cut -c1-300 | tail -14
+  cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
+}
+# one explore26 run, its summary lines printed, its JSON as $OUT/e26_TAG.json, skipped past LAST_START_S seconds of
+# the call (session 26): explore26_once LAST_START_S TIMEOUT_S TAG EXPLORE26_ARGS...
+explore26_once() {
+  local last=$1 limit=$2 tag=$3; shift 3
+  (( SECONDS > last )) && { echo "skip e26 $tag: ${SECONDS}s used"; return; }
+  echo "== e26 $tag: $* (${SECONDS}s)"
+  if timeout "$limit" python3 bench/explore/explore26.py "$@" --out "$OUT/e26_$tag.json" > /tmp/e26.log 2>&1
+  then grep -v -i warn /tmp/e26.log | grep -E '^  r[0-9]+ |logits' | cut -c1-420; else echo "e26 failed"; tail -4 /tmp/e26.log; fi
+}
 # a mutation check's edit: FILE with OLD replaced by NEW (OLD must occur exactly once), a copy kept for unmutate
 # (session 17's scripts): mutate FILE OLD NEW; ...; unmutate
 mutate() {

@@ -8,11 +8,7 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 e26() {  # moe_out_proj tag
-  (( SECONDS > 420 )) && { echo "skip e26 $*: ${SECONDS}s used"; return; }
-  echo "== e26 Qwen3-30B-A3B moe_out_proj $1 (${SECONDS}s)"
-  if timeout 90 python3 bench/explore/explore26.py --model Qwen3-30B-A3B --layers 4 --order 1,6,16,48 \
-       --moe-out-proj $1 --out "$OUT/e26_$1_$2.json" > /tmp/e26.log 2>&1
-  then grep -v -i warn /tmp/e26.log | grep -E '^  r[0-9]+ |logits' | cut -c1-420; else echo "e26 failed"; tail -4 /tmp/e26.log; fi
+  explore26_once 420 90 "$1_$2" --model Qwen3-30B-A3B --layers 4 --order 1,6,16,48 --moe-out-proj "$1"
 }
 e26 held 1; e26 split_k 1; e26 norm_epilogue 1; e26 norm_epilogue 2; e26 split_k 2; e26 held 2
 for rep in 1 2; do

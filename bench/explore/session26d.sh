@@ -11,11 +11,7 @@ timeout 150 python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 140 -rf --
   > /tmp/t.log 2>&1; echo "pytest rc $?"; grep -E "PASSED|FAILED|passed|failed|Error" /tmp/t.log | cut -c1-300 | tail -6
 cp /tmp/t.log "$OUT/held-fold-test.log"
 e26() {  # held_fold tag
-  (( SECONDS > 330 )) && { echo "skip e26 $*: ${SECONDS}s used"; return; }
-  echo "== e26 Llama-3.2-1B held_fold $1 (${SECONDS}s)"
-  if timeout 70 python3 bench/explore/explore26.py --model Llama-3.2-1B --order 1,6,16,48 --held-fold $1 \
-       --out "$OUT/e26_$1_$2.json" > /tmp/e26.log 2>&1
-  then grep -v -i warn /tmp/e26.log | grep -E '^  r[0-9]+ |logits' | cut -c1-420; else echo "e26 failed"; tail -4 /tmp/e26.log; fi
+  explore26_once 330 70 "$1_$2" --model Llama-3.2-1B --order 1,6,16,48 --held-fold "$1"
 }
 e26 build 1; e26 registers 1; e26 registers 2; e26 build 2
 echo "done at ${SECONDS}s"

@@ -60,7 +60,12 @@ def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str
     before the device's): it needs no QKV bias, no QK-norm, a head_dim that is a power of two in 16..128, a hidden
     size H that is a power of two in 256..2048 and a CUDA device of compute capability >= 9.0 (not the Triton
     interpreter: Gluon kernels do not run there)."""
-    dev = torch.device(device)
+    return held_prologue_model_reason(cfg) or gluon_sm90_reason(device)
+
+
+def held_prologue_model_reason(cfg: ModelConfig) -> str | None:
+    """`held_prologue_supported`'s reasons of the model alone (None: the model's shapes are taken; the device is not
+    asked), e.g. for the CPU compile check of what FusedModel runs on an sm_90 GPU."""
     h, d = cfg.hidden_size, cfg.head_dim
     if cfg.qkv_bias or cfg.qk_norm:
         return "QKV bias / QK-norm: not in this kernel (the Llama family's prologue only)"
@@ -68,7 +73,7 @@ def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str
         return f"head_dim {d}: needs a power of two in 16..128 (the GPU tests' range)"
     if h & (h - 1) or not MIN_HIDDEN <= h <= MAX_HIDDEN:
         return f"hidden_size {h}: needs a power of two in {MIN_HIDDEN}..{MAX_HIDDEN} (weights held in registers)"
-    return gluon_sm90_reason(dev)
+    return None
 
 
 def fold_attn_norm(qkv_weight: torch.Tensor, attn_norm: torch.Tensor) -> torch.Tensor:

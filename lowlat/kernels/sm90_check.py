@@ -136,7 +136,7 @@ RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_p
 
 
 #: `attn_prologue_held._held_prologue_kernel`'s runtime parameters and their types as FusedModel's launch specialises
-#: them (g_ptr: the weight again, FusedModel passing folded weights and no norm weight; all bf16 pointers either way)
+#: them (g_ptr: the norm weight with HELD_FOLD "registers", else the weight again; a bf16 pointer either way)
 HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")},
                      "tab_ptr": "*fp32", "pos_ptr": "*i64", "loc_ptr": "*i32", "nvr_ptr": "*i32", "nvr_int": "i32",
                      **{a: "i32" for a in ("stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs",
@@ -145,12 +145,11 @@ HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr",
 
 def runs_held_prologue(cfg) -> bool:
     """Whether FusedModel (held_prologue "auto", the default) runs `attn_prologue_held` for this model on an sm_90 GPU:
-    `held_prologue_supported` names no reason of the model's. Asked for the CPU, where it names the device's reason
-    after the model's, so that only a model reason keeps it off here (Llama-3.2-1B runs it, SmolLM2-135M's H 576 and
-    the Qwen models' QKV bias / QK-norm do not)."""
-    from lowlat.kernels.attn_prologue_held import held_prologue_supported
+    `held_prologue_model_reason` names no reason (Llama-3.2-1B runs it, SmolLM2-135M's H 576 and the Qwen models' QKV
+    bias / QK-norm do not)."""
+    from lowlat.kernels.attn_prologue_held import held_prologue_model_reason
 
-    return held_prologue_supported(cfg, "cpu").startswith("device ")
+    return held_prologue_model_reason(cfg) is None
 
 
 def held_prologue_variants(cfg, row_blocks) -> list[dict]:
@@ -213,8 +212,7 @@ def compile_all(quick: bool = False) -> list[dict]:
     """Compile every GEMV kernel variant the fused model launches (quick: SmolLM2 only, 1 and 3 row
     blocks), plus out_proj with the RMSNorm epilogue (MoE layers' `moe_out_proj="norm_epilogue"`) and its h-writing
     form, Qwen3-30B-A3B's held out_proj (`compile_held_residual`, moe_out_proj "held"), and the held prologue of the
-    models
-    that run it (`compile_held_prologue`)."""
+    models that run it (`compile_held_prologue`)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: this compiles the GPU path")
     import triton

@@ -1285,7 +1285,7 @@ def test_draft_position_refuses_a_hidden_size_its_norm_kernel_cannot_take(monkey
         check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ks[i].nan_to_num(7.0), output="k_cache")
 
 
-def test_moe_out_proj_forms_resolve_and_refuse():
+def test_moe_out_proj_forms_resolve_and_refuse(monkeypatch):
     """`FusedModel(moe_out_proj=...)`: the default is "norm_epilogue"; "auto" resolves to "held" where
     `held_residual_supported` allows (an sm_90 GPU; the GPU test below) else "split_k" (the CPU here); "held" where it
     is not supported raises UnsupportedConfigError with the reason; anything outside MOE_OUT_PROJ_FORMS raises
@@ -1305,6 +1305,11 @@ def test_moe_out_proj_forms_resolve_and_refuse():
     dense = tiny()
     assert FusedModel(dense, random_model_weights(dense, seed=1), device="cpu", widths=(4,),
                       moe_out_proj="held").moe_out_proj is None
+    from lowlat.runtime import fused_model            # where the held GEMV is supported (built, never run here)
+    monkeypatch.setattr(fused_model, "held_residual_supported", lambda n, k, device: None)
+    for form, want in (("auto", "held"), ("held", "held"), (None, "norm_epilogue")):
+        kw = {} if form is None else dict(moe_out_proj=form)
+        assert FusedModel(cfg, w, device="cpu", widths=(4,), **kw).moe_out_proj == want
 
 
 @pytest.mark.gpu
