@@ -176,7 +176,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait.
     With "fused", where `residual_gemv_held.held_residual_supported` takes out_proj's shape, also "fused_held" (the
     weights held in registers across the PDL wait: how MoE layers run out_proj with `FusedModel(moe_out_proj="held")`
-    or "auto"; informative for dense models, whose step runs "fused")."""
+    or "auto", with its partial sums of squares for the router's norm; informative for dense models, whose step runs
+    "fused", and there without the sums)."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
@@ -224,6 +225,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         attn, x = rnd(rows, q), rnd(rows, h)
         xo, hh = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(rows, dtype=torch.float32, device=device)
+        # MoE layers' held out_proj also writes x's partial sums of squares (the router's norm statistic)
+        ssq = torch.empty(rows, h // 16, dtype=torch.float32, device=device) if cfg.is_moe else None
         deferrable = plan_r.split > 1 and rows <= 16
         parts = torch.empty(plan_r.split, rows, h, dtype=torch.float32, device=device) if deferrable else None
         fns = {
@@ -234,7 +237,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                                                                plan=plan_r, use_pdl=True, early_release=early_o),
             "fused_write_h": lambda k: out_proj(attn, wos[k % nc], x, nw, eps, out=xo, h_out=hh, rstd_out=rstd,
                                                 workspace=ws, plan=plan_o, use_pdl=True),
-            "fused_held": lambda k: residual_gemv_held(attn, wos[k % nc], x, out=xo, use_pdl=True),
+            "fused_held": lambda k: residual_gemv_held(attn, wos[k % nc], x, out=xo, sum_sq_out=ssq, use_pdl=True),
             "reference_graph": lambda k: ref_op.out_proj(attn, wos[k % nc], x, nw, eps),
             "reference_compile_graph": lambda k: cop(attn, wos[k % nc], x, nw, eps),
         }
@@ -245,7 +248,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         if "fused" in variants and deferrable:
             run("out_proj", rows, "fused_deferred", fns, max(nc, MIN_LAUNCHES), h * q * 2 + _nbytes(attn, parts))
         if "fused" in variants and held_residual_supported(h, q, device) is None:
-            run("out_proj", rows, "fused_held", fns, max(nc, MIN_LAUNCHES), nbytes)
+            run("out_proj", rows, "fused_held", fns, max(nc, MIN_LAUNCHES),
+                nbytes + (_nbytes(ssq) if ssq is not None else 0))
     del wos
 
     # ---- mlp: x + down(silu(gate(h)) * up(h)), h = rms_norm(x) computed in the gate/up launch

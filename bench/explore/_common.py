@@ -203,3 +203,19 @@ def explore_main(default_rows, sections) -> None:
     print(f"copy bandwidth {rec.bw / 1e12:.3f} TB/s", flush=True)
     for name, fn in sections:
         rec.guard(name, lambda fn=fn: fn(rec, deadline, a.reps, a.rows), op=name)
+
+
+def module_from_source(name: str, src: str):
+    """Import `src` (a kernel module's text with an experiment's edits) as module `name` from a file of its own, so
+    that Triton / Gluon can read its kernels' source (explore35, explore36)."""
+    import importlib.util
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -22,13 +22,16 @@ bench/results/session25/call3/explore34.json): 4.47 / 4.75 / 6.58 / 13.75 us at 
 split-K prologue's 7.83 / 8.15 / 8.27 / 16.16 in the same run (67% of copy bandwidth at 1 row against 38%). This
 launcher (call 4, `bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 6 16 48`, one run): 4.50 / 4.67 / 6.59 /
 13.94 us with g multiplied in registers (FusedModel's form since session 26, `fused_model.HELD_FOLD`), 4.69 / 5.64 /
-6.38 / 13.92 on `fold_attn_norm`'s weights, against 7.75 / 8.02 / 8.16 / 16.01.
+6.38 / 13.92 on `fold_attn_norm`'s weights, against 7.75 / 8.02 / 8.16 / 16.01. Session 27 (explore36, call 4,
+bench/results/session27/call4) moved the statistic's cross-warp sum into the partials' pass: 4.35-4.40 / 4.59-4.64 /
+6.27-6.29 us at 1 / 6 / 16 rows against 4.41-4.45 / 4.71-4.72 / 6.58-6.59 before (68-69% of copy bandwidth at 1 row).
 
 Tiling (fixed: a row's arithmetic must not depend on M): program p takes the 8 RoPE pairs p0..p0+7 (p0 = 8 p) of one
 head, i.e. 16 weight rows (the mma's m: tile row t < 8 the lower-half row, t + 8 its upper partner, so a thread of
 the mma accumulator holds both partners); 4 warps, H cut into 4 slices of H / 4 columns (one a warp, a batched
 mma_v2 over [4, 16, H / 4] weights and [4, H / 4, 8] x), rows in blocks of 8 (the mma's n; masked rows zero), the
-4 slices' partials summed in slice order through shared memory, every block the same instructions: a row's output is
+4 slices' partials summed in slice order through shared memory (each warp's sum of squares of its x slice with them:
+one barrier after the wait), every block the same instructions: a row's output is
 bitwise independent of M and of the other rows (row invariant), not the split-K prologue's bits. Weights per thread:
 16 H / 128 bf16 (H 2048: 128 registers), hence H <= 2048 (`held_prologue_supported`).
 """
@@ -133,6 +136,7 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     tm = gl.arange(0, RB, layout=gl.SliceLayout(0, LE))
     jj = gl.expand_dims(j0 + ti, 1)
     part = gl.allocate_shared_memory(gl.float32, [S, 16, RB], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    ssp = gl.allocate_shared_memory(gl.float32, [S, RB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     is_q = hd < Hq
     is_v = hd >= Hq + Hkv
     kvh = gl.where(is_v, hd - Hq - Hkv, hd - Hq)
@@ -156,18 +160,25 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         else:
             loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
         xf = xb.to(gl.float32)
-        ss = gl.sum(gl.sum(xf * xf, axis=1), axis=0)                                # [RB]
+        # each warp's share of the statistic [S, RB], stored beside its mma partials and added in slice order after
+        # the same barrier: one cross-warp pass after the wait, not a reduction of its own first (session 27,
+        # explore36: the same bits, -0.05 / -0.1 / -0.3 us at 1 / 6 / 16 rows)
+        ssw = gl.sum(xf * xf, axis=1)
         acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))
         if b > 0:
             gl.thread_barrier()                                                     # the last block's reads done
         part.store(acc)
+        ssp.store(ssw)
         gl.thread_barrier()
         lo3 = gl.zeros([1, 8, RB], gl.float32, LE3)
         hi3 = gl.zeros([1, 8, RB], gl.float32, LE3)
         for sl in gl.static_range(S):                                               # the slices in order
             lo3 += part.slice(sl, 1, dim=0).slice(0, 8, dim=1).load(LE3)
             hi3 += part.slice(sl, 1, dim=0).slice(8, 8, dim=1).load(LE3)
-        rstd = gl.expand_dims(gl.convert_layout(1.0 / gl.sqrt(ss / K + eps), gl.SliceLayout(0, LE)), 0)
+        ss2 = ssp.slice(0, 1, dim=0).load(LE)
+        for sl in gl.static_range(1, S):                                            # the slices in order
+            ss2 += ssp.slice(sl, 1, dim=0).load(LE)
+        rstd = 1.0 / gl.sqrt(ss2 / K + eps)                                         # [1, RB]
         lo = gl.sum(lo3, axis=0) * rstd                                             # (a size-1 axis: exact)
         hi = gl.sum(hi3, axis=0) * rstd
         rlo = gl.where(is_v, lo, lo * cos - hi * sin).to(gl.bfloat16)

@@ -23,7 +23,9 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    With the norm (NORM) every program first reduces whole rows of x itself — rstd[m] =
    `_gemv.rstd_of(sum_k x[m, k]^2, H, eps, EXACT=True)`, the squares added in a fixed [BK, 64] tile
    (never a function of M, so a row's bits are the same for any M, and the same in every program) — no
-   extra launch, no cross-program chain; then h[m, k] = bf16(g[k] * bf16(x[m, k] * rstd[m])), the two
+   extra launch, no cross-program chain; or, given the previous launch's partial sums of squares
+   (`moe_forward(sum_sq_parts=)`, P a row: `residual_gemv_held(sum_sq_out=)` writes H / 16), from their
+   sum in one fixed [P, 64] tree, loaded with x's first slice: one round trip; then h[m, k] = bf16(g[k] * bf16(x[m, k] * rstd[m])), the two
    roundings of `kernels/rms_norm.py` (`lowlat.reference.rms_norm.rms_norm`'s), replaces x in the
    product, and the programs of expert block 0 store it, each its hidden slice of every row < M (padding
    rows computed like valid ones), to h_out (or `MoEWorkspace.h`): the later launches read h there.
@@ -117,6 +119,9 @@ from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
 MAX_KERNEL_ROWS = 64
+#: Partial sums of squares a row `moe_forward(sum_sq_parts=)` takes: H / 16 at H 4096 (an [256, 64] fp32 tile a
+#: router program adds)
+MAX_SUM_SQ_PARTS = 256
 #: below every `argmax_key`: an expert already picked, or not there
 _NO_KEY = tl.constexpr(-(2 ** 63))
 
@@ -174,18 +179,30 @@ def _x_chunk(x_ptr, stride_xm, rows, rmask, H, k0, BK: tl.constexpr):
 
 
 @triton.jit
+def _rstd_of_parts(ss_ptr, stride_ss, rows, rmask, NSS, H, eps, SS_P2: tl.constexpr):
+    """rstd [BM] of the rows from the previous launch's NSS partial sums of squares a row (ss[m, 0..NSS-1], fp32;
+    `residual_gemv_held(sum_sq_out=)`), added by one fixed tree over an [SS_P2, BM] tile (a function of NSS and BM
+    only, never of M): one round trip instead of a pass over the whole row."""
+    p = tl.arange(0, SS_P2)
+    v = tl.load(ss_ptr + rows[None, :] * stride_ss + p[:, None], mask=rmask[None, :] & (p < NSS)[:, None], other=0.0)
+    return rstd_of(tl.sum(v, axis=0), H, eps, EXACT=True)
+
+
+@triton.jit
 def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
-                          g_ptr, hn_ptr, stride_hn, eps,
+                          g_ptr, hn_ptr, stride_hn, eps, ss_ptr, stride_ss, NSS,
                           BE: tl.constexpr, HS: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
                           INTERP: tl.constexpr, USE_PDL: tl.constexpr, NORM: tl.constexpr = False,
-                          NSPLIT: tl.constexpr = 1):
+                          NSPLIT: tl.constexpr = 1, SS_P2: tl.constexpr = 0):
     """part[s, m, e] = sum_{k in [s*HS, (s+1)*HS)} x[m, k] * w[e, k]; part is [NSPLIT, BM, E] fp32.
 
-    NORM: x is the pre-norm rows; every program first computes rstd[m] over whole rows (`_row_rstd`, over
-    NSPLIT * HS >= H columns, NSPLIT the grid's second dim), then uses hn[m, k] = bf16(g[k] * bf16(x[m, k] *
-    rstd[m])) (`kernels/rms_norm.py`'s two roundings) in place of x; the programs of expert block 0 store hn
-    (their hidden slice, rows < M) to hn_ptr. With PDL the first router and norm weight slices are loaded
-    before the wait, x only after it. Without NORM, g_ptr, hn_ptr, stride_hn, eps and NSPLIT are not read.
+    NORM: x is the pre-norm rows; every program first computes rstd[m] — from the NSS partial sums of squares a row
+    at ss_ptr when SS_P2 > 0 (`_rstd_of_parts`, SS_P2 the next power of two of NSS), else over whole rows of x
+    (`_row_rstd`, over NSPLIT * HS >= H columns, NSPLIT the grid's second dim) — then uses hn[m, k] = bf16(g[k] *
+    bf16(x[m, k] * rstd[m])) (`kernels/rms_norm.py`'s two roundings) in place of x; the programs of expert block 0
+    store hn (their hidden slice, rows < M) to hn_ptr. With PDL the first router (and norm) weight slice is loaded
+    before the wait, x (and the partial sums) only after. Without NORM, g_ptr, hn_ptr, stride_hn, eps, NSPLIT and the
+    ss arguments are not read; without SS_P2, the ss arguments are not.
     """
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -194,37 +211,38 @@ def _router_logits_kernel(x_ptr, stride_xm, w_ptr, stride_we, part_ptr, M, E, H,
     emask = e < E
     rmask = rows < M
     acc = tl.zeros([BE, BM], dtype=tl.float32)
+    # the router (and norm) weights do not depend on the previous kernel: their first slices are loaded before
+    # waiting on it; x (its output) only after
+    k = pid_s * HS + tl.arange(0, BK)
+    kmask = k < H
+    w_first = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
+                      mask=emask[:, None] & kmask[None, :], other=0.0)
     if NORM:
-        # the router and norm weights do not depend on the previous kernel: their first slices are loaded
-        # before waiting on it; x (its output) only after, over whole rows for the statistic
-        k = pid_s * HS + tl.arange(0, BK)
-        kmask = k < H
-        w_first = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
-                          mask=emask[:, None] & kmask[None, :], other=0.0)
         g_first = tl.load(g_ptr + k, mask=kmask, other=0.0)
-        if USE_PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        rstd = _row_rstd(x_ptr, stride_xm, rows, rmask, H, eps, NSPLIT * HS, BK, BM)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if NORM:
+        if SS_P2 > 0:
+            # x's first slice leaves with the partial sums: one round trip before the first product
+            x_first = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None], mask=rmask[None, :] & kmask[:, None],
+                              other=0.0)
+            rstd = _rstd_of_parts(ss_ptr, stride_ss, rows, rmask, NSS, H, eps, SS_P2)
+        else:
+            rstd = _row_rstd(x_ptr, stride_xm, rows, rmask, H, eps, NSPLIT * HS, BK, BM)
     for i in tl.static_range(HS // BK):
         k = pid_s * HS + i * BK + tl.arange(0, BK)
         kmask = k < H
-        if NORM:
-            if i == 0:
-                w = w_first
-            else:
-                w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
-                            mask=emask[:, None] & kmask[None, :], other=0.0)
+        if i == 0:
+            w = w_first
         else:
-            # the router weights do not depend on the previous kernel: load them before waiting on it
             w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_we + k[None, :],
                         mask=emask[:, None] & kmask[None, :], other=0.0)
-            if i == 0:
-                if USE_PDL:
-                    gdc_wait()
-                    gdc_launch_dependents()
-        xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
-                     mask=rmask[None, :] & kmask[:, None], other=0.0)
+        if (NORM and SS_P2 > 0) and i == 0:
+            xt = x_first
+        else:
+            xt = tl.load(x_ptr + rows[None, :] * stride_xm + k[:, None],
+                         mask=rmask[None, :] & kmask[:, None], other=0.0)
         if NORM:
             if i == 0:
                 gk = g_first
@@ -578,7 +596,7 @@ class MoEWorkspace:
     y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
     shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
     h           [R, H]                  bf16   the normed rows, when `moe_forward` normalises (norm_weight)
-                                               and is given no h_out
+                                               and is given no h_out; None when allocated without normed_rows
     R = max_rows (<= 64), KMAX = slots per row (top_k).
     """
 
@@ -601,8 +619,9 @@ class MoEWorkspace:
     @classmethod
     def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
                  shared_inter: int = 0, device: torch.device | str = "cuda",
-                 config: MoEKernelConfig | None = None) -> "MoEWorkspace":
-        """Allocate every buffer (contents undefined; each call overwrites what it reads)."""
+                 config: MoEKernelConfig | None = None, normed_rows: bool = True) -> "MoEWorkspace":
+        """Allocate every buffer (contents undefined; each call overwrites what it reads); h only with normed_rows
+        (a caller that always passes moe_forward an h_out, as FusedModel does, needs none)."""
         if not 1 <= max_rows <= MAX_KERNEL_ROWS:
             raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_KERNEL_ROWS}")
         if slots_per_row < 1:
@@ -622,17 +641,20 @@ class MoEWorkspace:
             y=torch.empty(max_rows * slots_per_row, hidden, dtype=f32, device=device),
             shared_act=torch.empty(max_rows, shared_inter, dtype=bf16, device=device) if has_shared else None,
             shared_y=torch.empty(max_rows, hidden, dtype=f32, device=device) if has_shared else None,
-            h=torch.empty(max_rows, hidden, dtype=bf16, device=device),
+            h=torch.empty(max_rows, hidden, dtype=bf16, device=device) if normed_rows else None,
         )
 
     @classmethod
-    def for_config(cls, cfg: ModelConfig, max_rows: int, device: torch.device | str = "cuda") -> "MoEWorkspace":
-        """Workspace of one MoE layer of `cfg` for up to max_rows rows (slots per row = top_k)."""
+    def for_config(cls, cfg: ModelConfig, max_rows: int, device: torch.device | str = "cuda", *,
+                   normed_rows: bool = True) -> "MoEWorkspace":
+        """Workspace of one MoE layer of `cfg` for up to max_rows rows (slots per row = top_k); h only with
+        normed_rows."""
         if not cfg.is_moe:
             raise UnsupportedConfigError("num_experts", cfg.num_experts, "not an MoE model")
         return cls.allocate(max_rows=max_rows, hidden=cfg.hidden_size, num_experts=cfg.num_experts,
                             slots_per_row=cfg.top_k, moe_inter=cfg.moe_intermediate_size,
-                            shared_inter=cfg.shared_expert_intermediate_size, device=device)
+                            shared_inter=cfg.shared_expert_intermediate_size, device=device,
+                            normed_rows=normed_rows)
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -716,7 +738,7 @@ def _check_rows(h: torch.Tensor, num_valid_rows) -> tuple[int, torch.Tensor | No
     return num_valid_rows, None
 
 
-def _check_norm(h: torch.Tensor, norm_weight, eps, h_out) -> bool:
+def _check_norm(h: torch.Tensor, norm_weight, eps, h_out, sum_sq_parts=None) -> bool:
     """True when moe_forward normalises (norm_weight given); raise StepContractError naming the bad value."""
     m, hidden = h.shape
     if norm_weight is None:
@@ -726,7 +748,21 @@ def _check_norm(h: torch.Tensor, norm_weight, eps, h_out) -> bool:
         if h_out is not None:
             raise StepContractError("h_out given without norm_weight (the normed rows are written only when "
                                     "moe_forward normalises h)")
+        if sum_sq_parts is not None:
+            raise StepContractError("sum_sq_parts given without norm_weight (the sums are the statistic of the "
+                                    "norm moe_forward computes only with a norm_weight)")
         return False
+    if sum_sq_parts is not None:
+        if not isinstance(sum_sq_parts, torch.Tensor) or sum_sq_parts.dim() != 2:
+            raise StepContractError(f"sum_sq_parts must be an [M, P] tensor, got "
+                                    f"{getattr(sum_sq_parts, 'shape', type(sum_sq_parts))}")
+        p = sum_sq_parts.shape[1]
+        if not 1 <= p <= MAX_SUM_SQ_PARTS:
+            raise StepContractError(f"sum_sq_parts has P={p} partial sums a row; the router adds 1.."
+                                    f"{MAX_SUM_SQ_PARTS}")
+        _check_tensor("sum_sq_parts", sum_sq_parts, (m, p), torch.float32, h.device)
+        if m > 1 and sum_sq_parts.stride(0) < p:
+            raise StepContractError(f"sum_sq_parts's rows overlap (row stride {sum_sq_parts.stride(0)} < P={p})")
     _check_tensor("norm_weight", norm_weight, (hidden,), torch.bfloat16, h.device)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < float(eps) < float("inf"):
         raise StepContractError(f"eps={eps!r} must be a finite float > 0 with norm_weight")
@@ -741,7 +777,7 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, ws: MoEWorkspace) -> torch.Tensor:
+def _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, ws: MoEWorkspace, sum_sq_parts=None) -> torch.Tensor:
     """Where the router launch stores the normed rows: h_out, else workspace.h[:M]; refused (StepContractError)
     when it shares storage with a tensor the block reads or writes around it."""
     m, hidden = h.shape
@@ -753,8 +789,9 @@ def _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, ws: MoEWorkspace
                                     "MoEWorkspace.allocate / for_config, or h_out")
         _check_tensor(name, ws.h, (ws.max_rows, hidden), torch.bfloat16, h.device)
         h_out = ws.h[:m]
-    for other, t in (("h", h), ("x_residual", x_residual), ("out", out), ("norm_weight", norm_weight)):
-        if _shares_storage(h_out, t):
+    for other, t in (("h", h), ("x_residual", x_residual), ("out", out), ("norm_weight", norm_weight),
+                     ("sum_sq_parts", sum_sq_parts)):
+        if t is not None and _shares_storage(h_out, t):
             raise StepContractError(f"{name} shares storage with {other}: the normed rows need a buffer of "
                                     "their own")
     return h_out
@@ -792,9 +829,10 @@ def _launch_opts(c, use_pdl: bool) -> dict:
 
 # ----------------------------------------------------------------------------------------- launches
 def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: MoEKernelConfig,
-                  use_pdl: bool, norm_weight=None, eps=None, hn=None) -> None:
+                  use_pdl: bool, norm_weight=None, eps=None, hn=None, ss=None) -> None:
     """Router logits + route / plan. With norm_weight: h is the pre-norm rows, the router launch normalises
-    them (eps) and stores the normed rows to hn [M, H]."""
+    them (eps; their statistic from the partial sums of squares ss [M, P] when given) and stores the normed rows
+    to hn [M, H]."""
     m, hidden = h.shape
     e = router.shape[0]
     interp = _interpreting()
@@ -805,13 +843,16 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
     nv_ptr = nv_t if nv_t is not None else ws.bitmap
     opts = _launch_opts(c, use_pdl)
     norm = norm_weight is not None
-    # without the norm, g_ptr / hn_ptr / stride_hn / eps are not read (any valid pointer will do)
+    # without the norm, g_ptr / hn_ptr / stride_hn / eps are not read, without ss its arguments (any valid pointer
+    # will do)
+    with_ss = ss is not None
     _router_logits_kernel[(triton.cdiv(e, c.BE), nsplit)](
         h, h.stride(0), router, router.stride(0), ws.logits, m, e, hidden,
         norm_weight if norm else router, hn if norm else h, hn.stride(0) if norm else 0,
-        float(eps) if norm else 1.0,
+        float(eps) if norm else 1.0, ss if with_ss else h, ss.stride(0) if with_ss else 0,
+        ss.shape[1] if with_ss else 0,
         BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, NORM=norm,
-        NSPLIT=nsplit if norm else 1, **opts)
+        NSPLIT=nsplit if norm and not with_ss else 1, SS_P2=_p2(ss.shape[1]) if with_ss else 0, **opts)
     _route_plan_kernel[(1,)](
         ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, nv_ptr, m, e,
         NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
@@ -918,8 +959,8 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
 
 def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg: ModelConfig,
                 num_valid_rows, *, norm_weight: torch.Tensor | None = None, eps: float | None = None,
-                h_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                workspace: MoEWorkspace | None = None, use_pdl: bool = False,
+                h_out: torch.Tensor | None = None, sum_sq_parts: torch.Tensor | None = None,
+                out: torch.Tensor | None = None, workspace: MoEWorkspace | None = None, use_pdl: bool = False,
                 config: MoEKernelConfig | None = None) -> torch.Tensor:
     """x_residual + moe(h): route, run the active experts, combine; matches
     `x_residual + lowlat.reference.moe.moe(h, ...)` (the FFN step of `reference.layer.decoder_layer`).
@@ -945,6 +986,11 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     h_out : [M, H] bf16 on h's device, stride 1 along H, rows not overlapping — where hn is stored (every
         element of its M rows); None: workspace.h[:M]. Only with norm_weight. It must not share storage
         with h, x_residual, out or norm_weight (the router reads whole rows of h while it writes hn).
+    sum_sq_parts : [M, P] fp32 on h's device, stride 1 along P, rows not overlapping, 1 <= P <= 256, or None —
+        only with norm_weight: the statistic in P partial sums a row, sum_p sum_sq_parts[m, p] = sum_k h[m, k]^2
+        (the caller's promise: the previous launch wrote them, `residual_gemv_held(sum_sq_out=)`); the router then
+        takes rstd[m] from their sum (one fixed tree over P, the same for any M) instead of reading h's whole
+        rows first. Not stored to; must not share storage with h_out.
     out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add), and with
         norm_weight also h itself: h is read only by the first launch, x_residual by the last (the
         combine, each element read by the program that then writes it).
@@ -954,9 +1000,10 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     Returns out: [M, H] bf16, out[m] = bf16(((sum over m's experts in index order of
     gate * expert(hn[m])) + shared(hn[m])) + x_residual[m]), fp32 throughout (hn = h without norm_weight).
     Mutates: out, workspace, and h_out (or workspace.h) with norm_weight.
-    Raises StepContractError (bad shape, dtype, device or layout of a tensor — norm_weight and h_out
-    included —, a row count, eps missing or not a finite float > 0 with norm_weight, eps or h_out given
-    without norm_weight, h_out sharing storage with h, x_residual, out or norm_weight) or
+    Raises StepContractError (bad shape, dtype, device or layout of a tensor — norm_weight, h_out and
+    sum_sq_parts included —, a row count, P outside 1..256, eps missing or not a finite float > 0 with
+    norm_weight, eps, h_out or sum_sq_parts given without norm_weight, h_out sharing storage with h,
+    x_residual, out, norm_weight or sum_sq_parts) or
     UnsupportedConfigError (config / weights mismatch, use_pdl off CUDA) before anything is written.
     """
     if not cfg.is_moe:
@@ -970,7 +1017,7 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     if e != cfg.num_experts or not 1 <= cfg.top_k <= e:
         raise UnsupportedConfigError("num_experts", e, f"weights have E={e}, config num_experts="
                                      f"{cfg.num_experts}, top_k={cfg.top_k}")
-    norm = _check_norm(h, norm_weight, eps, h_out)
+    norm = _check_norm(h, norm_weight, eps, h_out, sum_sq_parts)
     if out is None:
         out = torch.empty_like(x_residual)
     _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
@@ -982,9 +1029,9 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     _check_workspace(workspace, m, e, hidden, ie, s, cfg.top_k, h.device)
     hn = h
     if norm:
-        hn = _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, workspace)
+        hn = _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, workspace, sum_sq_parts)
     _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl,
-                  norm_weight=norm_weight if norm else None, eps=eps, hn=hn)
+                  norm_weight=norm_weight if norm else None, eps=eps, hn=hn, ss=sum_sq_parts)
     _launch_experts(hn, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,
                     workspace, c, use_pdl)
     return out
@@ -1045,8 +1092,8 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
            "nvalid_ptr": "*u8", "plan_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
            "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16",
-           "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32"}
-    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False)
+           "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32", "ss_ptr": "*fp32"}
+    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False, SS_P2=0)
     specs = []
 
     def add(name, fn, launch, **cx):
@@ -1057,6 +1104,8 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     add("router_logits", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NSPLIT=1)
     add("router_logits_norm", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NORM=True,
         NSPLIT=nsplit)
+    add("router_logits_norm_ss", _router_logits_kernel, c, BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, NORM=True,
+        SS_P2=_p2(hidden // 16))                     # the statistic from H / 16 partial sums (the held out_proj's)
     for bm in (16, 32, MAX_KERNEL_ROWS):             # the plan row tiles `_plan_rows` gives
         add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
             PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)

@@ -22,6 +22,10 @@ weights a thread at K 2048 and 4096); after the wait per block of RB rows (`row_
 residual as slice 0's accumulator start (its loads leave with a's), one batched mma_v2, the S slices' partial sums added
 by `gl.sum` (a fixed tree), the bf16 store. Padding rows (past M) are masked to zero and never stored.
 
+With `sum_sq_out` each program also stores, per row, the sum of its 16 bf16 outputs' squares: the statistic of the
+RMSNorm that follows in N / 16 partial sums, so the next launch (the MoE router, `moe.moe_forward(sum_sq_parts=)`)
+adds 128 values a row (Qwen3-30B-A3B) instead of reading the whole row before its first product.
+
 PDL (use_pdl): the weights are loaded before `gdc_wait`, a and the residual after it, and the next launch is released
 right after the wait (the production rule: the next launch may read before its wait only what two or more launches
 back wrote). Without PDL the same instructions minus the wait / release.
@@ -72,10 +76,13 @@ def held_residual_supported(n: int, k: int, device: torch.device | str) -> str |
 
 
 @gluon.jit
-def _held_residual_gemv_kernel(a_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.constexpr, Q: gl.constexpr,
-                               S: gl.constexpr, NMB: gl.constexpr, RB: gl.constexpr, USE_PDL: gl.constexpr):
+def _held_residual_gemv_kernel(a_ptr, w_ptr, res_ptr, out_ptr, ss_ptr, stride_ss, M, N, K: gl.constexpr,
+                               Q: gl.constexpr, S: gl.constexpr, NMB: gl.constexpr, RB: gl.constexpr,
+                               USE_PDL: gl.constexpr, SS: gl.constexpr = False):
     """See the module docstring. a [M, K], w [N, K], res / out [M, N] bf16, contiguous (row strides K and N); grid
-    N / 16 programs of Q warps; S K slices (a multiple of Q); NMB = ceil(M / RB) row blocks of RB (8 or 16) rows."""
+    N / 16 programs of Q warps; S K slices (a multiple of Q); NMB = ceil(M / RB) row blocks of RB (8 or 16) rows.
+    SS: program p also stores ss[m, p] (fp32, row stride stride_ss) = the sum of its 16 bf16 outputs' squares of
+    row m; without SS, ss_ptr / stride_ss are not read."""
     BN: gl.constexpr = 16                                                           # BLOCK_N
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
     LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
@@ -102,7 +109,10 @@ def _held_residual_gemv_kernel(a_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.const
     yn = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, LY))
     w = gl.load(w_ptr + woff)                                                       # held: [S, 16, KQ] in LA
     pdl_wait_then_release(USE_PDL)
-    for b in gl.static_range(NMB):
+    # a loop, not unrolled: with the sums unrolled, sm_90 ptxas spilled 12 bytes at 33-48 rows (K 4096); session 27's
+    # explore35 measured it no slower (Qwen3-30B-A3B's out_proj with the sums: 5.74 / 6.15 / 7.93 / 15.32 us at
+    # 1 / 6 / 16 / 48 rows against 5.72 / 6.12 / 7.95 / 15.64 unrolled)
+    for b in range(NMB):
         rows = b * RB + bm
         amask = gl.expand_dims(gl.expand_dims(rows < M, 0), 1) & (boff >= 0)
         ab = gl.load(a_ptr + b * RB * K + boff, mask=amask, other=0.0)
@@ -115,10 +125,14 @@ def _held_residual_gemv_kernel(a_ptr, w_ptr, res_ptr, out_ptr, M, N, K: gl.const
         ooff = gl.expand_dims(yrow, 0) * N + gl.expand_dims(yn, 1)
         omask = gl.expand_dims(yrow < M, 0) & gl.expand_dims(yn >= 0, 1)
         gl.store(out_ptr + ooff, y.to(gl.bfloat16), mask=omask)
+        if SS:                                        # the 16 bf16 outputs' squares, as the next RMSNorm reads them
+            yf = y.to(gl.bfloat16).to(gl.float32)
+            gl.store(ss_ptr + yrow * stride_ss + gl.program_id(0), gl.sum(yf * yf, axis=0), mask=yrow < M)
 
 
 def residual_gemv_held(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *,
-                       out: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
+                       out: torch.Tensor | None = None, sum_sq_out: torch.Tensor | None = None,
+                       use_pdl: bool = False) -> torch.Tensor:
     """out = residual + a W^T (bf16; fp32 sums, one rounding), the weights held in registers across the PDL wait.
 
     Matches `lowlat.reference.out_proj`'s residual add within the numerics policy (lowlat/numerics.py); row invariant,
@@ -131,12 +145,18 @@ def residual_gemv_held(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
         residual  [M, N] bf16 contiguous
         out       optional [M, N] bf16 contiguous output; may be `residual` itself (a program reads its residual tile
                   before it stores that tile, and no program reads another's), must not overlap a or w
+        sum_sq_out optional [M, N / 16] fp32, stride 1 along its last dim: also store, for every row m < M and
+                  every group p of 16 output features, sum_sq_out[m, p] = sum_{n = 16 p .. 16 p + 15} float(out[m, n])^2
+                  (fp32, the squares of the bf16 outputs added in one fixed tree: bitwise the same for any M). The
+                  next RMSNorm's statistic in N / 16 partial sums, so its launch (`moe.moe_forward(sum_sq_parts=)`)
+                  need not read whole rows of out before it can start. Must not overlap a, w, residual or out.
         use_pdl   wait for the previous launch (gdc_wait) after the weight loads, release the next right after it
                   (Hopper; off where `pdl_supported` says no)
-    Returns: out [M, N] bf16, every row < M written.
+    Returns: out [M, N] bf16, every row < M written (and sum_sq_out's M rows, when given).
     Raises: StepContractError naming the offending tensor / value before anything is launched (out allocated at most):
         a tensor of another dtype / rank / shape / device or not contiguous, M outside 1..48, out overlapping a or w,
-        then a shape or device the kernel does not take (`held_residual_supported`'s reason).
+        sum_sq_out overlapping a, w, residual or out, then a shape or device the kernel does not take
+        (`held_residual_supported`'s reason).
     Source: session 24's explore33 (bench/explore/explore33.py), the "swap AB" small-batch layout (weights on the
     mma's M side, the few rows on its N side).
     """
@@ -158,11 +178,23 @@ def residual_gemv_held(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
     for name, t in (("a", a), ("w", w)):
         if overlap(out, t):
             raise StepContractError(f"out overlaps {name}: the kernel would read what it writes")
+    if sum_sq_out is not None:
+        check_tensor("sum_sq_out", sum_sq_out, dtype=torch.float32, ndim=2, shape=(("M", m), ("N / 16", n // BLOCK_N)),
+                     device=dev)
+        if m > 1 and sum_sq_out.stride(0) < n // BLOCK_N:
+            raise StepContractError(f"sum_sq_out's rows overlap (row stride {sum_sq_out.stride(0)} < N / 16 = "
+                                    f"{n // BLOCK_N})")
+        for name, t in (("a", a), ("w", w), ("residual", residual), ("out", out)):
+            if overlap(sum_sq_out, t):
+                raise StepContractError(f"sum_sq_out overlaps {name}: the sums need a buffer of their own")
     why = held_residual_supported(n, k, dev)
     if why is not None:
         raise StepContractError(f"the held residual GEMV cannot run here: {why}")
     pdl = bool(use_pdl) and pdl_supported(dev)
     q, rb = held_warps(k), row_block(m, k)
-    _held_residual_gemv_kernel[(n // BLOCK_N,)](a, w, residual, out, m, n, K=k, Q=q, S=SLICES, NMB=triton.cdiv(m, rb),
-                                           RB=rb, USE_PDL=pdl, num_warps=q, launch_pdl=pdl)
+    ss = sum_sq_out is not None
+    _held_residual_gemv_kernel[(n // BLOCK_N,)](a, w, residual, out, sum_sq_out if ss else out,
+                                           sum_sq_out.stride(0) if ss else 0, m, n, K=k, Q=q, S=SLICES,
+                                           NMB=triton.cdiv(m, rb), RB=rb, USE_PDL=pdl, SS=ss, num_warps=q,
+                                           launch_pdl=pdl)
     return out

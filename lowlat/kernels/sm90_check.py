@@ -194,15 +194,17 @@ def compile_held_prologue(name: str, row_blocks) -> list[dict]:
 def compile_held_residual(n: int, k: int, name: str) -> list[dict]:
     """Compile for sm_90 and report (its weight loads checked to come before the PDL wait) `residual_gemv_held`'s
     launches of an [n, k] weight at FusedModel's DEFAULT_WIDTHS (one per (row blocks, rows a block) pair, PDL on), as
-    `name`/nmbN-rbR: the MoE layers' output projection with `FusedModel(moe_out_proj="held")` (or "auto")."""
+    `name`/nmbN-rbR: the MoE layers' output projection with `FusedModel(moe_out_proj="held")` (or "auto"), which also
+    writes x's partial sums of squares (SS)."""
     from lowlat.kernels.residual_gemv_held import SLICES, _held_residual_gemv_kernel, held_warps, row_block
     from lowlat.runtime.fused_model import DEFAULT_WIDTHS
 
-    sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32"}
+    sig = {"a_ptr": "*bf16", "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16", "ss_ptr": "*fp32",
+           "stride_ss": "i32", "M": "i32", "N": "i32"}
     q, out = held_warps(k), []
     for nmb, rb in sorted({(-(-w // row_block(w, k)), row_block(w, k)) for w in DEFAULT_WIDTHS}):
         t = time.time()
-        c = _compile(_held_residual_gemv_kernel, sig, dict(K=k, Q=q, S=SLICES, NMB=nmb, RB=rb, USE_PDL=True),
+        c = _compile(_held_residual_gemv_kernel, sig, dict(K=k, Q=q, S=SLICES, NMB=nmb, RB=rb, USE_PDL=True, SS=True),
                      num_warps=q, num_stages=3, pdl=True)
         out.append(_report(f"{name}/nmb{nmb}-rb{rb}", c, time.time() - t, preload=True, programs=n // 16))
     return out

@@ -13,10 +13,11 @@
                  gate/up reduces them, writing x: `residual_gemv_deferred`, `FusedModel.defers`; the down
                  projection's, at the widths where the next layer's prologue reduces few partial bytes, by that
                  prologue: `FusedModel.defers_down`)
-                (MoE layers: out_proj writes x and h = rms_norm(x), then kernels/moe.moe_forward; or, with
-                 `FusedModel(moe_out_proj="held" | "split_k" | "auto")`, x = residual_gemv(attn), the weights
-                 held in registers across the wait (kernels/residual_gemv_held) or not, and the MoE's router
-                 launch computes h = rms_norm(x) for the experts)
+                (MoE layers, `FusedModel(moe_out_proj=...)`: on an sm_90 GPU by default ("auto" -> "held") x =
+                 residual_gemv_held(attn), the weights held in registers across the wait, writing x's sums of
+                 squares in H / 16 parts, then kernels/moe.moe_forward whose router launch computes h =
+                 rms_norm(x) from them for the experts; elsewhere ("norm_epilogue") out_proj writes x and h; or
+                 "split_k": x = residual_gemv(attn), the router computing h from whole rows of x)
     logits, tokens = lm_head(x)        final RMSNorm, LM head, greedy argmax        (kernels/lm_head)
 
 A self-speculation draft position (`draft_position`) runs embed + layers 0..n-1, then
@@ -123,18 +124,19 @@ HELD_PROLOGUE = "auto"
 #: --held-fold, Llama-3.2-1B 16 layers, two runs each alternated, us): registers 861.6 / 942.4 / 1068.5 / 1636.4,
 #: build 871.6 / 957.6 / 1067.1 / 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows).
 HELD_FOLD = "registers"
-#: The MoE layers' output projection. "norm_epilogue" (the default): `out_proj.out_proj` writes x and h = rms_norm(x)
-#: (a cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth),
-#: the MoE reads h. "held": `residual_gemv_held` (weights held in registers across the PDL wait: 5.72 us, 70.2%) and
-#: "split_k": `out_proj.residual_gemv` (7.36 us, 54.5%), both with the RMSNorm computed by the MoE's router launch
-#: (`moe_forward(norm_weight=...)`); "auto": "held" where `held_residual_supported` allows, else "split_k". In the
-#: step (session 26 call 3, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated) "held" is 438.0 against
-#: 454.1 at 1 row but 814.4 / 1282.7 / 1967.4 against 799.1 / 1262.7 / 1957.1 at 6 / 16 / 48 rows: the router's
-#: whole-row norm pass (router 7.0 / 11.8 / 10.7 / 15.2 us a layer against 5.6 / 4.9 / 4.3 / 4.7) and the attention
-#: beside the held weight loads (+1.5-2.5 us at 6-48 rows) cost more than out_proj saves (2.3-12.4 against
-#: 8.1-23.9). A row's bits must not depend on the width, so one form runs every width: the default stays the one that
-#: is not slower at 6-48.
-MOE_OUT_PROJ = "norm_epilogue"
+#: The MoE layers' output projection. "norm_epilogue": `out_proj.out_proj` writes x and h = rms_norm(x) (a
+#: cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth), the
+#: MoE reads h. "held": `residual_gemv_held` (weights held in registers across the PDL wait), which also writes x's
+#: sums of squares in H / 16 parts (`sum_sq_out`: 5.91 us per kernel at 1 row, 68.6%; 5.72 without them), and the
+#: MoE's router launch computes the RMSNorm from those parts (`moe_forward(norm_weight=..., sum_sq_parts=...)`).
+#: "split_k": `out_proj.residual_gemv` (7.36 us, 54.5%), the router computing the norm from whole rows of x.
+#: "auto" (the default): "held" where `held_residual_supported` allows (an sm_90 GPU), else "norm_epilogue".
+#: In the step (session 27 call 1, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated A B B A) "held"
+#: is 437.2-437.5 / 797.6-798.6 / 1274.2-1277.2 / 1942.4-1943.3 against norm_epilogue's 454.9-455.6 / 804.0-804.3 /
+#: 1272.5-1275.8 / 1970.6-1972.1 at 1 / 6 / 16 / 48 rows: faster at 1, 6 and 48, even at 16 (the router 6.2-6.9 us
+#: a layer against 4.3-5.6; session 26's router, reading whole rows for the statistic, took 7.0-15.2 and made "held"
+#: slower at 6-48). A row's bits must not depend on the width, so one form runs every width.
+MOE_OUT_PROJ = "auto"
 #: the values `FusedModel(moe_out_proj=...)` takes
 MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
@@ -221,6 +223,8 @@ class _Buffers:
     attn: torch.Tensor          # [w, Hq, D] bf16
     rstd: torch.Tensor          # [w] fp32
     h: torch.Tensor             # [w, H] bf16 (MoE layers only)
+    sum_sq: torch.Tensor        # [w, H / 16] fp32 the held out_proj's partial sums of squares of x, which the MoE's
+    #                             router adds for its RMSNorm (moe_out_proj "held"; else [w, 1] unused)
     act: torch.Tensor           # [w, I] bf16
     logits: torch.Tensor        # [w, V] fp32
     tokens: torch.Tensor        # [w] int64
@@ -269,10 +273,11 @@ class FusedModel:
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
-                         "norm_epilogue" (default MOE_OUT_PROJ): `out_proj` writes x and h; "held"
-                         (`residual_gemv_held`; UnsupportedConfigError with the reason where not supported) or
-                         "split_k" (`residual_gemv`): the MoE's router launch computes h = rms_norm(x); "auto": "held"
-                         where `held_residual_supported` allows, else "split_k"
+                         "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows, else
+                         "norm_epilogue"; "norm_epilogue": `out_proj` writes x and h; "held" (`residual_gemv_held`
+                         writing x and its sums of squares in H / 16 parts; UnsupportedConfigError with the reason
+                         where not supported) or "split_k" (`residual_gemv`): the MoE's router launch computes
+                         h = rms_norm(x) (from the parts, or from whole rows of x)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
     `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
@@ -371,7 +376,7 @@ class FusedModel:
         if form == "held" and why is not None:
             raise UnsupportedConfigError("moe_out_proj", form, why)
         if form == "auto":
-            return "held" if why is None else "split_k"
+            return "held" if why is None else "norm_epilogue"
         return form
 
     @staticmethod
@@ -418,7 +423,9 @@ class FusedModel:
                                             dev)
         self.pro_ws = make_prologue_workspace(self.layers[0].qkv, cfg.head_dim)
         self.dec_ws = make_decode_workspace(wmax, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dev)
-        self.moe_ws = self._moe.MoEWorkspace.for_config(cfg, wmax, dev) if self._moe is not None else None
+        # the normed rows go to bufs.h (h_out): the workspace needs no buffer of its own for them
+        self.moe_ws = (self._moe.MoEWorkspace.for_config(cfg, wmax, dev, normed_rows=False) if self._moe is not None
+                       else None)
         z = dict(device=dev)
         self._full = dict(
             input_ids=torch.zeros(wmax, dtype=torch.int64, **z),
@@ -430,6 +437,8 @@ class FusedModel:
             attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             rstd=torch.zeros(wmax, dtype=torch.float32, **z),
             h=torch.zeros(wmax, cfg.hidden_size if cfg.is_moe else 1, dtype=bf, **z),
+            sum_sq=torch.zeros(wmax, cfg.hidden_size // 16 if self.moe_out_proj == "held" else 1,
+                               dtype=torch.float32, **z),
             act=torch.zeros(wmax, max(cfg.intermediate_size, 1) if not cfg.is_moe else 1, dtype=bf, **z),
             logits=torch.zeros(wmax, cfg.vocab_size, dtype=torch.float32, **z),
             tokens=torch.zeros(wmax, dtype=torch.int64, **z),
@@ -703,13 +712,15 @@ class FusedModel:
                 self._moe.moe_forward(bufs.h, xs, L.moe, cfg, bufs.nvalid, out=xs, workspace=self.moe_ws,
                                       use_pdl=pdl)
                 return xs
-            if self.moe_out_proj == "held":
-                residual_gemv_held(attn, L.wo, xs, out=xs, use_pdl=pdl)
+            ss = None
+            if self.moe_out_proj == "held":       # with x's sums of squares in H / 16 parts for the router's norm
+                ss = bufs.sum_sq
+                residual_gemv_held(attn, L.wo, xs, out=xs, sum_sq_out=ss, use_pdl=pdl)
             else:
                 residual_gemv(attn, L.wo, xs, out=xs, workspace=self.gemv_ws, plan=self.plan_o, use_pdl=pdl)
             # the router launch normalises x (h = rms_norm(x, mlp_norm), written to bufs.h for the experts)
             self._moe.moe_forward(xs, xs, L.moe, cfg, bufs.nvalid, norm_weight=L.mlp_norm, eps=cfg.rms_eps,
-                                  h_out=bufs.h, out=xs, workspace=self.moe_ws, use_pdl=pdl)
+                                  h_out=bufs.h, sum_sq_parts=ss, out=xs, workspace=self.moe_ws, use_pdl=pdl)
             return xs
         if self.defers(w):                        # out_proj's reduction done by the gate/up launch (same bits)
             xa = other(xs)

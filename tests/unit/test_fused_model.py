@@ -320,11 +320,11 @@ def test_engine_greedy_generation_matches_reference_engine():
     assert_tokens_equal_or_near_tie(cfg, w, "cpu", prompts, got, want)
 
 
-@pytest.mark.parametrize("moe_out_proj", ["auto", "norm_epilogue"])
+@pytest.mark.parametrize("moe_out_proj", ["split_k", "norm_epilogue"])
 def test_moe_layer_runs_through_moe_kernels(moe_out_proj):
-    """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference: by default ("auto",
-    the split-K residual GEMV on the CPU) with the RMSNorm in the MoE's router launch, and with out_proj's RMSNorm
-    epilogue."""
+    """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference: with the split-K
+    residual GEMV and the RMSNorm in the MoE's router launch (from whole rows of x), and with out_proj's RMSNorm
+    epilogue (what "auto", the default, runs where the held GEMV is not supported: the CPU here)."""
     cfg = tiny(num_experts=4, top_k=2, moe_intermediate_size=32, architecture="Qwen3MoeForCausalLM",
                qk_norm=True)
     w = random_model_weights(cfg, seed=7)
@@ -1253,7 +1253,8 @@ def test_gpu_draft_position_graph_equals_eager_bitwise(device, model):
 @pytest.mark.gpu
 def test_gpu_qwen3_moe_layer_graph_equals_eager_and_within_policy(device):
     """One Qwen3-30B-A3B layer (random weights; vocab cut to 4096 to keep the LM head small) as the fused
-    step runs MoE layers: out_proj writing x and h = rms_norm(x), then the MoE block. CUDA-graph replay ==
+    step runs MoE layers by default (on the H200 the held out_proj writing x and its sums of squares, then the MoE
+    block normalising x in its router launch). CUDA-graph replay ==
     eager bitwise at 1, 6 (padded to 8) and 48 rows; logits within the policy against the float64
     reference at 6 rows."""
     from lowlat.bench import random_weights_on_device
@@ -1285,15 +1286,22 @@ def test_draft_position_refuses_a_hidden_size_its_norm_kernel_cannot_take(monkey
         check_bitwise("draft_position", pool.k_caches[i].nan_to_num(7.0), ks[i].nan_to_num(7.0), output="k_cache")
 
 
+def fused_model_module():
+    from lowlat.runtime import fused_model
+
+    return fused_model
+
+
 def test_moe_out_proj_forms_resolve_and_refuse(monkeypatch):
-    """`FusedModel(moe_out_proj=...)`: the default is "norm_epilogue"; "auto" resolves to "held" where
-    `held_residual_supported` allows (an sm_90 GPU; the GPU test below) else "split_k" (the CPU here); "held" where it
-    is not supported raises UnsupportedConfigError with the reason; anything outside MOE_OUT_PROJ_FORMS raises
-    StepContractError; dense models ignore it (None)."""
+    """`FusedModel(moe_out_proj=...)`: the default is "auto", which resolves to "held" where `held_residual_supported`
+    allows (an sm_90 GPU; the GPU test below) else "norm_epilogue" (the CPU here); "held" where it is not supported
+    raises UnsupportedConfigError with the reason; anything outside MOE_OUT_PROJ_FORMS raises StepContractError; dense
+    models ignore it (None). Only the held model allocates the [w, H / 16] partial sums of squares."""
     cfg = tiny(num_experts=4, top_k=2, moe_intermediate_size=32, architecture="Qwen3MoeForCausalLM", qk_norm=True)
     w = random_model_weights(cfg, seed=7)
+    assert fused_model_module().MOE_OUT_PROJ == "auto"
     assert FusedModel(cfg, w, device="cpu", widths=(4,)).moe_out_proj == "norm_epilogue"
-    assert FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj="auto").moe_out_proj == "split_k"
+    assert FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj="auto").moe_out_proj == "norm_epilogue"
     for form in ("split_k", "norm_epilogue"):
         assert FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj=form).moe_out_proj == form
     why = held_residual_supported(cfg.hidden_size, cfg.q_size, "cpu")
@@ -1307,9 +1315,12 @@ def test_moe_out_proj_forms_resolve_and_refuse(monkeypatch):
                       moe_out_proj="held").moe_out_proj is None
     from lowlat.runtime import fused_model            # where the held GEMV is supported (built, never run here)
     monkeypatch.setattr(fused_model, "held_residual_supported", lambda n, k, device: None)
-    for form, want in (("auto", "held"), ("held", "held"), (None, "norm_epilogue")):
+    for form, want in (("auto", "held"), ("held", "held"), (None, "held"), ("norm_epilogue", "norm_epilogue")):
         kw = {} if form is None else dict(moe_out_proj=form)
-        assert FusedModel(cfg, w, device="cpu", widths=(4,), **kw).moe_out_proj == want
+        fm = FusedModel(cfg, w, device="cpu", widths=(4,), **kw)
+        assert fm.moe_out_proj == want
+        assert fm._full["sum_sq"].shape == ((4, cfg.hidden_size // 16) if want == "held" else (4, 1))
+        assert fm.moe_ws.h is None                  # the normed rows go to bufs.h (moe_forward's h_out)
 
 
 @pytest.mark.gpu
@@ -1320,9 +1331,8 @@ def test_gpu_moe_out_proj_forms_within_policy_row_invariant_and_replayed(device,
     launch; "norm_epilogue", the default, is out_proj writing h): a mixed step (decode, verify and prefill-chunk rows,
     padding) within the policy against the float64 reference (logits, K / V); graphed decode steps of 1 / 6 / 16 rows
     give bitwise the logits and KV of a 48-row width (row invariance with padding), and the same logits on a pure replay
-    with h (the normed rows the experts read) and the attention output NaN first (a launch reading them before they are
-    rewritten
-    would show)."""
+    with h (the normed rows the experts read), the attention output and the held out_proj's partial sums of squares
+    (the router's statistic) NaN first (a launch reading them before they are rewritten would show)."""
     from lowlat.bench import random_weights_on_device
 
     cfg = preset("Qwen3-30B-A3B").replace(num_layers=1, vocab_size=4096)
@@ -1336,4 +1346,4 @@ def test_gpu_moe_out_proj_forms_within_policy_row_invariant_and_replayed(device,
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
-        replay_after_nan(fm, case, ks, vs, (fm._full["h"], fm._full["attn"]), on, f"_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm._full["h"], fm._full["attn"], fm._full["sum_sq"]), on, f"_r{rows}")

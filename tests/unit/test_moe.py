@@ -465,6 +465,48 @@ def test_norm_rows_bitwise_the_reference_on_exact_sums(device, split, eps):
     check_bitwise("rms_norm", hn.cpu(), rms_norm(x.cpu(), norm_weight.cpu(), eps), output="moe_hn_exact")
 
 
+def eighths(g: torch.Generator, m: int, hidden: int, device) -> torch.Tensor:
+    """[M, H] bf16 in multiples of 1/8 in [-2, 2], never 0: sums of their squares are exact in fp32 in any order."""
+    sign = 1 - 2 * torch.randint(0, 2, (m, hidden), generator=g)
+    return (torch.randint(1, 17, (m, hidden), generator=g) * sign * 0.125).to(device=device, dtype=torch.bfloat16)
+
+
+def sum_sq_parts_of(y: torch.Tensor, parts: int) -> torch.Tensor:
+    """[M, P] fp32: the sums of y's squares over P contiguous, uneven column ranges (torch.tensor_split)."""
+    cols = torch.tensor_split(torch.arange(y.shape[1], device=y.device), parts)
+    return torch.stack([(y.double()[:, c] ** 2).sum(-1) for c in cols], 1).float()
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("parts", [1, 5, 6])
+def test_norm_statistic_from_sum_sq_parts(device, split, parts):
+    """moe_forward(..., sum_sq_parts=ss): the router takes rstd from the sum of the given parts, not from x. With x and
+    the parts' source y both multiples of 1/8 (every sum exact in any order), hn is bitwise g * bf16(x * rsqrt(mean(y^2)
+    + eps)) — the reference's formula with y's statistic, so a kernel that recomputed x's own statistic fails — for 1,
+    5 (not a power of two: masked) and 6 parts of uneven column ranges, padding rows included; out bitwise the unnormed
+    path fed hn; with the parts of x itself, hn and out bitwise the path that computes the statistic from x."""
+    m, hidden, nv, eps = 9, 96, 6, 1e-5
+    cfg = tiny_cfg(hidden=hidden, experts=20, top_k=2, inter=16)
+    g = torch.Generator().manual_seed(29 + parts)
+    lw = moe_weights(cfg, 29, device)
+    x, y = eighths(g, m, hidden, device), eighths(g, m, hidden, device)
+    norm_weight = norm_weight_of(g, hidden, device)
+    config = SPLIT_CONFIG if split else None
+    ss = sum_sq_parts_of(y, parts)
+    ss_before = ss.clone()
+    out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=config, sum_sq_parts=ss)
+    assert torch.equal(ss, ss_before), "sum_sq_parts was written"
+    xf, yf = x.cpu().float(), y.cpu().float()
+    want = norm_weight.cpu() * (xf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+    check_bitwise("rms_norm", hn.cpu(), want, output="moe_hn_from_parts")
+    check_bitwise("moe", out, run_forward(hn.clone(), x, lw, cfg, nv, config=config), output="parts_vs_unnormed_path")
+    own, hn_own = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=config,
+                                   sum_sq_parts=sum_sq_parts_of(x, parts))
+    out_x, hn_x = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=config)
+    check_bitwise("rms_norm", hn_own, hn_x, output="moe_hn_parts_of_x")
+    check_bitwise("moe", own, out_x, output="parts_of_x")
+
+
 @pytest.mark.parametrize("h_out_given", [False, True])
 @pytest.mark.parametrize("nv_tensor,shared", [(False, 0), (True, 24)])
 def test_moe_forward_norm_in_place(device, h_out_given, nv_tensor, shared):
@@ -555,7 +597,7 @@ def test_route_bad_top_k_and_forced_bad_bitmap(device):
 
 
 def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
-    """norm_weight / eps / h_out refused (StepContractError naming the value) before any write: out, h_out,
+    """norm_weight / eps / h_out / sum_sq_parts refused (StepContractError naming the value) before any write: out, h_out,
     h, x_residual and the workspace's normed-rows buffer unchanged."""
     cfg, lw, h, x, _ = _error_cases(device)
     m, hidden = h.shape
@@ -565,13 +607,18 @@ def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
     ws = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=4, slots_per_row=2, moe_inter=16,
                                     device=device)
     ws.h.copy_(h)                                   # the pre-norm rows kept in the workspace's own buffer
-    ws_no_h = kmoe.MoEWorkspace(**{**vars(ws), "h": None})
+    ws_no_h = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=4, slots_per_row=2, moe_inter=16,
+                                         device=device, normed_rows=False)
+    assert ws_no_h.h is None
     h_big = torch.cat([h, torch.full_like(h, 7.0)])     # h and h_out: two views of one storage
     w_big = torch.full(((m + 1) * hidden,), 7.0, dtype=bf16, device=device)
     w_big[:hidden] = norm_weight                   # norm_weight and h_out: two views of one storage
 
     def sentinel(*shape, dtype=bf16):
         return torch.full(shape, 7.0, dtype=dtype, device=device)
+
+    ss = sentinel(m, 2, dtype=torch.float32)        # partial sums of squares (P = 2)
+    ss_big = sentinel(m, hidden // 2 + 2, dtype=torch.float32)   # h_out (as bf16) and sum_sq_parts in one storage
 
     cases = [
         ("norm_weight shape", dict(norm_weight=norm_weight[:16].clone()), "norm_weight must have shape"),
@@ -601,6 +648,20 @@ def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
         ("h_out is out", dict(h_out="out"), "h_out shares storage with out"),
         ("h_out beside norm_weight", dict(norm_weight=w_big[:hidden], h_out=w_big[hidden:].view(m, hidden)),
          "h_out shares storage with norm_weight"),
+        ("sum_sq_parts without norm_weight", dict(norm_weight=None, eps=None, h_out=None, sum_sq_parts=ss),
+         "sum_sq_parts given without norm_weight"),
+        ("sum_sq_parts dtype", dict(sum_sq_parts=ss.to(bf16)), "sum_sq_parts must be torch.float32"),
+        ("sum_sq_parts 1-D", dict(sum_sq_parts=ss[0]), r"sum_sq_parts must be an \[M, P\] tensor"),
+        ("sum_sq_parts list", dict(sum_sq_parts=ss.tolist()), r"sum_sq_parts must be an \[M, P\] tensor"),
+        ("sum_sq_parts P=0", dict(sum_sq_parts=ss[:, :0]), "P=0 partial sums"),
+        ("sum_sq_parts P=257", dict(sum_sq_parts=sentinel(m, 257, dtype=torch.float32)), "P=257 partial sums"),
+        ("sum_sq_parts rows", dict(sum_sq_parts=ss[:m - 1]), "sum_sq_parts must have shape"),
+        ("sum_sq_parts device", dict(sum_sq_parts=torch.empty(m, 2, device=meta)), "sum_sq_parts is on meta"),
+        ("sum_sq_parts rows overlap", dict(sum_sq_parts=ss[:1].expand(m, 2)), "sum_sq_parts's rows overlap"),
+        ("sum_sq_parts strided", dict(sum_sq_parts=sentinel(m, 4, dtype=torch.float32)[:, ::2]),
+         "sum_sq_parts must be contiguous"),
+        ("h_out beside sum_sq_parts", dict(h_out=ss_big[:, :hidden // 2].view(bf16), sum_sq_parts=ss_big[:, -2:]),
+         "h_out shares storage with sum_sq_parts"),
         ("workspace.h is h", dict(h=ws.h[:m], h_out=None, workspace=ws), "workspace.h shares storage with h"),
         ("workspace without h", dict(h_out=None, workspace=ws_no_h), "workspace.h is None"),
     ]
@@ -656,13 +717,14 @@ def test_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert r.stdout.count(" ok ") == 26, r.stdout
+    assert r.stdout.count(" ok ") == 28, r.stdout
     assert r.stdout.count("router_logits_norm ") == 2, r.stdout
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
 def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
-    """The router launch's NORM variant at Qwen3-30B-A3B shapes, built as a launch specialises it (16-divisible
+    """The router launch's NORM variants (the statistic from whole rows of x, or from H / 16 partial sums) at
+    Qwen3-30B-A3B shapes, built as a launch specialises it (16-divisible
     strides, H and E; launch_pdl with PDL): no spills; with PDL one `griddepcontrol.wait`, and before it only
     the loads the plain variant issues there (the router's first weight slice) plus the norm weight's first
     slice: no read of x (the previous launch's output), no store, no tensor-core product."""
@@ -680,19 +742,22 @@ def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
                           "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
                           "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
                           "launch_pdl": pdl, "ptx": True, **opts})
-    assert sorted(names) == sorted([(n, p) for n in ("router_logits", "router_logits_norm") for p in (False, True)])
+    variants = ("router_logits", "router_logits_norm", "router_logits_norm_ss")
+    assert sorted(names) == sorted([(n, p) for n in variants for p in (False, True)])
     info = dict(zip(names, compile_sm90("lowlat.kernels.moe:_router_logits_kernel", specs)))
     for pdl in (False, True):
-        norm = info[("router_logits_norm", pdl)]
-        assert norm["spill_bytes"] == 0, {k: v for k, v in norm.items() if k != "ptx"}
+        for name in variants[1:]:
+            norm = info[(name, pdl)]
+            assert norm["spill_bytes"] == 0, (name, {k: v for k, v in norm.items() if k != "ptx"})
     heads = {}
-    for name in ("router_logits", "router_logits_norm"):
+    for name in variants:
         ptx = info[(name, True)]["ptx"]
         assert ptx.count("griddepcontrol.wait") == 1, name
         head = ptx.partition("griddepcontrol.wait")[0]
         assert "st.global" not in head and "mma" not in head, name
         heads[name] = head.count("ld.global")
     assert 1 <= heads["router_logits"] <= heads["router_logits_norm"] <= heads["router_logits"] + 2, heads
+    assert heads["router_logits_norm_ss"] == heads["router_logits_norm"], heads      # ss and x only after the wait
 
 
 # ----------------------------------------------------------------------------------------- GPU, full size
@@ -880,6 +945,44 @@ def test_qwen3_norm_within_policy(qwen, device, m, nv):
     check_norm_forward(out, hn, x, x, norm_weight, cfg.rms_eps, lw, cfg, nv, lw64=lw64)
     plain = run_forward(hn.clone(), x, lw, cfg, nv)
     check_bitwise("moe", out, plain, output="norm_vs_unnormed_path")
+
+
+@pytest.mark.gpu
+def test_qwen3_norm_from_held_out_proj_sums(qwen, device):
+    """FusedModel's "held" MoE layer: x = residual_gemv_held(attn, Wo, r, sum_sq_out=ss), then moe_forward(x, x,
+    norm_weight, sum_sq_parts=ss) (H / 16 = 128 parts a row): hn and out within the policy of rms_norm(x) and
+    x + moe(rms_norm(x)) at 48 rows (41 valid), out bitwise the unnormed path fed hn; each row alone (M = 1), the
+    first 9 / 17 / 33 rows: bitwise hn and out of those rows among 48."""
+    from lowlat.kernels.residual_gemv_held import residual_gemv_held
+
+    cfg, lw, lw64 = qwen
+    hidden, eps = cfg.hidden_size, cfg.rms_eps
+    g = torch.Generator().manual_seed(19)
+    attn = rand_rows(g, 48, cfg.q_size, device)
+    wo = (torch.randn(hidden, cfg.q_size, generator=g) * cfg.q_size ** -0.5).to(device=device, dtype=torch.bfloat16)
+    r = rand_rows(g, 48, hidden, device)
+    norm_weight = norm_weight_of(g, hidden, device)
+
+    def run(m, nv):
+        ss = poison(torch.empty(m, hidden // 16, device=device))
+        x = residual_gemv_held(attn[:m].contiguous(), wo, r[:m].contiguous(), sum_sq_out=ss)
+        out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, sum_sq_parts=ss)
+        return x, out, hn
+
+    x, out, hn = run(48, 41)
+    check_norm_forward(out, hn, x, x, norm_weight, eps, lw, cfg, 41, lw64=lw64)
+    check_bitwise("moe", out, run_forward(hn.clone(), x, lw, cfg, 41), output="held_sums_vs_unnormed_path")
+    for m in (9, 17, 33):
+        _, o, h_ = run(m, min(m, 41))
+        check_bitwise("moe", h_, hn[:m], output=f"held_sums_m{m}_hn")
+        check_bitwise("moe", o, out[:m], output=f"held_sums_m{m}")
+    for i in (0, 7, 40):
+        attn_i, r_i = attn[i:i + 1].clone(), r[i:i + 1].clone()
+        ss = poison(torch.empty(1, hidden // 16, device=device))
+        xi = residual_gemv_held(attn_i, wo, r_i, sum_sq_out=ss)
+        o1, h1 = run_norm_forward(xi, xi, lw, cfg, 1, norm_weight, eps, sum_sq_parts=ss)
+        check_bitwise("moe", h1, hn[i:i + 1], output=f"held_sums_row{i}_hn")
+        check_bitwise("moe", o1, out[i:i + 1], output=f"held_sums_row{i}")
 
 
 @pytest.mark.gpu

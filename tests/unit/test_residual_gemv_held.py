@@ -40,6 +40,18 @@ def check_policy(out, a, w, res):
     check_accuracy("residual_gemv_held", out, oracle, baseline)
 
 
+def check_sum_sq(ss, out):
+    """ss [M, N / 16] against the exact sums of each 16 outputs' squares (float64 of the bf16 out): a bf16 value's
+    square is exact in fp32 (8 significant bits squared fit in 24), so only the 15 fp32 additions of nonnegative
+    terms round, a relative error below 15 x 2^-24 of the sum; any other rounding (the squares of the fp32 sums
+    before their bf16 rounding: ~2^-8) fails. NaN (the poison left) fails."""
+    m, n = out.shape
+    exact = (out.double() ** 2).view(m, n // 16, 16).sum(-1)
+    assert ss.shape == exact.shape and not ss.isnan().any(), "sum_sq_out not fully written"
+    err = ((ss.double() - exact).abs() / exact).max().item()
+    assert err <= 15 * 2.0 ** -24, f"sum_sq_out relative error {err:.3g} > 15 x 2^-24"
+
+
 # ----------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -52,23 +64,37 @@ def test_gpu_within_policy_every_row_written(device, shape, m, pdl, seed):
     assert residual_gemv_held(a, w, res, out=out, use_pdl=pdl) is out
     check_policy(out, a, w, res)               # NaN anywhere (poison left, or computed) fails here
     xi = res.clone()
-    residual_gemv_held(a, w, xi, out=xi, use_pdl=pdl)               # in place, as FusedModel runs it
-    check_bitwise("residual_gemv_held", xi, out, output="in_place")
+    ss = poison(torch.empty(m, n // 16, device=device))
+    residual_gemv_held(a, w, xi, out=xi, sum_sq_out=ss, use_pdl=pdl)   # in place with the sums, as FusedModel runs it
+    check_bitwise("residual_gemv_held", xi, out, output="in_place_sum_sq")
+    check_sum_sq(ss, out)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_gpu_bitwise_deterministic_row_invariant_and_pdl_independent(device, shape):
     """A row's output is the same bits alone, among the first 6 / 8 / 9 / 16 / 17 / 33 rows (8 / 16-row blocks at K
-    4096) and among 48 in any order; a rerun and the PDL launch give the same bits."""
+    4096) and among 48 in any order; a rerun and the PDL launch give the same bits; so are its partial sums of
+    squares (sum_sq_out) among the first 1 / 8 / 9 / 17 / 33 rows and 48, and they are the exact sums within 15
+    fp32 roundings."""
     n, k = SHAPES[shape]
     a, w, res = make_inputs(48, n, k, 7, device)
 
     def run(a_, r_, pdl=True):
         return residual_gemv_held(a_, w, r_, out=poison(torch.empty_like(r_)), use_pdl=pdl)
 
+    def run_ss(a_, r_):
+        ss = poison(torch.empty(a_.shape[0], n // 16, device=device))
+        residual_gemv_held(a_, w, r_, out=poison(torch.empty_like(r_)), sum_sq_out=ss, use_pdl=True)
+        return ss
+
     full = run(a, res).clone()
     check_policy(full, a, w, res)
+    ss_full = run_ss(a, res)
+    check_sum_sq(ss_full, full)
+    for m in (1, 8, 9, 17, 33):              # the sums' bits, like the outputs', follow neither M nor the row block
+        check_bitwise("residual_gemv_held", run_ss(a[:m].contiguous(), res[:m].contiguous()), ss_full[:m],
+                      output=f"sum_sq_m{m}")
     check_bitwise("residual_gemv_held", run(a, res), full, output="rerun")
     check_bitwise("residual_gemv_held", run(a, res, pdl=False), full, output="no_pdl")
     for m in (1, 6, 8, 9, 16, 17, 33):
@@ -88,20 +114,23 @@ def test_gpu_cuda_graph_replay_equals_eager(device, m):
     eager launch's bits."""
     n, k = SHAPES["qwen3_out"]
     a, w, res = make_inputs(m, n, k, 3, device)
-    out = torch.empty_like(res)
-    residual_gemv_held(a, w, res, out=out, use_pdl=True)            # compile outside the capture
+    out, ss = torch.empty_like(res), torch.empty(m, n // 16, device=device)
+    residual_gemv_held(a, w, res, out=out, sum_sq_out=ss, use_pdl=True)     # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        residual_gemv_held(a, w, res, out=out, use_pdl=True)
+        residual_gemv_held(a, w, res, out=out, sum_sq_out=ss, use_pdl=True)
     a2, _, res2 = make_inputs(m, n, k, 4, device)
     a.copy_(a2)
     res.copy_(res2)
     poison(out)
+    poison(ss)
     graph.replay()
     torch.cuda.synchronize()
-    want = residual_gemv_held(a2, w, res2, use_pdl=False)
+    ss_want = torch.empty_like(ss)
+    want = residual_gemv_held(a2, w, res2, sum_sq_out=ss_want, use_pdl=False)
     check_bitwise("residual_gemv_held", out, want, output="graph_replay")
+    check_bitwise("residual_gemv_held", ss, ss_want, output="graph_replay_sum_sq")
 
 
 # ----------------------------------------------------------------------------------------------------- CPU
@@ -119,13 +148,19 @@ def _bad_inputs(device):
         ("out", dict(out=torch.empty(2, 16, dtype=torch.bfloat16)), "N=32"),
         ("out", dict(out=torch.empty(2, 32)), "out must be torch.bfloat16"),
         ("a", dict(a=torch.zeros(2, 2048, dtype=torch.bfloat16)[:, ::2]), "a must have a contiguous last dim"),
+        ("sum_sq_out", dict(sum_sq_out=torch.full((2, 2), 3.0, dtype=torch.bfloat16)),
+         "sum_sq_out must be torch.float32"),
+        ("sum_sq_out", dict(sum_sq_out=torch.full((2, 3), 3.0)), r"dim 1 must be N / 16=2"),
+        ("sum_sq_out", dict(sum_sq_out=torch.full((1, 2), 3.0)), r"dim 0 must be M=2"),
+        ("sum_sq_out", dict(sum_sq_out=torch.full((2,), 3.0).expand(2, 2)), "sum_sq_out's rows overlap"),
+        ("sum_sq_out", dict(sum_sq_out=torch.full((2, 4), 3.0)[:, ::2]), "sum_sq_out must have a contiguous last"),
         ("support", dict(), "held residual GEMV cannot run here: device cpu"),
         ("support", dict(w=torch.zeros(24, 1024, dtype=torch.bfloat16),
                          residual=torch.zeros(2, 24, dtype=torch.bfloat16)), "N 24"),
     ], (a, w, res)
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(17))
 def test_bad_inputs_raise_typed_errors_and_write_nothing(case):
     cases, (a, w, res) = _bad_inputs("cpu")
     _, override, match = cases[case]
@@ -134,12 +169,24 @@ def test_bad_inputs_raise_typed_errors_and_write_nothing(case):
     out = args.pop("out", None)
     if out is None:
         out = torch.full((args["a"].shape[0], args["w"].shape[0]), 3.0, dtype=torch.bfloat16)
-    before = out.clone()
+    ss = args.pop("sum_sq_out", None)
+    if ss is None:
+        ss = torch.full((args["a"].shape[0], args["w"].shape[0] // 16), 3.0)
+    before, ss_before = out.clone(), ss.clone()
     res_before = args["residual"].clone()
     with pytest.raises(StepContractError, match=match):
-        residual_gemv_held(args["a"], args["w"], args["residual"], out=out)
+        residual_gemv_held(args["a"], args["w"], args["residual"], out=out, sum_sq_out=ss)
     assert torch.equal(out.nan_to_num(9.0), before.nan_to_num(9.0))
+    assert torch.equal(ss.float(), ss_before.float())
     assert torch.equal(args["residual"], res_before)
+
+
+def test_sum_sq_out_overlapping_an_input_is_refused():
+    a = torch.zeros(2, 1024, dtype=torch.bfloat16)
+    res = torch.zeros(2, 32, dtype=torch.bfloat16)
+    w = torch.zeros(32, 1024, dtype=torch.bfloat16)
+    with pytest.raises(StepContractError, match="sum_sq_out overlaps residual"):
+        residual_gemv_held(a, w, res, sum_sq_out=res.view(torch.float32).view(2, -1)[:, :2])
 
 
 def test_out_overlapping_a_is_refused():
@@ -182,19 +229,25 @@ def launch_specs():
 
 
 def test_compiles_for_sm90_with_weights_held_in_registers():
-    """Every launch compiled for sm_90 on the CPU: no spills, at most RB 16 x 4 bytes x 8 slices a row block of shared
-    memory (the slices' tree sum), every weight load (16 bytes) before griddepcontrol.wait and no a / residual load
-    or mma before it, then K / (16 Q) x RB / 8 mma.sync a warp a row block."""
+    """Every launch compiled for sm_90 on the CPU, with and without the partial sums of squares (SS): no spills, at
+    most RB 16 x 4 bytes x 8 slices a row block of shared memory (the slices' tree sum), every weight load (16 bytes)
+    before griddepcontrol.wait and no a / residual load or mma before it, then K / (16 Q) x RB / 8 mma.sync a warp in
+    the row-block loop's body (a loop, not unrolled); with SS one more global store a row block."""
     from sampling_stats import compile_sm90
 
-    specs_in = launch_specs()
-    ptrs = {"a_ptr": "*bf16", "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16"}
-    specs = [{"constexprs": {"K": k, "Q": q, "S": rgh.SLICES, "NMB": nmb, "RB": rb, "USE_PDL": True},
-              "pointers": ptrs, "num_warps": q, "launch_pdl": True, "ptx": True, "divisible": ["N"]}
-             for k, q, nmb, rb in specs_in]
-    for case, info in zip(specs_in, compile_sm90("lowlat.kernels.residual_gemv_held:_held_residual_gemv_kernel",
-                                                 specs)):
-        k, q, nmb, rb = case
+    specs_in = [(*case, ss) for case in launch_specs() for ss in (False, True)]
+    ptrs = {"a_ptr": "*bf16", "w_ptr": "*bf16", "res_ptr": "*bf16", "out_ptr": "*bf16", "ss_ptr": "*fp32"}
+    specs = [{"constexprs": {"K": k, "Q": q, "S": rgh.SLICES, "NMB": nmb, "RB": rb, "USE_PDL": True, "SS": ss},
+              "pointers": ptrs, "num_warps": q, "launch_pdl": True, "ptx": True, "divisible": ["N", "stride_ss"]}
+             for k, q, nmb, rb, ss in specs_in]
+    infos = compile_sm90("lowlat.kernels.residual_gemv_held:_held_residual_gemv_kernel", specs)
+    stores = {}
+    for case, info in zip(specs_in, infos):
+        k, q, nmb, rb, ss = case
+        stores[case] = info["ptx"].count("st.global")
+        if ss:
+            assert "st.global.f32" in info["ptx"] or "st.global.b32" in info["ptx"], case
+        case = case[:4]
         assert info["spill_bytes"] == 0, (case, info)
         assert info["shared"] <= 8 * 16 * rb * 4, (case, info)
         ptx = info["ptx"]
@@ -202,4 +255,7 @@ def test_compiles_for_sm90_with_weights_held_in_registers():
         assert before.count("ld.global.v4") == 16 * k * 2 // 16 // (32 * q), case   # the weights, 16 bytes a load
         assert before.count("ld.global") == before.count("ld.global.v4"), case     # nothing else before the wait
         assert "mma.sync" not in before, case
-        assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // q * (rb // 8) * nmb, case
+        assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // q * (rb // 8), case   # the row-block loop's body
+    for k, q, nmb, rb, ss in specs_in:
+        if ss:
+            assert stores[(k, q, nmb, rb, True)] > stores[(k, q, nmb, rb, False)], (k, nmb, rb)
