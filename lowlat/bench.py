@@ -15,8 +15,9 @@ What is timed (CUDA events around CUDA-graph replays, median of many, after warm
             is written to --plans-out and used by the rest of the run (the format of
             $LOWLAT_GEMV_PLANS; `_gemv.TUNED_PLANS` records the committed choice).
   kernels   out_proj (x + attn Wo^T, as the fused step's dense layers run it; fused_held: the weights
-            held in registers, as MoE layers run it with moe_out_proj "held"; fused_write_h: with
-            the RMSNorm epilogue writing h, as MoE layers run it by default), mlp (gate/up with the FFN norm
+            held in registers, with the sums of squares, as MoE layers run it on sm_90 by default
+            (moe_out_proj "auto" -> "held"); fused_write_h: with the RMSNorm epilogue writing h, as MoE
+            layers run it elsewhere or with moe_out_proj "norm_epilogue"), mlp (gate/up with the FFN norm
             computed in-kernel + SiLU*mul, then down + residual; also each launch alone: gate_up,
             down) and lm_head (final norm + LM head + argmax), each with PDL on, against its
             reference (lowlat.reference) under a CUDA graph. One graph replays many launches
@@ -165,7 +166,7 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
                   variants=("fused", "fused_write_h", "reference_graph")) -> None:
     """out_proj, mlp, lm_head, each in the given variants: fused (as the fused step runs it: out_proj
     is the residual GEMV x + attn Wo^T; the MLP computes the FFN norm's rstd in its gate/up launch),
-    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it by default),
+    fused_write_h (out_proj with the RMSNorm epilogue writing h, as MoE layers run it where the held GEMV does not),
     reference_graph, reference_compile_graph. With "fused", the MLP's two launches are also timed
     alone (ops gate_up, down) to check each GEMV against the bandwidth target, and where out_proj's plan splits K, at
     up to 16 rows, out_proj as the fused step runs it there: "fused_deferred" (its split partials only, the
@@ -175,8 +176,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     (`runtime.fused_model.early_release_launches(cfg)`: at their start where their weights exceed 8 MB,
     `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait.
     With "fused", where `residual_gemv_held.held_residual_supported` takes out_proj's shape, also "fused_held" (the
-    weights held in registers across the PDL wait: how MoE layers run out_proj with `FusedModel(moe_out_proj="held")`
-    or "auto", with its partial sums of squares for the router's norm; informative for dense models, whose step runs
+    weights held in registers across the PDL wait: how MoE layers run out_proj on sm_90 by default
+    (`FusedModel(moe_out_proj="auto")` -> "held"), with its partial sums of squares for the router's norm; informative for dense models, whose step runs
     "fused", and there without the sums)."""
     import torch
 

@@ -53,7 +53,8 @@ NEW_ALLOC = OLD_ALLOC + '''    ssp = gl.allocate_shared_memory(gl.float32, [S, R
 EDITS = ((OLD_SS, NEW_SS), (OLD_STORE, NEW_STORE), (OLD_RSTD, NEW_RSTD), (OLD_ALLOC, NEW_ALLOC))
 ADOPTED_COMMENT = '''        # each warp's share of the statistic [S, RB], stored beside its mma partials and added in slice order after
         # the same barrier: one cross-warp pass after the wait, not a reduction of its own first (session 27,
-        # explore36: the same bits, -0.05 / -0.1 / -0.3 us at 1 / 6 / 16 rows)
+        # explore36: q observed bitwise equal to the two-pass form's, -0.05 / -0.1 / -0.3 us at 1 / 6 / 16 rows; its
+        # slice order need not be the cross-warp gl.sum's, so equal bits are not guaranteed, and nothing relies on them)
 '''
 
 

@@ -162,7 +162,8 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         xf = xb.to(gl.float32)
         # each warp's share of the statistic [S, RB], stored beside its mma partials and added in slice order after
         # the same barrier: one cross-warp pass after the wait, not a reduction of its own first (session 27,
-        # explore36: the same bits, -0.05 / -0.1 / -0.3 us at 1 / 6 / 16 rows)
+        # explore36: q observed bitwise equal to the two-pass form's, -0.05 / -0.1 / -0.3 us at 1 / 6 / 16 rows; its
+        # slice order need not be the cross-warp gl.sum's, so equal bits are not guaranteed, and nothing relies on them)
         ssw = gl.sum(xf * xf, axis=1)
         acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))
         if b > 0:

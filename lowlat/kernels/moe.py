@@ -24,8 +24,9 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    `_gemv.rstd_of(sum_k x[m, k]^2, H, eps, EXACT=True)`, the squares added in a fixed [BK, 64] tile
    (never a function of M, so a row's bits are the same for any M, and the same in every program) — no
    extra launch, no cross-program chain; or, given the previous launch's partial sums of squares
-   (`moe_forward(sum_sq_parts=)`, P a row: `residual_gemv_held(sum_sq_out=)` writes H / 16), from their
-   sum in one fixed [P, 64] tree, loaded with x's first slice: one round trip; then h[m, k] = bf16(g[k] * bf16(x[m, k] * rstd[m])), the two
+   (`moe_forward(sum_sq_parts=)`, P a row: `residual_gemv_held(sum_sq_out=)` writes H / 16), from
+   their sum in one fixed tree over a [next power of two of P, 64] tile (zero-padded: exact), loaded
+   with x's first slice: one round trip; then h[m, k] = bf16(g[k] * bf16(x[m, k] * rstd[m])), the two
    roundings of `kernels/rms_norm.py` (`lowlat.reference.rms_norm.rms_norm`'s), replaces x in the
    product, and the programs of expert block 0 store it, each its hidden slice of every row < M (padding
    rows computed like valid ones), to h_out (or `MoEWorkspace.h`): the later launches read h there.
@@ -1003,7 +1004,7 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     Raises StepContractError (bad shape, dtype, device or layout of a tensor — norm_weight, h_out and
     sum_sq_parts included —, a row count, P outside 1..256, eps missing or not a finite float > 0 with
     norm_weight, eps, h_out or sum_sq_parts given without norm_weight, h_out sharing storage with h,
-    x_residual, out, norm_weight or sum_sq_parts) or
+    x_residual, out, norm_weight or sum_sq_parts, sum_sq_parts sharing storage with a workspace buffer) or
     UnsupportedConfigError (config / weights mismatch, use_pdl off CUDA) before anything is written.
     """
     if not cfg.is_moe:
@@ -1030,6 +1031,12 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     hn = h
     if norm:
         hn = _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, workspace, sum_sq_parts)
+        if sum_sq_parts is not None:
+            for name in ("logits", "bitmap", "gates", "plan", "act", "y", "shared_act", "shared_y", "h"):
+                t = getattr(workspace, name)
+                if t is not None and _shares_storage(sum_sq_parts, t):
+                    raise StepContractError(f"sum_sq_parts shares storage with workspace.{name}: the block writes "
+                                            "it while the sums may still be read")
     _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl,
                   norm_weight=norm_weight if norm else None, eps=eps, hn=hn, ss=sum_sq_parts)
     _launch_experts(hn, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,

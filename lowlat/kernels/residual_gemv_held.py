@@ -178,7 +178,7 @@ def residual_gemv_held(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
     for name, t in (("a", a), ("w", w)):
         if overlap(out, t):
             raise StepContractError(f"out overlaps {name}: the kernel would read what it writes")
-    if sum_sq_out is not None:
+    if sum_sq_out is not None and n % BLOCK_N == 0:     # else held_residual_supported names N below
         check_tensor("sum_sq_out", sum_sq_out, dtype=torch.float32, ndim=2, shape=(("M", m), ("N / 16", n // BLOCK_N)),
                      device=dev)
         if m > 1 and sum_sq_out.stride(0) < n // BLOCK_N:

@@ -127,15 +127,16 @@ HELD_FOLD = "registers"
 #: The MoE layers' output projection. "norm_epilogue": `out_proj.out_proj` writes x and h = rms_norm(x) (a
 #: cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth), the
 #: MoE reads h. "held": `residual_gemv_held` (weights held in registers across the PDL wait), which also writes x's
-#: sums of squares in H / 16 parts (`sum_sq_out`: 5.91 us per kernel at 1 row, 68.6%; 5.72 without them), and the
-#: MoE's router launch computes the RMSNorm from those parts (`moe_forward(norm_weight=..., sum_sq_parts=...)`).
-#: "split_k": `out_proj.residual_gemv` (7.36 us, 54.5%), the router computing the norm from whole rows of x.
-#: "auto" (the default): "held" where `held_residual_supported` allows (an sm_90 GPU), else "norm_epilogue".
-#: In the step (session 27 call 1, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated A B B A) "held"
-#: is 437.2-437.5 / 797.6-798.6 / 1274.2-1277.2 / 1942.4-1943.3 against norm_epilogue's 454.9-455.6 / 804.0-804.3 /
-#: 1272.5-1275.8 / 1970.6-1972.1 at 1 / 6 / 16 / 48 rows: faster at 1, 6 and 48, even at 16 (the router 6.2-6.9 us
-#: a layer against 4.3-5.6; session 26's router, reading whole rows for the statistic, took 7.0-15.2 and made "held"
-#: slower at 6-48). A row's bits must not depend on the width, so one form runs every width.
+#: sums of squares in H / 16 parts (`sum_sq_out`: 5.66-5.69 us per kernel at 1 row, 71.2-71.6%; 5.60-5.62 without
+#: them, session 27 call 3, explore35), and the MoE's router launch computes the RMSNorm from those parts
+#: (`moe_forward(norm_weight=..., sum_sq_parts=...)`). "split_k": `out_proj.residual_gemv` (7.36 us, 54.5%), the
+#: router computing the norm from whole rows of x. "auto" (the default): "held" where `held_residual_supported` allows
+#: (an sm_90 GPU) and the router takes H / 16 parts (MAX_SUM_SQ_PARTS), else "norm_epilogue".
+#: In the step (session 27 call 3, explore26, Qwen3-30B-A3B 4 layers, us, two runs each alternated A B B A) "held" is
+#: 435.2 / 434.8, 792.4 / 789.8, 1264.6 / 1259.5, 1937.5 / 1936.6 against norm_epilogue's 454.4 / 452.1, 800.0 /
+#: 797.7, 1262.4 / 1260.1, 1959.9 / 1954.3 at 1 / 6 / 16 / 48 rows: -18.3 / -7.8 / +0.8 / -20.0, level at 16 (the
+#: router 6.1-6.8 us a layer against 4.3-5.6; session 26's router, reading whole rows for the statistic, took 7.0-15.2
+#: and made "held" slower at 6-48). A row's bits must not depend on the width, so one form runs every width.
 MOE_OUT_PROJ = "auto"
 #: the values `FusedModel(moe_out_proj=...)` takes
 MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
@@ -273,8 +274,8 @@ class FusedModel:
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
-                         "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows, else
-                         "norm_epilogue"; "norm_epilogue": `out_proj` writes x and h; "held" (`residual_gemv_held`
+                         "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows and
+                         H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj` writes x and h; "held" (`residual_gemv_held`
                          writing x and its sums of squares in H / 16 parts; UnsupportedConfigError with the reason
                          where not supported) or "split_k" (`residual_gemv`): the MoE's router launch computes
                          h = rms_norm(x) (from the parts, or from whole rows of x)
@@ -345,14 +346,6 @@ class FusedModel:
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
         self._held_folded = self.held_prologue and HELD_FOLD == "build"
-        #: the MoE layers' output projection, resolved: "held", "split_k" or "norm_epilogue" (None: a dense model)
-        self.moe_out_proj = self._resolve_moe_out_proj(cfg, moe_out_proj)
-        self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
-        self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
-        self.validate = validate
-        #: SMs of the device (the default down-deferral rule divides its pre-pass by them); ASSUMED_SMS on the CPU
-        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if self.device.type == "cuda" else ASSUMED_SMS)
         self._moe = None
         if cfg.is_moe:
             try:
@@ -361,6 +354,14 @@ class FusedModel:
                 raise UnsupportedConfigError("num_experts", cfg.num_experts,
                                              f"MoE needs lowlat.kernels.moe ({e})") from e
             self._moe = moe_kernels
+        #: the MoE layers' output projection, resolved: "held", "split_k" or "norm_epilogue" (None: a dense model)
+        self.moe_out_proj = self._resolve_moe_out_proj(cfg, moe_out_proj)
+        self.use_graphs = bool(use_cuda_graphs) and self.device.type == "cuda"
+        self.use_pdl = pdl_available(self.device) if use_pdl is None else (bool(use_pdl) and pdl_available(self.device))
+        self.validate = validate
+        #: SMs of the device (the default down-deferral rule divides its pre-pass by them); ASSUMED_SMS on the CPU
+        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else ASSUMED_SMS)
         self._build_weights(weights)
         self._build_buffers()
         self._graphs: dict = {}           # width -> graph of the step; (width, n) -> early exit after n layers;
@@ -373,6 +374,10 @@ class FusedModel:
         if not cfg.is_moe:
             return None
         why = held_residual_supported(cfg.hidden_size, cfg.q_size, self.device)
+        parts = cfg.hidden_size // 16             # the held out_proj's partial sums of squares a row
+        if why is None and parts > self._moe.MAX_SUM_SQ_PARTS:
+            why = (f"hidden_size {cfg.hidden_size}: {parts} partial sums of squares a row, the MoE router adds at most "
+                   f"{self._moe.MAX_SUM_SQ_PARTS}")
         if form == "held" and why is not None:
             raise UnsupportedConfigError("moe_out_proj", form, why)
         if form == "auto":

@@ -1296,7 +1296,8 @@ def test_moe_out_proj_forms_resolve_and_refuse(monkeypatch):
     """`FusedModel(moe_out_proj=...)`: the default is "auto", which resolves to "held" where `held_residual_supported`
     allows (an sm_90 GPU; the GPU test below) else "norm_epilogue" (the CPU here); "held" where it is not supported
     raises UnsupportedConfigError with the reason; anything outside MOE_OUT_PROJ_FORMS raises StepContractError; dense
-    models ignore it (None). Only the held model allocates the [w, H / 16] partial sums of squares."""
+    models ignore it (None). Only the held model allocates the [w, H / 16] partial sums of squares. Where H / 16 passes
+    the router's `moe.MAX_SUM_SQ_PARTS` (lowered here), "auto" is "norm_epilogue" and "held" is refused at build."""
     cfg = tiny(num_experts=4, top_k=2, moe_intermediate_size=32, architecture="Qwen3MoeForCausalLM", qk_norm=True)
     w = random_model_weights(cfg, seed=7)
     assert fused_model_module().MOE_OUT_PROJ == "auto"
@@ -1321,15 +1322,21 @@ def test_moe_out_proj_forms_resolve_and_refuse(monkeypatch):
         assert fm.moe_out_proj == want
         assert fm._full["sum_sq"].shape == ((4, cfg.hidden_size // 16) if want == "held" else (4, 1))
         assert fm.moe_ws.h is None                  # the normed rows go to bufs.h (moe_forward's h_out)
+    from lowlat.kernels import moe as kmoe        # H / 16 partial sums a row past what the router adds: not held
+    monkeypatch.setattr(kmoe, "MAX_SUM_SQ_PARTS", cfg.hidden_size // 16 - 1)
+    assert FusedModel(cfg, w, device="cpu", widths=(4,)).moe_out_proj == "norm_epilogue"
+    with pytest.raises(UnsupportedConfigError, match=f"moe_out_proj='held': hidden_size {cfg.hidden_size}: "
+                                                     f"{cfg.hidden_size // 16} partial sums of squares a row"):
+        FusedModel(cfg, w, device="cpu", widths=(4,), moe_out_proj="held")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["held", "split_k", "norm_epilogue"])
 def test_gpu_moe_out_proj_forms_within_policy_row_invariant_and_replayed(device, form):
     """One Qwen3-30B-A3B layer (random weights, vocab cut to 4096) with each form of the MoE layers' output projection
-    (`moe_out_proj`: "held", what "auto" picks on an sm_90 GPU, and "split_k" leave the RMSNorm to the MoE's router
-    launch; "norm_epilogue", the default, is out_proj writing h): a mixed step (decode, verify and prefill-chunk rows,
-    padding) within the policy against the float64 reference (logits, K / V); graphed decode steps of 1 / 6 / 16 rows
+    (`moe_out_proj`: "held", what the default "auto" picks on an sm_90 GPU, and "split_k" leave the RMSNorm to the
+    MoE's router launch; "norm_epilogue", what "auto" picks where the held GEMV does not run, is out_proj writing h): a
+    mixed step (decode, verify and prefill-chunk rows, padding) within the policy against the float64 reference (logits, K / V); graphed decode steps of 1 / 6 / 16 rows
     give bitwise the logits and KV of a 48-row width (row invariance with padding), and the same logits on a pure replay
     with h (the normed rows the experts read), the attention output and the held out_proj's partial sums of squares
     (the router's statistic) NaN first (a launch reading them before they are rewritten would show)."""

@@ -483,8 +483,9 @@ def test_norm_statistic_from_sum_sq_parts(device, split, parts):
     """moe_forward(..., sum_sq_parts=ss): the router takes rstd from the sum of the given parts, not from x. With x and
     the parts' source y both multiples of 1/8 (every sum exact in any order), hn is bitwise g * bf16(x * rsqrt(mean(y^2)
     + eps)) — the reference's formula with y's statistic, so a kernel that recomputed x's own statistic fails — for 1,
-    5 (not a power of two: masked) and 6 parts of uneven column ranges, padding rows included; out bitwise the unnormed
-    path fed hn; with the parts of x itself, hn and out bitwise the path that computes the statistic from x."""
+    5 (not a power of two: masked) and 6 parts of uneven column ranges, in a view whose rows are P + 3 apart (NaN in
+    the gaps), padding rows included; out bitwise the unnormed path fed hn; with the parts of x itself, hn and out
+    bitwise the path that computes the statistic from x."""
     m, hidden, nv, eps = 9, 96, 6, 1e-5
     cfg = tiny_cfg(hidden=hidden, experts=20, top_k=2, inter=16)
     g = torch.Generator().manual_seed(29 + parts)
@@ -492,7 +493,8 @@ def test_norm_statistic_from_sum_sq_parts(device, split, parts):
     x, y = eighths(g, m, hidden, device), eighths(g, m, hidden, device)
     norm_weight = norm_weight_of(g, hidden, device)
     config = SPLIT_CONFIG if split else None
-    ss = sum_sq_parts_of(y, parts)
+    ss = torch.full((m, parts + 3), float("nan"), device=device)[:, :parts]     # rows with gaps (stride P + 3)
+    ss.copy_(sum_sq_parts_of(y, parts))
     ss_before = ss.clone()
     out, hn = run_norm_forward(x, x, lw, cfg, nv, norm_weight, eps, config=config, sum_sq_parts=ss)
     assert torch.equal(ss, ss_before), "sum_sq_parts was written"
@@ -607,6 +609,7 @@ def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
     ws = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=4, slots_per_row=2, moe_inter=16,
                                     device=device)
     ws.h.copy_(h)                                   # the pre-norm rows kept in the workspace's own buffer
+    ws.logits.fill_(7.0)                            # defined (NaN never equals itself): a case passes a view of it
     ws_no_h = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=4, slots_per_row=2, moe_inter=16,
                                          device=device, normed_rows=False)
     assert ws_no_h.h is None
@@ -662,6 +665,8 @@ def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
          "sum_sq_parts must be contiguous"),
         ("h_out beside sum_sq_parts", dict(h_out=ss_big[:, :hidden // 2].view(bf16), sum_sq_parts=ss_big[:, -2:]),
          "h_out shares storage with sum_sq_parts"),
+        ("sum_sq_parts in the workspace", dict(sum_sq_parts=ws.logits[0, :m, :2], workspace=ws),
+         "sum_sq_parts shares storage with workspace.logits"),
         ("workspace.h is h", dict(h=ws.h[:m], h_out=None, workspace=ws), "workspace.h shares storage with h"),
         ("workspace without h", dict(h_out=None, workspace=ws_no_h), "workspace.h is None"),
     ]
@@ -724,7 +729,7 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
 def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
     """The router launch's NORM variants (the statistic from whole rows of x, or from H / 16 partial sums) at
-    Qwen3-30B-A3B shapes, built as a launch specialises it (16-divisible
+    Qwen3-30B-A3B shapes (and the partial-sums variant at the most parts it takes, H 4096), built as a launch specialises it (16-divisible
     strides, H and E; launch_pdl with PDL): no spills; with PDL one `griddepcontrol.wait`, and before it only
     the loads the plain variant issues there (the router's first weight slice) plus the norm weight's first
     slice: no read of x (the previous launch's output), no store, no tensor-core product."""
@@ -758,6 +763,16 @@ def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
         heads[name] = head.count("ld.global")
     assert 1 <= heads["router_logits"] <= heads["router_logits_norm"] <= heads["router_logits"] + 2, heads
     assert heads["router_logits_norm_ss"] == heads["router_logits_norm"], heads      # ss and x only after the wait
+    # the most partial sums the router takes (MAX_SUM_SQ_PARTS = H / 16 at H 4096): a [256, 64] fp32 tile, no spills
+    big = [{"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
+            "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
+            "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")], "launch_pdl": True, **opts}
+           for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(16 * kmoe.MAX_SUM_SQ_PARTS, 128, 1536, 8,
+                                                                 use_pdl=True)
+           if name == "router_logits_norm_ss"]
+    assert len(big) == 1 and big[0]["constexprs"]["SS_P2"] == kmoe.MAX_SUM_SQ_PARTS
+    (info_big,) = compile_sm90("lowlat.kernels.moe:_router_logits_kernel", big)
+    assert info_big["spill_bytes"] == 0, info_big
 
 
 # ----------------------------------------------------------------------------------------- GPU, full size

@@ -64,10 +64,14 @@ def test_gpu_within_policy_every_row_written(device, shape, m, pdl, seed):
     assert residual_gemv_held(a, w, res, out=out, use_pdl=pdl) is out
     check_policy(out, a, w, res)               # NaN anywhere (poison left, or computed) fails here
     xi = res.clone()
-    ss = poison(torch.empty(m, n // 16, device=device))
+    # the sums in a view of a NaN buffer with 16 rows and 3 columns to spare (row stride N / 16 + 3): every element of
+    # the M rows written, nothing past them
+    buf = poison(torch.empty(m + 16, n // 16 + 3, device=device))
+    ss = buf[:m, :n // 16]
     residual_gemv_held(a, w, xi, out=xi, sum_sq_out=ss, use_pdl=pdl)   # in place with the sums, as FusedModel runs it
     check_bitwise("residual_gemv_held", xi, out, output="in_place_sum_sq")
     check_sum_sq(ss, out)
+    assert buf[m:].isnan().all() and buf[:m, n // 16:].isnan().all(), "sum_sq_out written outside its view"
 
 
 @pytest.mark.gpu
@@ -83,15 +87,16 @@ def test_gpu_bitwise_deterministic_row_invariant_and_pdl_independent(device, sha
     def run(a_, r_, pdl=True):
         return residual_gemv_held(a_, w, r_, out=poison(torch.empty_like(r_)), use_pdl=pdl)
 
-    def run_ss(a_, r_):
+    def run_ss(a_, r_, pdl=True):
         ss = poison(torch.empty(a_.shape[0], n // 16, device=device))
-        residual_gemv_held(a_, w, r_, out=poison(torch.empty_like(r_)), sum_sq_out=ss, use_pdl=True)
+        residual_gemv_held(a_, w, r_, out=poison(torch.empty_like(r_)), sum_sq_out=ss, use_pdl=pdl)
         return ss
 
     full = run(a, res).clone()
     check_policy(full, a, w, res)
     ss_full = run_ss(a, res)
     check_sum_sq(ss_full, full)
+    check_bitwise("residual_gemv_held", run_ss(a, res, pdl=False), ss_full, output="sum_sq_no_pdl")
     for m in (1, 8, 9, 17, 33):              # the sums' bits, like the outputs', follow neither M nor the row block
         check_bitwise("residual_gemv_held", run_ss(a[:m].contiguous(), res[:m].contiguous()), ss_full[:m],
                       output=f"sum_sq_m{m}")
@@ -181,12 +186,13 @@ def test_bad_inputs_raise_typed_errors_and_write_nothing(case):
     assert torch.equal(args["residual"], res_before)
 
 
-def test_sum_sq_out_overlapping_an_input_is_refused():
-    a = torch.zeros(2, 1024, dtype=torch.bfloat16)
-    res = torch.zeros(2, 32, dtype=torch.bfloat16)
-    w = torch.zeros(32, 1024, dtype=torch.bfloat16)
-    with pytest.raises(StepContractError, match="sum_sq_out overlaps residual"):
-        residual_gemv_held(a, w, res, sum_sq_out=res.view(torch.float32).view(2, -1)[:, :2])
+@pytest.mark.parametrize("name", ["a", "w", "residual", "out"])
+def test_sum_sq_out_overlapping_a_tensor_is_refused(name):
+    t = dict(a=torch.zeros(2, 1024, dtype=torch.bfloat16), w=torch.zeros(32, 1024, dtype=torch.bfloat16),
+             residual=torch.zeros(2, 32, dtype=torch.bfloat16), out=torch.zeros(2, 32, dtype=torch.bfloat16))
+    ss = t[name].view(torch.float32).view(t[name].shape[0], -1)[:2, :2]     # [2, 2] fp32 over that tensor's bytes
+    with pytest.raises(StepContractError, match=f"sum_sq_out overlaps {name}"):
+        residual_gemv_held(t["a"], t["w"], t["residual"], out=t["out"], sum_sq_out=ss)
 
 
 def test_out_overlapping_a_is_refused():
