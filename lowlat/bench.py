@@ -177,8 +177,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
     `out_proj.residual_gemv`'s early_release); the mlp op's down launch (`mlp`) always releases after its wait.
     With "fused", where `residual_gemv_held.held_residual_supported` takes out_proj's shape, also "fused_held" (the
     weights held in registers across the PDL wait: how MoE layers run out_proj on sm_90 by default
-    (`FusedModel(moe_out_proj="auto")` -> "held"), with its partial sums of squares for the router's norm; informative for dense models, whose step runs
-    "fused", and there without the sums)."""
+    (`FusedModel(moe_out_proj="auto")` -> "held"), with its partial sums of squares for the router's norm;
+    informative for dense models, whose step runs "fused", and there without the sums)."""
     import torch
 
     from lowlat.kernels._gemv import GemvWorkspace, plan_gemv

@@ -798,6 +798,14 @@ def _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, ws: MoEWorkspace
     return h_out
 
 
+def _refuse_workspace_alias(name: str, t: torch.Tensor, ws: MoEWorkspace) -> None:
+    """StepContractError when t shares storage with any buffer of the workspace (the block writes them)."""
+    for field, buf in vars(ws).items():
+        if isinstance(buf, torch.Tensor) and _shares_storage(t, buf):
+            raise StepContractError(f"{name} shares storage with workspace.{field}: the block writes it while "
+                                    f"{name} may still be read")
+
+
 def _check_workspace(ws: MoEWorkspace, m: int, e: int, hidden: int, ie: int, s: int, kmax: int,
                      device: torch.device) -> None:
     want = dict(num_experts=e, hidden=hidden, moe_inter=ie, shared_inter=s)
@@ -1032,11 +1040,7 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     if norm:
         hn = _normed_rows_buffer(h, x_residual, out, norm_weight, h_out, workspace, sum_sq_parts)
         if sum_sq_parts is not None:
-            for name in ("logits", "bitmap", "gates", "plan", "act", "y", "shared_act", "shared_y", "h"):
-                t = getattr(workspace, name)
-                if t is not None and _shares_storage(sum_sq_parts, t):
-                    raise StepContractError(f"sum_sq_parts shares storage with workspace.{name}: the block writes "
-                                            "it while the sums may still be read")
+            _refuse_workspace_alias("sum_sq_parts", sum_sq_parts, workspace)
     _launch_route(h, lw.router, cfg.top_k, cfg.norm_topk_prob, nv, nv_t, workspace, c, use_pdl,
                   norm_weight=norm_weight if norm else None, eps=eps, hn=hn, ss=sum_sq_parts)
     _launch_experts(hn, x_residual, workspace.bitmap, workspace.gates, lw, nv, nv_t, cfg.top_k, out,

@@ -56,7 +56,7 @@ from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draf
 from lowlat.kernels.lm_head import lm_head
 from lowlat.kernels.mlp import gate_up_act, pack_gate_up
 from lowlat.kernels.out_proj import DeferredX, out_proj, residual_gemv, residual_gemv_deferred
-from lowlat.kernels.residual_gemv_held import held_residual_supported, residual_gemv_held
+from lowlat.kernels.residual_gemv_held import BLOCK_N as HELD_BLOCK_N, held_residual_supported, residual_gemv_held
 from lowlat.kernels.rms_norm import MAX_HIDDEN as RMS_MAX_HIDDEN
 from lowlat.kernels.rms_norm import rms_norm_into
 from lowlat.step import MAX_ROWS, StepBatch
@@ -275,10 +275,11 @@ class FusedModel:
                          turns "auto" off and is refused with True
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
                          "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows and
-                         H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj` writes x and h; "held" (`residual_gemv_held`
-                         writing x and its sums of squares in H / 16 parts; UnsupportedConfigError with the reason
-                         where not supported) or "split_k" (`residual_gemv`): the MoE's router launch computes
-                         h = rms_norm(x) (from the parts, or from whole rows of x)
+                         H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj`
+                         writes x and h; "held" (`residual_gemv_held` writing x and its sums of squares in H / 16
+                         parts; UnsupportedConfigError with the reason where not supported) or "split_k"
+                         (`residual_gemv`): the MoE's router launch computes h = rms_norm(x) (from the parts, or
+                         from whole rows of x)
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
     `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
@@ -374,7 +375,7 @@ class FusedModel:
         if not cfg.is_moe:
             return None
         why = held_residual_supported(cfg.hidden_size, cfg.q_size, self.device)
-        parts = cfg.hidden_size // 16             # the held out_proj's partial sums of squares a row
+        parts = cfg.hidden_size // HELD_BLOCK_N   # the held out_proj's partial sums of squares a row
         if why is None and parts > self._moe.MAX_SUM_SQ_PARTS:
             why = (f"hidden_size {cfg.hidden_size}: {parts} partial sums of squares a row, the MoE router adds at most "
                    f"{self._moe.MAX_SUM_SQ_PARTS}")
@@ -442,7 +443,7 @@ class FusedModel:
             attn=torch.zeros(wmax, cfg.num_heads, cfg.head_dim, dtype=bf, **z),
             rstd=torch.zeros(wmax, dtype=torch.float32, **z),
             h=torch.zeros(wmax, cfg.hidden_size if cfg.is_moe else 1, dtype=bf, **z),
-            sum_sq=torch.zeros(wmax, cfg.hidden_size // 16 if self.moe_out_proj == "held" else 1,
+            sum_sq=torch.zeros(wmax, cfg.hidden_size // HELD_BLOCK_N if self.moe_out_proj == "held" else 1,
                                dtype=torch.float32, **z),
             act=torch.zeros(wmax, max(cfg.intermediate_size, 1) if not cfg.is_moe else 1, dtype=bf, **z),
             logits=torch.zeros(wmax, cfg.vocab_size, dtype=torch.float32, **z),

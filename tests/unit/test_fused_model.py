@@ -1336,10 +1336,11 @@ def test_gpu_moe_out_proj_forms_within_policy_row_invariant_and_replayed(device,
     """One Qwen3-30B-A3B layer (random weights, vocab cut to 4096) with each form of the MoE layers' output projection
     (`moe_out_proj`: "held", what the default "auto" picks on an sm_90 GPU, and "split_k" leave the RMSNorm to the
     MoE's router launch; "norm_epilogue", what "auto" picks where the held GEMV does not run, is out_proj writing h): a
-    mixed step (decode, verify and prefill-chunk rows, padding) within the policy against the float64 reference (logits, K / V); graphed decode steps of 1 / 6 / 16 rows
-    give bitwise the logits and KV of a 48-row width (row invariance with padding), and the same logits on a pure replay
-    with h (the normed rows the experts read), the attention output and the held out_proj's partial sums of squares
-    (the router's statistic) NaN first (a launch reading them before they are rewritten would show)."""
+    mixed step (decode, verify and prefill-chunk rows, padding) within the policy against the float64 reference
+    (logits, K / V); graphed decode steps of 1 / 6 / 16 rows give bitwise the logits and KV of a 48-row width (row
+    invariance with padding), and the same logits on a pure replay with h (the normed rows the experts read), the
+    attention output and the held out_proj's partial sums of squares (the router's statistic) NaN first (a launch
+    reading them before they are rewritten would show)."""
     from lowlat.bench import random_weights_on_device
 
     cfg = preset("Qwen3-30B-A3B").replace(num_layers=1, vocab_size=4096)

@@ -481,11 +481,11 @@ def sum_sq_parts_of(y: torch.Tensor, parts: int) -> torch.Tensor:
 @pytest.mark.parametrize("parts", [1, 5, 6])
 def test_norm_statistic_from_sum_sq_parts(device, split, parts):
     """moe_forward(..., sum_sq_parts=ss): the router takes rstd from the sum of the given parts, not from x. With x and
-    the parts' source y both multiples of 1/8 (every sum exact in any order), hn is bitwise g * bf16(x * rsqrt(mean(y^2)
-    + eps)) — the reference's formula with y's statistic, so a kernel that recomputed x's own statistic fails — for 1,
-    5 (not a power of two: masked) and 6 parts of uneven column ranges, in a view whose rows are P + 3 apart (NaN in
-    the gaps), padding rows included; out bitwise the unnormed path fed hn; with the parts of x itself, hn and out
-    bitwise the path that computes the statistic from x."""
+    the parts' source y both multiples of 1/8 (every sum exact in any order), hn is bitwise
+    g * bf16(x * rsqrt(mean(y^2) + eps)) — the reference's formula with y's statistic, so a kernel that recomputed x's
+    own statistic fails — for 1, 5 (not a power of two: masked) and 6 parts of uneven column ranges, in a view whose
+    rows are P + 3 apart (NaN in the gaps), padding rows included; out bitwise the unnormed path fed hn; with the
+    parts of x itself, hn and out bitwise the path that computes the statistic from x."""
     m, hidden, nv, eps = 9, 96, 6, 1e-5
     cfg = tiny_cfg(hidden=hidden, experts=20, top_k=2, inter=16)
     g = torch.Generator().manual_seed(29 + parts)
@@ -599,8 +599,8 @@ def test_route_bad_top_k_and_forced_bad_bitmap(device):
 
 
 def test_norm_bad_inputs_raise_typed_errors_and_write_nothing(device):
-    """norm_weight / eps / h_out / sum_sq_parts refused (StepContractError naming the value) before any write: out, h_out,
-    h, x_residual and the workspace's normed-rows buffer unchanged."""
+    """norm_weight / eps / h_out / sum_sq_parts refused (StepContractError naming the value) before any write: out,
+    h_out, h, x_residual and the workspace's normed-rows buffer unchanged."""
     cfg, lw, h, x, _ = _error_cases(device)
     m, hidden = h.shape
     bf16 = torch.bfloat16
@@ -726,34 +726,39 @@ def test_kernels_compile_for_sm90():
     assert r.stdout.count("router_logits_norm ") == 2, r.stdout
 
 
+def router_launch_specs(hidden: int, experts: int, inter: int, top_k: int, pdl: bool) -> list[tuple[str, dict]]:
+    """(name, compile_sm90 spec) of each `_router_logits_kernel` variant `moe.sm90_compile_specs` lists, built as a
+    launch specialises it (16-divisible strides, H and E; launch_pdl with PDL), PTX kept."""
+    return [(name, {"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
+                    "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
+                    "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
+                    "launch_pdl": pdl, "ptx": True, **opts})
+            for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(hidden, experts, inter, top_k, use_pdl=pdl)
+            if fn is kmoe._router_logits_kernel]
+
+
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
 def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
     """The router launch's NORM variants (the statistic from whole rows of x, or from H / 16 partial sums) at
-    Qwen3-30B-A3B shapes (and the partial-sums variant at the most parts it takes, H 4096), built as a launch specialises it (16-divisible
-    strides, H and E; launch_pdl with PDL): no spills; with PDL one `griddepcontrol.wait`, and before it only
-    the loads the plain variant issues there (the router's first weight slice) plus the norm weight's first
-    slice: no read of x (the previous launch's output), no store, no tensor-core product."""
+    Qwen3-30B-A3B shapes, and the partial-sums variant at the most parts it takes (MAX_SUM_SQ_PARTS: H 4096), built
+    as a launch specialises it: no spills; with PDL one `griddepcontrol.wait`, and before it only the loads the plain
+    variant issues there (the router's first weight slice) plus the norm weight's first slice: no read of x (the
+    previous launch's output) nor of the partial sums, no store, no tensor-core product."""
     from sampling_stats import compile_sm90
 
     cfg = preset("Qwen3-30B-A3B")
-    specs, names = [], []
-    for pdl in (False, True):
-        for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(cfg.hidden_size, cfg.num_experts,
-                                                              cfg.moe_intermediate_size, cfg.top_k, use_pdl=pdl):
-            if fn is not kmoe._router_logits_kernel:
-                continue
-            names.append((name, pdl))
-            specs.append({"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
-                          "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
-                          "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
-                          "launch_pdl": pdl, "ptx": True, **opts})
+    listed = [((name, pdl), spec) for pdl in (False, True)
+              for name, spec in router_launch_specs(cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size,
+                                                    cfg.top_k, pdl)]
+    listed += [(("most_parts", True), spec) for name, spec in
+               router_launch_specs(16 * kmoe.MAX_SUM_SQ_PARTS, 128, 1536, 8, True) if name == "router_logits_norm_ss"]
+    assert listed[-1][1]["constexprs"]["SS_P2"] == kmoe.MAX_SUM_SQ_PARTS
     variants = ("router_logits", "router_logits_norm", "router_logits_norm_ss")
-    assert sorted(names) == sorted([(n, p) for n in variants for p in (False, True)])
-    info = dict(zip(names, compile_sm90("lowlat.kernels.moe:_router_logits_kernel", specs)))
-    for pdl in (False, True):
-        for name in variants[1:]:
-            norm = info[(name, pdl)]
-            assert norm["spill_bytes"] == 0, (name, {k: v for k, v in norm.items() if k != "ptx"})
+    names = [n for n, _ in listed]
+    assert sorted(names) == sorted([(n, p) for n in variants for p in (False, True)] + [("most_parts", True)])
+    info = dict(zip(names, compile_sm90("lowlat.kernels.moe:_router_logits_kernel", [sp for _, sp in listed])))
+    for key in [(n, p) for n in variants[1:] for p in (False, True)] + [("most_parts", True)]:
+        assert info[key]["spill_bytes"] == 0, (key, {k: v for k, v in info[key].items() if k != "ptx"})
     heads = {}
     for name in variants:
         ptx = info[(name, True)]["ptx"]
@@ -763,16 +768,6 @@ def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
         heads[name] = head.count("ld.global")
     assert 1 <= heads["router_logits"] <= heads["router_logits_norm"] <= heads["router_logits"] + 2, heads
     assert heads["router_logits_norm_ss"] == heads["router_logits_norm"], heads      # ss and x only after the wait
-    # the most partial sums the router takes (MAX_SUM_SQ_PARTS = H / 16 at H 4096): a [256, 64] fp32 tile, no spills
-    big = [{"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
-            "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
-            "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")], "launch_pdl": True, **opts}
-           for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(16 * kmoe.MAX_SUM_SQ_PARTS, 128, 1536, 8,
-                                                                 use_pdl=True)
-           if name == "router_logits_norm_ss"]
-    assert len(big) == 1 and big[0]["constexprs"]["SS_P2"] == kmoe.MAX_SUM_SQ_PARTS
-    (info_big,) = compile_sm90("lowlat.kernels.moe:_router_logits_kernel", big)
-    assert info_big["spill_bytes"] == 0, info_big
 
 
 # ----------------------------------------------------------------------------------------- GPU, full size
