@@ -219,3 +219,78 @@ def module_from_source(name: str, src: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+class LlamaPrologueCase:
+    """Llama-3.2-1B's attention prologue inputs as session 28's per-kernel explores (37, 39-43) time them, like
+    `bench/bench_attn_prologue.py`: one layer's random weights (seed 0), the packed QKV weight `w0` and `r` rotated
+    copies of it (`ws`: each launch reads its weights from HBM), the RoPE table of 4096 positions; `rows(m)` gives a
+    width's inputs."""
+
+    def __init__(self, dev):
+        from lowlat.benchmarking import rotation_copies
+        from lowlat.config import preset
+        from lowlat.kernels.attn_prologue import pack_qkv, rope_table
+        from lowlat.weights import random_layer_weights
+
+        self.dev = dev
+        self.cfg = cfg = preset("Llama-3.2-1B")
+        self.lw = random_layer_weights(cfg.replace(intermediate_size=16), generator=torch.Generator().manual_seed(0),
+                                       device=dev)
+        self.w0 = pack_qkv(self.lw)
+        self.table = rope_table(cfg, 4096, dev)
+        self.r = rotation_copies(self.w0.numel() * 2)
+        self.ws = [self.w0.clone() for _ in range(self.r)]
+
+    def rows(self, m: int):
+        """(xs: r copies of x [m, H] bf16, positions [m] in 0..4095, locs: copy i's KV slots 1 + i m .. (i + 1) m)."""
+        r, dev = self.r, self.dev
+        xs = [torch.randn(m, self.cfg.hidden_size, device=dev).bfloat16() for _ in range(r)]
+        locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
+        return xs, torch.randint(0, 4096, (m,), device=dev), locs
+
+    def cache(self, m: int, fill: float = 0.0):
+        """A K or V cache of r m + 1 slots (every copy's rows) filled with `fill`."""
+        c = self.cfg
+        return torch.full((self.r * m + 1, c.num_kv_heads, c.head_dim), fill, dtype=torch.bfloat16, device=self.dev)
+
+    def q_out(self, m: int):
+        """An output q [m, Hq, D] bf16 of NaN."""
+        c = self.cfg
+        return torch.full((m, c.num_heads, c.head_dim), float("nan"), dtype=torch.bfloat16, device=self.dev)
+
+
+def time_alternated(fns: dict, n: int) -> dict:
+    """{variant: [us, us]}: each of `fns` (launch(i) callables) timed twice in the order A B .. B A, a CUDA graph of
+    launches 0..n-1 each time (`graph_time_us`)."""
+    from lowlat.benchmarking import graph_time_us
+
+    names = list(fns)
+    times = {v: [] for v in names}
+    for v in names + names[::-1]:
+        times[v].append(graph_time_us(fns[v], n))
+    return times
+
+
+def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max(|b|, 1e-2), elementwise in fp32 (NaN where either is NaN)."""
+    return float(((a.float() - b.float()).abs() / b.float().abs().clamp_min(1e-2)).max())
+
+
+class Qwen3OutProjCase:
+    """Qwen3-30B-A3B's output projection ([N 2048, K 4096] bf16, scaled 1 / sqrt(K)) as explore35 / 40 / 41 time the
+    held residual GEMV: `nc` rotated weight copies (`lowlat.bench._copies`: read from HBM), a device generator (seed 1)
+    for the rows; `rows(m)` gives a [m, K] input and a [m, N] residual."""
+
+    def __init__(self, dev):
+        from lowlat.bench import _copies
+
+        self.dev, self.n, self.k = dev, 2048, 4096
+        self.g = torch.Generator(device=dev).manual_seed(1)
+        self.nc = _copies(self.n * self.k * 2)
+        self.ws = [(torch.randn(self.n, self.k, generator=self.g, device=dev) * self.k ** -0.5).to(torch.bfloat16)
+                   for _ in range(self.nc)]
+
+    def rows(self, m: int):
+        a = torch.randn(m, self.k, generator=self.g, device=self.dev).to(torch.bfloat16)
+        return a, torch.randn(m, self.n, generator=self.g, device=self.dev).to(torch.bfloat16)

@@ -40,6 +40,8 @@ registers across the wait, `kernels/attn_prologue_held.py`; auto, the default: w
 own bits, so the logits checksum differs between on and off (each is row invariant).
 --held-fold build|registers (session 26): fused_model.HELD_FOLD (the held prologue's norm weight multiplied into the
 weights at build or in the kernel's registers; the same bits).
+--held-maxnreg N (session 28): the held prologue launched with maxnreg=N (168 on folded weights: three programs an SM,
+no spills at 1-8 rows); moves no arithmetic.
 --moe-out-proj auto|held|split_k|norm_epilogue (session 26): FusedModel's moe_out_proj (MoE layers' output
 projection: the held residual GEMV, the split-K one, both with the RMSNorm in the MoE's router launch, or the
 RMSNorm epilogue in out_proj as before); each has its own bits.
@@ -98,6 +100,7 @@ def main() -> None:
     p.add_argument("--held-prologue", default=None, choices=["auto", "on", "off"])
     p.add_argument("--moe-out-proj", default=None, choices=["auto", "held", "split_k", "norm_epilogue"])
     p.add_argument("--held-fold", default=None, choices=["build", "registers"])
+    p.add_argument("--held-maxnreg", type=int, default=0, help="register cap of the held prologue's launches (0: none)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -139,6 +142,11 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from explore27 import capped
         ap._attn_prologue_kernel = capped(ap._attn_prologue_kernel, a.prologue_maxnreg)
+    if a.held_maxnreg:                  # session 28: the held prologue with three programs an SM
+        from lowlat.kernels import attn_prologue_held as aph
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from explore27 import capped
+        aph._held_prologue_kernel = capped(aph._held_prologue_kernel, a.held_maxnreg)
     dev = torch.device("cuda")
     order = [int(x) for x in a.order.split(",")]
     cfg = preset(a.model)
@@ -163,7 +171,8 @@ def main() -> None:
     out = dict(model=a.model, layers=cfg.num_layers, order=order, attn_trigger=a.attn_trigger, ctx=a.ctx,
                pre_kv=a.pre_kv, chunk=da.COMBINE_CHUNK,
                attn_target=a.attn_target, attn_min_groups=a.attn_min_groups, prologue_pdl=a.prologue_pdl,
-               prologue_maxnreg=a.prologue_maxnreg, kv_stages=a.kv_stages or "default", defer=fm.defer,
+               prologue_maxnreg=a.prologue_maxnreg, held_maxnreg=a.held_maxnreg, kv_stages=a.kv_stages or "default",
+               defer=fm.defer,
                defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
                held_prologue=fm.held_prologue, moe_out_proj=fm.moe_out_proj, held_folded=fm._held_folded,
                widths={})

@@ -61,11 +61,22 @@ def gluon_sm90_reason(device: torch.device | str) -> str | None:
 
 
 @triton.jit
-def pdl_wait_then_release(USE_PDL: tl.constexpr):
+def pdl_wait_then_release(USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr = False):
     """The PDL wait, then the release of the next launch (called after a held kernel's weight loads: the production
-    rule, the next launch may read before its own wait only what two or more launches back wrote)."""
+    rule, the next launch may read before its own wait only what two or more launches back wrote); with
+    EARLY_RELEASE the wait alone (the kernel released at its start, `pdl_release_early`)."""
     if USE_PDL:
         gdc_wait()
+        if not EARLY_RELEASE:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release_early(USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+    """With EARLY_RELEASE under PDL, release the next launch now (a program's start): it may then start before this
+    launch's predecessor is complete, so it must read before its own wait nothing that predecessor writes (the
+    caller's early_release states what its successors read)."""
+    if USE_PDL and EARLY_RELEASE:
         gdc_launch_dependents()
 
 

@@ -45,9 +45,11 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import check_tensor, gluon_sm90_reason, pdl_supported, pdl_wait_then_release
+from lowlat.kernels._attn_common import (check_tensor, gluon_sm90_reason, pdl_release_early, pdl_supported,
+                                         pdl_wait_then_release)
 from lowlat.kernels._gemv import MAX_ROWS
 from lowlat.kernels.attn_prologue import _check_values, check_qkv_and_caches, check_rows_inputs
+from lowlat.kernels.out_proj import check_early_release
 
 WARPS = 4          # warps a program
 SLICES = 4         # K slices (one a warp)
@@ -107,10 +109,13 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
                           stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
                           M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
                           NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FOLD_G: gl.constexpr = True,
-                          Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8):
+                          Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8,
+                          EARLY_RELEASE: gl.constexpr = False):
     """See the module docstring. Grid (Hq + 2 Hkv) D / 16 programs of Q warps; NMB = ceil(M / RB) row blocks; x
     contiguous (row stride K: a runtime stride cost the 2-row-block launch 12 bytes of spills at K 2048). FOLD_G:
-    multiply g into the weights here (else w is `fold_attn_norm`'s, g unread)."""
+    multiply g into the weights here (else w is `fold_attn_norm`'s, g unread). EARLY_RELEASE: the next launch
+    released at the program's start, not after the wait (`attn_prologue_held`'s early_release)."""
+    pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
     LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
@@ -149,7 +154,7 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     else:
         nvr = nvr_int
     loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
-    pdl_wait_then_release(USE_PDL)
+    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
     for b in gl.static_range(NMB):
         brow = b * RB + bm
         bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)
@@ -200,7 +205,7 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                        k_cache: torch.Tensor,
                        v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *, cfg: ModelConfig,
                        out_q: torch.Tensor | None = None, use_pdl: bool = False,
-                       check_values: bool = False) -> torch.Tensor:
+                       check_values: bool = False, early_release: bool = False) -> torch.Tensor:
     """RMSNorm -> QKV projection -> RoPE -> KV write in one launch, the weights held in registers across the PDL wait.
 
     Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py; g multiplied into
@@ -225,12 +230,21 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                       prologue reads them after its wait). FusedModel copies them in before the step.
         check_values  also check positions (in the table) / out_cache_loc (in 1..S-1) values (host sync; not under
                       capture)
+        early_release (a bool; under PDL) release the next launch at the start of every program instead of right
+                      after the wait: the next launch may then start before this launch's predecessor is complete,
+                      so it must read before its own wait nothing that predecessor (or any launch of the step
+                      before it) writes. FusedModel's successor, `decode_attention`, reads there only the step inputs
+                      (positions, request indices, out_cache_loc, num_valid_rows, the page table) and KV slots
+                      written by earlier steps. Same bits either way. Slower where measured (Llama-3.2-1B per kernel,
+                      session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3 against 13.4 at 48), so off in
+                      FusedModel unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
     Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows]; padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value, nothing launched (out_q allocated at most): M
         outside 1..48, H not cfg.hidden_size, x not contiguous, a tensor of another dtype / shape / device, N not
         (Hq + 2 Hkv) D, num_valid_rows outside 0..M, with check_values a position outside the table or a slot
-        outside 1..S-1, then a model or device the kernel does not take (`held_prologue_supported`'s reason).
+        outside 1..S-1, an early_release that is not a bool, then a model or device the kernel does not take
+        (`held_prologue_supported`'s reason).
     """
     dev = x.device if isinstance(x, torch.Tensor) else None
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
@@ -252,6 +266,7 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], k_cache.shape[0])
+    check_early_release(early_release)
     why = held_prologue_supported(cfg, dev)
     if why is not None:
         raise StepContractError(f"the held prologue cannot run here: {why}")
@@ -262,6 +277,6 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps), K=hidden, D=d, NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK,
         NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, FOLD_G=attn_norm is not None, Q=WARPS, S=SLICES, RB=ROW_BLOCK,
-        num_warps=WARPS,
+        EARLY_RELEASE=early_release, num_warps=WARPS,
         launch_pdl=pdl)
     return out_q

@@ -1,9 +1,9 @@
-"""Compile lowlat's GEMV kernels (the attention prologue included) for sm_90 without a GPU (Triton's
-bundled ptxas), and report what the machine code uses: tensor cores (wgmma or mma.sync), cp.async
-pipelining, griddepcontrol (PDL), L2 prefetches, registers, spills (a local array in the PTX, or a ptxas stack
-frame of more than SPILL_BYTES_OK bytes a thread: `spills`), shared memory, and whether a preload kernel issues
-its weight loads before the PDL wait; plus the launch's program count and how many of its programs fit on one SM
-(`programs_per_sm`).
+"""Compile lowlat's GEMV kernels (the attention prologue included; without --quick also the MoE block's kernels) for
+sm_90 without a GPU (Triton's bundled ptxas), and report what the machine code uses: tensor cores (wgmma or mma.sync;
+and whether the kernel is a matrix product that needs them), cp.async pipelining, griddepcontrol (PDL), L2
+prefetches, registers, spills (a local array in the PTX, or a ptxas stack frame of more than SPILL_BYTES_OK bytes a
+thread: `spills`), shared memory, and whether a preload kernel issues its weight loads before the PDL wait; plus the
+launch's program count and how many of its programs fit on one SM (`programs_per_sm`).
 
     python -m lowlat.kernels.sm90_check [--quick]   # needs TRITON_INTERPRET unset (the compiled path)
 
@@ -11,7 +11,9 @@ Catches GPU-only failures (layouts, dot shapes, inline asm, atomics, register sp
 machine, where the interpreter runs none of that. Shapes are SmolLM2-135M's (and, without --quick,
 Llama-3.2-1B's and Qwen3-30B-A3B's prologue), each with the plan the fused model uses (`plan_gemv`,
 tuned table included); for a model whose FusedModel runs the held prologue (`attn_prologue_held`, Gluon:
-Llama-3.2-1B, without --quick) that kernel too, as FusedModel launches it.
+Llama-3.2-1B, without --quick) that kernel too, as FusedModel launches it; without --quick also every kernel of the
+MoE block (`moe.sm90_compile_specs`) at Qwen3-30B-A3B's shapes (`compile_moe`). Exits 1 when `findings` names a
+kernel.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ def constexpr_defaults(kernel) -> dict:
             if v.default is not inspect.Parameter.empty and "constexpr" in str(v.annotation)}
 
 
-def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, pdl: bool):
+def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int, pdl: bool,
+             divisible: tuple = ()):
+    """Compile `kernel` for sm_90 as a launch specialises it: pointers, strides (names starting "stride" or holding
+    "_stride_"), N, K, I, V and the runtime ints named in `divisible` taken as 16-divisible (a launch passes them as
+    multiples of 16 elements: Triton's launcher then specialises them so); constexprs not given take their defaults
+    (`constexpr_defaults`), as a launch that does not name them does."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -47,7 +54,7 @@ def _compile(kernel, signature: dict, constexprs: dict, *, num_warps: int, num_s
         else:
             sig[name] = signature[name]
             if (sig[name].startswith("*") or name.startswith("stride") or "_stride_" in name
-                    or name in ("N", "K", "I", "V")):
+                    or name in ("N", "K", "I", "V") or name in divisible):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     if getattr(kernel, "is_gluon", lambda: False)():      # a Gluon kernel (the held prologue): its own front end
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
@@ -95,14 +102,20 @@ def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
     return min(by_regs, by_smem, by_threads, SM90_BLOCKS)
 
 
-def _report(name: str, c, t: float, *, preload: bool, programs: int | None = None) -> dict:
+def _report(name: str, c, t: float, *, preload: bool, programs: int | None = None,
+            needs_tensor_cores: bool = True) -> dict:
+    """Print and return one compile's report: `name`, compile time `t` (s), what the PTX / cubin of the compiled
+    kernel `c` uses (see the module docstring); loads_before_wait only for a `preload` kernel (else None);
+    needs_tensor_cores: whether the kernel is a matrix product whose PTX should hold mma / wgmma (every GEMV; not the
+    MoE block's routing, plan and combine kernels), what `findings` checks tensor_cores against."""
     ptx = c.asm["ptx"]
     wait = ptx.find("griddepcontrol.wait")
     first_ld = ptx.find("ld.global")
     regs, stack = _resources(c.asm["cubin"])
     info = {"kernel": name, "compile_s": round(t, 2), "shared_bytes": c.metadata.shared, "registers": regs,
-            "tensor_cores": "wgmma" in ptx or "mma.sync" in ptx, "wgmma": "wgmma" in ptx,
-            "cp_async": "cp.async" in ptx, "griddepcontrol": wait >= 0, "prefetch": "prefetch.global.L2" in ptx,
+            "tensor_cores": "wgmma" in ptx or "mma.sync" in ptx, "needs_tensor_cores": needs_tensor_cores,
+            "wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx, "griddepcontrol": wait >= 0,
+            "prefetch": "prefetch.global.L2" in ptx,
             "local_memory": ".local" in ptx or bool(stack), "local_array": ".local" in ptx, "spill_bytes": stack,
             "loads_before_wait": (0 <= first_ld < wait) if preload and wait >= 0 else None,
             "programs": programs,
@@ -120,6 +133,13 @@ SPILL_BYTES_OK = 8
 def spills(report: dict) -> bool:
     """True when a `_report` shows a local array in the PTX or more than SPILL_BYTES_OK bytes of ptxas stack."""
     return report["local_array"] or (report["spill_bytes"] or 0) > SPILL_BYTES_OK
+
+
+def findings(reports) -> list[str]:
+    """Names of the `_report`s the check fails on: a kernel that needs tensor cores (needs_tensor_cores) compiled
+    without them, one that `spills`, or a preload kernel whose first global load comes after its PDL wait."""
+    return [r["kernel"] for r in reports
+            if (r["needs_tensor_cores"] and not r["tensor_cores"]) or spills(r) or r["loads_before_wait"] is False]
 
 
 def _sig(*pairs) -> dict:
@@ -210,11 +230,79 @@ def compile_held_residual(n: int, k: int, name: str) -> list[dict]:
     return out
 
 
+def moe_roles() -> dict:
+    """{kernel: (needs_tensor_cores, preload)} of each kernel `moe.sm90_compile_specs` lists, for `compile_moe`:
+    whether its PTX must hold a tensor-core product (mma.sync / wgmma) and whether it loads weights before its PDL
+    wait (what `_report`'s loads_before_wait checks). Compiled at Qwen3-30B-A3B's shapes, the three kernels that
+    call tl.dot hold mma and the other two none."""
+    from lowlat.kernels import moe
+
+    return {
+        # partial router logits: tl.dot of a [BE, BK] router weight tile by [BK, 64] rows, bf16 into fp32 - a matrix
+        # product; its first router (and norm) weight slice is loaded before griddepcontrol.wait, x only after
+        moe._router_logits_kernel: (True, True),
+        # route / plan: a sum over splits, softmax, top-k maxima, population counts and a cumsum over a [BM, E]
+        # tile - no matrix product; it waits before its first load (the router's logits)
+        moe._route_plan_kernel: (False, False),
+        # the experts' (and the shared expert's) gate/up: two tl.dot of [BN, BK] weight tiles by [BK, BR] rows;
+        # waits first (it reads the plan to know which expert's weights to load)
+        moe._expert_gate_up_kernel: (True, False),
+        # down: tl.dot of [BNH, BKI] weight tiles by [BKI, BR] act rows; before its wait it reads the plan and the
+        # bitmap (two launches old), no weight, so a load before the wait says nothing of weights: not preload
+        moe._expert_down_kernel: (True, False),
+        # combine: per-row sums of the KMAX slots, the shared expert's output and the residual - elementwise
+        moe._combine_kernel: (False, False),
+    }
+
+
+def moe_divisible(cfg) -> tuple[str, ...]:
+    """The MoE kernels' runtime ints that every launch of `cfg`'s MoE block passes as multiples of 16, which Triton's
+    launcher then specialises as 16-divisible: E (num_experts), H (hidden_size) and NSS (the router's partial sums of
+    squares a row: H / BLOCK_N of the held out_proj with moe_out_proj "held", else 0), each where its value is one
+    (Qwen3-30B-A3B: E 128, H 2048, NSS 128 or 0 - all three). Never M (a launch's row count) nor nvalid."""
+    from lowlat.kernels.residual_gemv_held import BLOCK_N
+
+    vals = (("E", cfg.num_experts), ("H", cfg.hidden_size), ("NSS", cfg.hidden_size // BLOCK_N))
+    return tuple(n for n, v in vals if v % 16 == 0)
+
+
+def compile_moe(name: str = "Qwen3-30B-A3B") -> list[dict]:
+    """Compile for sm_90 and report each kernel `moe.sm90_compile_specs` lists for `preset(name)`'s MoE block (its
+    hidden_size, num_experts, moe_intermediate_size and top_k; PDL on, each spec's warps and stages), as
+    `name`/moe/<spec name>, with `moe_roles`' needs_tensor_cores and preload (a kernel missing there is refused:
+    KeyError). The signature is the spec's; taken as 16-divisible, as FusedModel's launches specialise them: pointers,
+    strides (at Qwen3-30B-A3B's shapes each 0 or a product of H 2048, E 128, Ie 768 and H / 16 = 128) and
+    `moe_divisible(cfg)`; never M (a launch's row count, 1..48) nor nvalid (the spec's int row count). Compiled
+    without H and E so, the router's NORM variant spilled 1424 bytes a thread (255 registers) where the launch's
+    specialisation spills none. The specs' NV_PTR is False (num_valid_rows an int) where FusedModel passes a device
+    tensor; the shared expert's two (Is 256) are listed though Qwen3-30B-A3B has none. programs None: the expert and
+    combine grids follow the row count."""
+    from lowlat.config import preset
+    from lowlat.kernels.moe import sm90_compile_specs
+
+    cfg = preset(name)
+    roles, divisible = moe_roles(), moe_divisible(cfg)
+    out = []
+    for spec, kernel, sig, const, opts in sm90_compile_specs(cfg.hidden_size, cfg.num_experts,
+                                                              cfg.moe_intermediate_size, cfg.top_k, use_pdl=True):
+        role = next((r for k, r in roles.items() if k is kernel), None)     # by identity (no JIT-function hash)
+        if role is None:
+            raise KeyError(f"sm90_check.moe_roles does not say whether {spec}'s kernel needs tensor cores")
+        needs_tc, preload = role
+        t = time.time()
+        c = _compile(kernel, sig, const, num_warps=opts["num_warps"], num_stages=opts["num_stages"], pdl=True,
+                     divisible=divisible)
+        out.append(_report(f"{name}/moe/{spec}", c, time.time() - t, preload=preload, needs_tensor_cores=needs_tc))
+    return out
+
+
 def compile_all(quick: bool = False) -> list[dict]:
     """Compile every GEMV kernel variant the fused model launches (quick: SmolLM2 only, 1 and 3 row
     blocks), plus out_proj with the RMSNorm epilogue (MoE layers' `moe_out_proj="norm_epilogue"`) and its h-writing
-    form, Qwen3-30B-A3B's held out_proj (`compile_held_residual`, moe_out_proj "held"), and the held prologue of the
-    models that run it (`compile_held_prologue`)."""
+    form, Qwen3-30B-A3B's held out_proj (`compile_held_residual`, moe_out_proj "held"), the held prologue of the
+    models that run it (`compile_held_prologue`) and, without quick, every kernel of Qwen3-30B-A3B's MoE block
+    (`compile_moe`: router, route / plan, expert and shared-expert gate/up and down, combine; the routing, plan and
+    combine kernels reported with needs_tensor_cores False). One `_report` each; quick compiles no MoE kernel."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: this compiles the GPU path")
     import triton
@@ -289,6 +377,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             run("Qwen3-30B-A3B/out_proj_norm", _residual_gemv_kernel, res_sig, p, nmb, True, NORM=True, WRITE_H=True,
                 NT_P2=max(2, triton.next_power_of_2(p.n_tiles)), BH=512, N_COLS=qc.hidden_size)
         out.extend(compile_held_residual(qc.hidden_size, qc.q_size, "Qwen3-30B-A3B/out_proj_held"))
+        out.extend(compile_moe("Qwen3-30B-A3B"))         # the MoE block itself (moe.sm90_compile_specs)
     # the attention prologue (a pair GEMV of kind "qkv"; one row block per program, NUM_MB only sizes the
     # workspace rows), with its plan and epilogue-load rule; Qwen3 adds QK-norm
     from lowlat.config import preset
@@ -333,7 +422,7 @@ def compile_all(quick: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     res = compile_all(quick="--quick" in sys.argv)
-    bad = [r["kernel"] for r in res if not r["tensor_cores"] or spills(r) or r["loads_before_wait"] is False]
-    print(f"{len(res)} kernels compiled for sm_90; without tensor cores, spilling (more than {SPILL_BYTES_OK} bytes a "
-          f"thread, or a local array), or preloading after the PDL wait: {bad or 'none'}")
+    bad = findings(res)
+    print(f"{len(res)} kernels compiled for sm_90; without tensor cores where needed, spilling (more than "
+          f"{SPILL_BYTES_OK} bytes a thread, or a local array), or preloading after the PDL wait: {bad or 'none'}")
     sys.exit(1 if bad else 0)

@@ -105,8 +105,12 @@ FOLD_MAX_WIDTH = 0
 EARLY_RELEASE = "auto"
 #: bytes of bf16 weights a dense residual GEMV must exceed to release early under "auto": the issue's 8 MB (10^6)
 EARLY_RELEASE_MIN_BYTES = 8_000_000
-#: the launches `FusedModel(early_release=...)` may name
-EARLY_RELEASE_LAUNCHES = ("out_proj", "down")
+#: the launches `FusedModel(early_release=...)` may name ("attn_prologue": the held prologue, `attn_prologue_held`'s
+#: early_release; its successor, the decode attention, reads before its wait only step inputs and KV slots of
+#: earlier steps). "auto" never names "attn_prologue": measured slower (session 28 call 2, bench/explore/explore39.py
+#: per kernel, Llama-3.2-1B: 5.26 / 5.83 / 10.4 / 29.3 us at 1 / 6 / 16 / 48 rows against 4.39 / 4.58 / 6.29 / 13.4;
+#: explore26, 16 layers, A B B A: the step +3.1 / +16.4 / +59 / +0.9 us)
+EARLY_RELEASE_LAUNCHES = ("out_proj", "down", "attn_prologue")
 #: The attention prologue with its weights held in registers across the PDL wait (`attn_prologue_held`): "auto" runs
 #: it wherever `held_prologue_supported` allows (the Llama family: no QKV bias or QK-norm, H a power of two in
 #: 256..2048, on sm_90) and no explicit defer_down > 0 asks for the down's deferral. Per kernel, Llama-3.2-1B, g
@@ -159,7 +163,7 @@ def early_release_launches(cfg: ModelConfig) -> tuple[str, ...]:
         return ()
     h = cfg.hidden_size
     big = {"out_proj": releases_early(h, cfg.q_size), "down": releases_early(h, cfg.intermediate_size)}
-    return tuple(n for n in EARLY_RELEASE_LAUNCHES if big[n])
+    return tuple(n for n in EARLY_RELEASE_LAUNCHES if big.get(n, False))
 
 
 def down_prepass_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: GemvPlan, width: int) -> int:
@@ -263,8 +267,9 @@ class FusedModel:
         early_release    "auto" (default EARLY_RELEASE: the launches `early_release_launches(cfg)` names, those
                          over EARLY_RELEASE_MIN_BYTES of weights) or a tuple / list / set of the dense layers'
                          launches among "out_proj" and "down" that release the next launch at their start, not
-                         after their PDL wait (`out_proj.residual_gemv`); the same bits either way; MoE layers
-                         ignore it
+                         after their PDL wait (`out_proj.residual_gemv`), and "attn_prologue" (the held prologue:
+                         `attn_prologue_held`'s early_release; StepContractError where the model runs the split-K
+                         prologue); the same bits either way; MoE layers ignore out_proj / down
         held_prologue    "auto" (default HELD_PROLOGUE: where `held_prologue_supported(cfg, device)` allows), True
                          (required: UnsupportedConfigError with the reason where it is not supported) or False: every
                          layer's attention prologue is `attn_prologue_held` (weights held in registers across the PDL
@@ -347,6 +352,9 @@ class FusedModel:
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
         self._held_folded = self.held_prologue and HELD_FOLD == "build"
+        if "attn_prologue" in self.early_release and not self.held_prologue:
+            raise StepContractError("early_release names 'attn_prologue', which only the held prologue does; this "
+                                    f"model runs the split-K prologue ({why or 'held_prologue=False'})")
         self._moe = None
         if cfg.is_moe:
             try:
@@ -767,7 +775,8 @@ class FusedModel:
             if self.held_prologue:                # never a DeferredX: defers_down is False
                 g = None if self._held_folded else L.attn_norm                  # None: folded at build
                 q = attn_prologue_held(xin, L.qkv, g, bufs.positions, bufs.out_cache_loc, bufs.nvalid,
-                                       kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl)
+                                       kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl,
+                                       early_release="attn_prologue" in self.early_release)
             else:
                 q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                                   bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,

@@ -588,7 +588,7 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
 
 
 # ----------------------------------------------------------------------------- the held prologue (session 25)
-def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folded=False):
+def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folded=False, early_release=False):
     """The held prologue with g multiplied into the weights in registers, or (folded) by `fold_attn_norm` first."""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm
 
@@ -596,7 +596,7 @@ def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folde
     w, g = (fold_attn_norm(pack_qkv(lw), lw.attn_norm), None) if folded else (pack_qkv(lw), lw.attn_norm)
     q = attn_prologue_held(x, w, g, step.positions, step.out_cache_loc,
                            step.num_valid_rows if nvr is None else nvr, kc, vc, table, cfg=cfg, out_q=out_q,
-                           use_pdl=use_pdl)
+                           use_pdl=use_pdl, early_release=early_release)
     assert q is out_q
     return q
 
@@ -636,18 +636,19 @@ def test_held_prologue_llama_shapes_and_tp_shards_within_2x_baseline_error(devic
 def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device):
     """Llama-3.2-1B's shapes: run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and
     among the first 6 / 17 / 33 (`_assert_rows_invariant`); PDL on == off; the weights folded by `fold_attn_norm` ==
-    g multiplied in registers; num_valid_rows as a device tensor in a CUDA-graph replay == eager;
-    a position past the RoPE table rotates by cos = sin = 0 (q and K of that row 0, V untouched), as the split-K
-    prologue does."""
+    g multiplied in registers; the next launch released at the start (early_release) == after the wait;
+    num_valid_rows as a device tensor in a CUDA-graph replay == eager; a position past the RoPE table rotates by
+    cos = sin = 0 (q and K of that row 0, V untouched), as the split-K prologue does."""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held
 
     cfg = preset("Llama-3.2-1B")
     lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
                                   device=device)
     table = rope_table(cfg, MAX_POS, device)
-    runs = [_on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl, folded=folded),
-                       kc0, vc0)
-            for pdl, folded in ((False, False), (False, False), (True, False), (True, True))]
+    runs = [_on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl, folded=folded,
+                                                early_release=early), kc0, vc0)
+            for pdl, folded, early in ((False, False, False), (False, False, False), (True, False, False),
+                                       (True, True, False), (True, False, True))]
     for got in runs[1:]:
         _assert_same_outputs(got, runs[0], "run_to_run_pdl_folded")
     _assert_rows_invariant(lambda st, xs, kc, vc: _run_held(cfg, lw, st, xs, kc, vc, table=table),
@@ -697,6 +698,7 @@ def _held_error_cases():
          "positions[1]=16 outside the RoPE table [0, 16)"),
         ("slot 0", dict(out_cache_loc=torch.tensor([1, 0, 2], dtype=torch.int32), check_values=True),
          "out_cache_loc[1]=0 outside [1, 8)"),
+        ("early_release", dict(early_release="yes"), "early_release='yes' must be a bool"),
         ("model", {}, "the held prologue cannot run here: hidden_size 64"),
         ("model, folded weight", dict(attn_norm=None), "the held prologue cannot run here: hidden_size 64"),
     ]
@@ -761,23 +763,32 @@ def test_held_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypa
     """The held prologue compiled for sm_90 on the CPU (Llama-3.2-1B's H 2048 / D 64, a D-128 head at H 1024, D 16 at
     H 512; 1 / 2 / 3 / 6 row blocks): no spills, no shared memory but the slices' 2 KB, and before the PDL wait every
     weight load and (FOLD_G) the norm weight's (16-byte loads), the valid-row count's, the first row block's
-    positions / slots / cos / sin, and no mma; then K / 64 mma.sync a row block (K / 4 columns a warp, k16 steps)."""
+    positions / slots / cos / sin, and no mma; then K / 64 mma.sync a row block (K / 4 columns a warp, k16 steps).
+    The next launch is released once: right after the wait, or with EARLY_RELEASE before the first load."""
     from sampling_stats import compile_sm90
 
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "g_ptr": "*bf16", "tab_ptr": "*fp32", "pos_ptr": "*i64",
             "loc_ptr": "*i32", "nvr_ptr": "*i32", "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16"}
-    cases = [(2048, 64, 1, True), (2048, 64, 2, True), (2048, 64, 6, True), (1024, 128, 3, True), (512, 16, 6, True),
-             (2048, 64, 1, False), (2048, 64, 6, False)]
-    specs = [{"constexprs": {"K": k, "D": d, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": fold},
+    cases = [(2048, 64, 1, True, False), (2048, 64, 2, True, False), (2048, 64, 6, True, False),
+             (1024, 128, 3, True, False), (512, 16, 6, True, False), (2048, 64, 1, False, False),
+             (2048, 64, 6, False, False), (2048, 64, 1, True, True), (2048, 64, 6, False, True)]
+    specs = [{"constexprs": {"K": k, "D": d, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": fold,
+                             "EARLY_RELEASE": early},
               "pointers": ptrs,
               "scalars": {"eps": "fp32"}, "num_warps": 4, "launch_pdl": True, "ptx": True,
               "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch"]}
-             for k, d, nmb, fold in cases]
+             for k, d, nmb, fold, early in cases]
     for case, info in zip(cases, compile_sm90("lowlat.kernels.attn_prologue_held:_held_prologue_kernel", specs)):
-        k, d, nmb, fold = case
+        k, d, nmb, fold, early = case
         assert info["spill_bytes"] == 0 and info["shared"] <= 2176, (case, info)
         ptx = info["ptx"]
         wait = ptx.index("griddepcontrol.wait")
+        assert ptx.count("griddepcontrol.launch_dependents") == 1, case
+        release = ptx.index("griddepcontrol.launch_dependents")
+        if early:
+            assert release < ptx.index("ld.global"), case
+        else:
+            assert release > wait and "ld.global" not in ptx[wait:release], case
         before = ptx[:wait]
         v4 = 16 * k // 4 * 2 // 32 // 16                  # [16, K / 4] bf16 a warp: 16-byte loads a thread
         loads = v4 * (2 if fold else 1)                   # the weights, and g where it is multiplied in here

@@ -379,6 +379,11 @@ def test_unsupported_configs_are_refused():
                 ("prologue",), True, None, 1, (n for n in ("down",)), (1,)):
         with pytest.raises(StepContractError, match=r"^early_release=.* must be 'auto' or a sequence of names in"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=bad)
+    for names in (("attn_prologue",), ["down", "attn_prologue"]):        # the split-K prologue: never released early
+        with pytest.raises(StepContractError, match=r"^early_release names 'attn_prologue', which only the held "
+                                                    r"prologue does; this model runs the split-K prologue "
+                                                    r"\(hidden_size 64"):
+            FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", early_release=names)
     for bad in ("on", "Auto", 1, 0, None, ("auto",)):
         with pytest.raises(StepContractError, match=r"^held_prologue=.* must be 'auto', True or False"):
             FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", held_prologue=bad)
@@ -613,20 +618,26 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device,
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", ["Llama-3.2-1B", "SmolLM2-135M"])
 def test_gpu_early_release_same_bits_as_without(device, model):
-    """The model's shapes (2 layers, random weights): graphed steps of 1 / 6 / 16 rows with out_proj and down releasing
-    the next launch at their start (early_release, the deferrals at their defaults) give bitwise the logits and KV of
-    the release after the wait, and the same logits on a pure replay with x2, the activations and every partial
-    buffer NaN first (a successor that read them before its wait, i.e. before they were rewritten, would show)."""
+    """The model's shapes (2 layers, random weights): graphed steps of 1 / 6 / 16 rows with out_proj and down (and the
+    held prologue, Llama-3.2-1B's) releasing the next launch at their start (early_release, the deferrals at their
+    defaults) give bitwise the logits and KV of the release after the wait, and the same logits on a pure replay with
+    x2, the activations, q and every partial buffer NaN first (a successor that read them before its wait, i.e.
+    before they were rewritten, would show)."""
+    from lowlat.kernels.attn_prologue_held import held_prologue_supported
+
     cfg = preset(model).replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
-    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=("out_proj", "down")),
+    held = held_prologue_supported(cfg, device) is None
+    names = ("out_proj", "down") + (("attn_prologue",) if held else ())
+    models = dict(on=FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=names),
                   off=FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=()))
+    assert models["on"].early_release == names and models["on"].held_prologue == held == (model == "Llama-3.2-1B")
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         fm = models["on"]
-        replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"]), on,
-                         f"_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down, fm._full["act"],
+                                            fm._full["q"]), on, f"_r{rows}")
 
 
 @pytest.mark.gpu
