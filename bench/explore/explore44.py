@@ -43,8 +43,9 @@ from lowlat.reference.rope import rope_inv_freq
 from lowlat.weights import random_layer_weights
 
 CLUSTER = 8
-#: call 9 timed split_k and held_cluster; call 10 added held_cluster_folded_r168 (folded weights, maxnreg 168)
-VARIANTS = ("split_k", "held_cluster", "held_cluster_folded_r168")
+#: call 9 timed split_k and held_cluster; call 10 added held_cluster_folded_r168 (folded weights, maxnreg 168); call
+#: 11 (--variants) the same with 16 K slices (24 bytes spilled at 1 row block, 80 at 2)
+VARIANTS = ("split_k", "held_cluster", "held_cluster_folded_r168", "held_cluster_folded_r168_s16")
 
 HELPERS = '''
 
@@ -103,11 +104,13 @@ def qk_norm_source(src: str) -> str:
 class ClusterProlog:
     """The edited kernel launched as clusters of CLUSTER programs (see the module docstring)."""
 
-    def __init__(self, fold_g: bool = True, maxnreg: int | None = None):
+    def __init__(self, fold_g: bool = True, maxnreg: int | None = None, slices: int = 4):
         """fold_g: g multiplied in registers (FusedModel's HELD_FOLD "registers"), else the weights given are
-        `fold_attn_norm`'s; maxnreg: a register cap (168: three programs an SM, 396 slots for 320 programs)."""
-        self.mod = module_from_source(f"aph_qk_norm_{fold_g}_{maxnreg}", qk_norm_source(open(aph.__file__).read()))
-        self.fold_g, self.maxnreg = fold_g, maxnreg
+        `fold_attn_norm`'s; maxnreg: a register cap (168: three programs an SM, 396 slots for 320 programs); slices:
+        K slices (4: one a warp; 16: four mma chains a warp, explore40)."""
+        self.mod = module_from_source(f"aph_qk_norm_{fold_g}_{maxnreg}_{slices}",
+                                      qk_norm_source(open(aph.__file__).read()))
+        self.fold_g, self.maxnreg, self.slices = fold_g, maxnreg, slices
         self.clustered = set()
 
     def __call__(self, x, w, g, qn, kn, pos, loc, nvr, kc, vc, table, cfg, out_q, scratch, use_pdl=True):
@@ -119,7 +122,7 @@ class ClusterProlog:
                 kc.stride(1), vc, vc.stride(0), vc.stride(1), m, out_q.shape[1], kc.shape[1], table.shape[0],
                 float(cfg.rms_eps), qn, kn, scratch)
         kw = dict(K=x.shape[1], D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=False, USE_PDL=use_pdl, FOLD_G=self.fold_g, Q=4,
-                  S=4, RB=8, num_warps=4, launch_pdl=use_pdl, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
+                  S=self.slices, RB=8, num_warps=4, launch_pdl=use_pdl, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
         if m not in self.clustered:             # compile (one plain launch: its sums are wrong, nothing hangs); a
             k[(n // 16,)](*args, **kw)          # width per compile: Triton specialises M (1, multiples of 16)
             for caches in k.device_caches.values():
@@ -135,6 +138,7 @@ class ClusterProlog:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,6,16,48")
+    ap.add_argument("--variants", default=",".join(VARIANTS[:3]), help=f"among {VARIANTS}")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -151,6 +155,7 @@ def main() -> None:
     pws = make_prologue_workspace(w0, d)
     held = ClusterProlog()
     held_r168 = ClusterProlog(fold_g=False, maxnreg=168)        # session 28 call 10
+    held_r168_s16 = ClusterProlog(fold_g=False, maxnreg=168, slices=16)        # call 11
     wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
     scratch = torch.full((n // 16 * 6 * 8,), float("nan"), device=dev)
     results = []
@@ -173,7 +178,12 @@ def main() -> None:
                "held_cluster_folded_r168": lambda i: held_r168(
                    xs[i % r], wfs[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m,
                    kcs["held_cluster_folded_r168"], vcs["held_cluster_folded_r168"], table, cfg,
-                   qs["held_cluster_folded_r168"][i % r], scratch)}
+                   qs["held_cluster_folded_r168"][i % r], scratch),
+               "held_cluster_folded_r168_s16": lambda i: held_r168_s16(
+                   xs[i % r], wfs[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m,
+                   kcs["held_cluster_folded_r168_s16"], vcs["held_cluster_folded_r168_s16"], table, cfg,
+                   qs["held_cluster_folded_r168_s16"][i % r], scratch)}
+        fns = {v: fns[v] for v in args.variants.split(",")}
         for v in fns:
             fns[v](0)                           # the held form's first launch of a width compiles (unclustered)
             for i in range(r):
