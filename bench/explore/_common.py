@@ -294,3 +294,18 @@ class Qwen3OutProjCase:
     def rows(self, m: int):
         a = torch.randn(m, self.k, generator=self.g, device=self.dev).to(torch.bfloat16)
         return a, torch.randn(m, self.n, generator=self.g, device=self.dev).to(torch.bfloat16)
+
+
+def times_line(times: dict) -> str:
+    """'name min/max ...' of `time_alternated`'s {variant: [us, us]}."""
+    return " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+
+
+def write_results(out: str | None, results: list, **fields) -> None:
+    """With `out`, write {device, torch, **fields, results} as JSON (the session-28 explores' record)."""
+    import json
+
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **fields, results=results), f,
+                      indent=1)

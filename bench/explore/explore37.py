@@ -21,11 +21,11 @@ on), A B C C B A, the q outputs compared (the same bits: only registers and wher
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from _common import LlamaPrologueCase, module_from_source, time_alternated  # noqa: E402 (puts the repository first)
+from _common import (LlamaPrologueCase, module_from_source, time_alternated, times_line,  # noqa: E402
+                     write_results)
 from lowlat.kernels import attn_prologue_held as prod
 
 LAUNCH = "        num_warps=WARPS,\n"
@@ -66,13 +66,10 @@ def main() -> None:
         torch.cuda.synchronize()
         same = {v: torch.equal(qs["registers"][0], qs[v][0]) for v in variants}
         times = time_alternated(fns, max(r, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  r{m:<3} us (min/max of 2) {line} | q bitwise equal to registers {same}", flush=True)
         results.append(dict(rows=m, us=times, q_bitwise_equal=same))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=cfg.name,
-                           cap=args.cap, results=results), f, indent=1)
+    write_results(args.out, results, model=cfg.name, cap=args.cap)
 
 
 if __name__ == "__main__":

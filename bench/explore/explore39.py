@@ -16,11 +16,10 @@ point differs).
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from _common import LlamaPrologueCase, time_alternated  # noqa: E402 (puts the repository on sys.path)
+from _common import LlamaPrologueCase, time_alternated, times_line, write_results  # noqa: E402 (repository first)
 from lowlat.kernels.attn_prologue_held import attn_prologue_held
 
 
@@ -45,13 +44,10 @@ def main() -> None:
 
         times = time_alternated({v: fn(v) for v in variants}, max(r, 8))
         same = all(torch.equal(qs["after_wait"][i], qs["early"][i]) for i in range(r))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  r{m:<3} us (min/max of 2) {line} | q bitwise equal, every copy: {same}", flush=True)
         results.append(dict(rows=m, us=times, q_bitwise_equal=same))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=cfg.name,
-                           results=results), f, indent=1)
+    write_results(args.out, results, model=cfg.name)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ A B C D D C B A, the outputs' largest relative difference from production printe
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from _common import (LlamaPrologueCase, Qwen3OutProjCase, max_rel_diff, module_from_source,  # noqa: E402
-                     time_alternated)
+                     time_alternated, times_line, write_results)
 from lowlat.kernels import attn_prologue_held as aph
 from lowlat.kernels import residual_gemv_held as rgh
 
@@ -52,7 +51,7 @@ def prologue(rows_list, results):
         torch.cuda.synchronize()
         diff = {v: max_rel_diff(qs[v], qs["s4"]) for v in mods}
         times = time_alternated(fns, max(r, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  prologue r{m:<3} us (min/max of 2) {line} | max rel diff vs s4 "
               + " ".join(f"{v} {x:.2g}" for v, x in diff.items()), flush=True)
         results.append(dict(kernel="attn_prologue_held", model=cfg.name, rows=m, us=times, max_rel_diff=diff))
@@ -84,7 +83,7 @@ def compare_out_proj(mods: dict, rows_list, results: list, what: str, check) -> 
         torch.cuda.synchronize()
         checked = check(outs, sss)
         times = time_alternated(fns, max(nc, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  out_proj r{m:<3} us (min/max of 2) {line} | {what} {checked}", flush=True)
         results.append(dict(kernel="residual_gemv_held", n=n, k=k, rows=m, us=times, check=checked))
 
@@ -100,10 +99,7 @@ def kernels_main(sections: dict) -> None:
     results = []
     for name in args.kernels.split(","):
         sections[name](rows, results)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f,
-                      indent=1)
+    write_results(args.out, results)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from _common import LlamaPrologueCase, module_from_source, time_alternated  # noqa: E402 (the repository first)
+from _common import LlamaPrologueCase, module_from_source, time_alternated, times_line  # noqa: E402 (repo first)
 from explore40 import compare_out_proj, kernels_main
 from lowlat.kernels import attn_prologue_held as aph
 from lowlat.kernels import residual_gemv_held as rgh
@@ -95,7 +95,7 @@ def prologue(rows_list, results):
                 and torch.equal(vcs["production"][1:], vcs["cpasync"][1:])
                 and not qs["cpasync"][0].isnan().any().item())
         times = time_alternated(fns, max(r, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  prologue r{m:<3} us (min/max of 2) {line} | q / K / V bitwise equal: {same}", flush=True)
         results.append(dict(kernel="attn_prologue_held", model=cfg.name, rows=m, us=times, bitwise=same))
 

@@ -13,11 +13,11 @@ D C B A: s4 (production), s4_build, s16, s16_build; the outputs' largest relativ
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from _common import LlamaPrologueCase, max_rel_diff, time_alternated  # noqa: E402 (puts the repository first)
+from _common import (LlamaPrologueCase, max_rel_diff, time_alternated, times_line,  # noqa: E402
+                     write_results)
 from explore40 import with_slices
 from lowlat.kernels import attn_prologue_held as aph
 
@@ -44,14 +44,11 @@ def compare(case: LlamaPrologueCase, variants: dict, rows, out: str | None) -> N
         torch.cuda.synchronize()
         diff = {v: max_rel_diff(qs[v], qs[base]) for v in variants}
         times = time_alternated(fns, max(r, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  r{m:<3} us (min/max of 2) {line} | max rel diff vs {base} "
               + " ".join(f"{v} {x:.2g}" for v, x in diff.items()), flush=True)
         results.append(dict(rows=m, us=times, max_rel_diff=diff))
-    if out:
-        with open(out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=cfg.name,
-                           results=results), f, indent=1)
+    write_results(out, results, model=cfg.name)
 
 
 def main() -> None:

@@ -28,11 +28,10 @@ spilled at 1 row block, none at 2).
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from _common import module_from_source, time_alternated  # noqa: E402 (puts the repository on sys.path)
+from _common import module_from_source, time_alternated, times_line, write_results  # noqa: E402 (repository first)
 from lowlat.benchmarking import rotation_copies
 from lowlat.config import preset
 from lowlat.kernels import attn_prologue_held as aph
@@ -122,7 +121,8 @@ class ClusterProlog:
                 kc.stride(1), vc, vc.stride(0), vc.stride(1), m, out_q.shape[1], kc.shape[1], table.shape[0],
                 float(cfg.rms_eps), qn, kn, scratch)
         kw = dict(K=x.shape[1], D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=False, USE_PDL=use_pdl, FOLD_G=self.fold_g, Q=4,
-                  S=self.slices, RB=8, num_warps=4, launch_pdl=use_pdl, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
+                  S=self.slices, RB=8, num_warps=4, launch_pdl=use_pdl,
+                  **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
         if m not in self.clustered:             # compile (one plain launch: its sums are wrong, nothing hangs); a
             k[(n // 16,)](*args, **kw)          # width per compile: Triton specialises M (1, multiples of 16)
             for caches in k.device_caches.values():
@@ -207,13 +207,10 @@ def main() -> None:
             except AssertionError as e:                       # printed, not raised: a prototype's finding
                 verdict[v] = f"FAILED {str(e)[:160]}"
         times = time_alternated(fns, max(r, 8))
-        line = " ".join(f"{v} {min(t):.2f}/{max(t):.2f}" for v, t in times.items())
+        line = times_line(times)
         print(f"  r{m:<3} us (min/max of 2) {line} | {verdict}", flush=True)
         results.append(dict(rows=m, us=times, accuracy=verdict))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=cfg.name,
-                           results=results), f, indent=1)
+    write_results(args.out, results, model=cfg.name)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,13 @@ def gluon_sm90_reason(device: torch.device | str) -> str | None:
     return None
 
 
+def check_early_release(early_release) -> None:
+    """Refuse an early_release that is not a bool (it waives a launch-ordering rule: no truthy strings or tuples);
+    StepContractError naming the value."""
+    if not isinstance(early_release, bool):
+        raise StepContractError(f"early_release={early_release!r} must be a bool")
+
+
 @triton.jit
 def pdl_wait_then_release(USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr = False):
     """The PDL wait, then the release of the next launch (called after a held kernel's weight loads: the production

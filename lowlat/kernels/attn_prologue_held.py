@@ -45,11 +45,10 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (check_tensor, gluon_sm90_reason, pdl_release_early, pdl_supported,
-                                         pdl_wait_then_release)
+from lowlat.kernels._attn_common import (check_early_release, check_tensor, gluon_sm90_reason, pdl_release_early,
+                                         pdl_supported, pdl_wait_then_release)
 from lowlat.kernels._gemv import MAX_ROWS
 from lowlat.kernels.attn_prologue import _check_values, check_qkv_and_caches, check_rows_inputs
-from lowlat.kernels.out_proj import check_early_release
 
 WARPS = 4          # warps a program
 SLICES = 4         # K slices (one a warp)

@@ -163,7 +163,7 @@ def early_release_launches(cfg: ModelConfig) -> tuple[str, ...]:
         return ()
     h = cfg.hidden_size
     big = {"out_proj": releases_early(h, cfg.q_size), "down": releases_early(h, cfg.intermediate_size)}
-    return tuple(n for n in EARLY_RELEASE_LAUNCHES if big.get(n, False))
+    return tuple(n for n, over in big.items() if over)
 
 
 def down_prepass_bytes(cfg: ModelConfig, prologue_plan: GemvPlan, down_plan: GemvPlan, width: int) -> int:
@@ -352,7 +352,9 @@ class FusedModel:
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
         self._held_folded = self.held_prologue and HELD_FOLD == "build"
-        if "attn_prologue" in self.early_release and not self.held_prologue:
+        #: whether the held prologue releases the next launch at its start (early_release names "attn_prologue")
+        self._held_early = "attn_prologue" in self.early_release
+        if self._held_early and not self.held_prologue:
             raise StepContractError("early_release names 'attn_prologue', which only the held prologue does; this "
                                     f"model runs the split-K prologue ({why or 'held_prologue=False'})")
         self._moe = None
@@ -776,7 +778,7 @@ class FusedModel:
                 g = None if self._held_folded else L.attn_norm                  # None: folded at build
                 q = attn_prologue_held(xin, L.qkv, g, bufs.positions, bufs.out_cache_loc, bufs.nvalid,
                                        kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl,
-                                       early_release="attn_prologue" in self.early_release)
+                                       early_release=self._held_early)
             else:
                 q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                                   bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,
