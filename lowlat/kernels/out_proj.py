@@ -38,10 +38,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (check_early_release, pdl_release_early, pdl_wait_then_release,
-                                         refuse_overlaps)
+from lowlat.kernels._attn_common import check_early_release, refuse_overlaps
 from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
@@ -131,7 +131,8 @@ def _residual_gemv_kernel(
     n0 = pid_n * BN
     k_begin = pid_k * (CPS * BK)
     k_end = tl.minimum(k_begin + CPS * BK, K)
-    pdl_release_early(USE_PDL, EARLY_RELEASE)         # the next launch may start now (see `residual_gemv`)
+    if USE_PDL and EARLY_RELEASE:                     # the next launch may start now (see `residual_gemv`)
+        gdc_launch_dependents()
     if FOLD:    # the first piece's split counts before the wait (positions / num_valid_rows precede the step)
         f_nvr = tl.load(fnvr_ptr)
         ns0, ex0 = fold_nsplits(fpos_ptr, f_nvr, 0, M, k_begin, k_end, F_D, F_BLOCK_N, F_SPLITS, F_HS, F_HP, F_RB)
@@ -139,7 +140,10 @@ def _residual_gemv_kernel(
         ws = preload_weights(w_ptr, stride_wn, n0, N, k_begin, k_end, BN, BK, CPS, EVEN_N, EVEN_K, UPCAST)
     elif USE_PDL and PF_K > 0:
         prefetch_l2(w_ptr, stride_wn, n0, N, k_begin, K, BN, PF_K)
-    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
+    if USE_PDL:
+        gdc_wait()
+        if not EARLY_RELEASE:
+            gdc_launch_dependents()
     # the residual tile, in flight with the activations (every split loads it; the finisher uses it;
     # a tile is written only after all its splits arrived, so an in-place residual is safe)
     if DEFER:
