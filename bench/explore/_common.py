@@ -259,15 +259,31 @@ class LlamaPrologueCase:
         c = self.cfg
         return torch.full((m, c.num_heads, c.head_dim), float("nan"), dtype=torch.bfloat16, device=self.dev)
 
+    def launches(self, m: int, variants: dict):
+        """({variant: launch(i)}, {variant: its r q outputs}) at width m for `variants` {name: (module, weights (r
+        copies), attn_norm or None, early_release)}: module's `attn_prologue_held` on copy i (shared KV caches)."""
+        xs, pos, locs = self.rows(m)
+        kc, vc = self.cache(m), self.cache(m)
+        qs = {v: [self.q_out(m) for _ in range(self.r)] for v in variants}
 
-def time_alternated(fns: dict, n: int) -> dict:
-    """{variant: [us, us]}: each of `fns` (launch(i) callables) timed twice in the order A B .. B A, a CUDA graph of
-    launches 0..n-1 each time (`graph_time_us`)."""
+        def fn(v):
+            mod, wl, g, early = variants[v]
+            r = self.r
+            return lambda i: mod.attn_prologue_held(xs[i % r], wl[i % r], g, pos, locs[i % r], m, kc, vc, self.table,
+                                                    cfg=self.cfg, out_q=qs[v][i % r], use_pdl=True,
+                                                    early_release=early)
+
+        return {v: fn(v) for v in variants}, qs
+
+
+def time_alternated(fns: dict, n: int, rounds: int = 1) -> dict:
+    """{variant: [us, ...]}: each of `fns` (launch(i) callables) timed 2 x rounds times in the order A B .. B A
+    (repeated), a CUDA graph of launches 0..n-1 each time (`graph_time_us`)."""
     from lowlat.benchmarking import graph_time_us
 
     names = list(fns)
     times = {v: [] for v in names}
-    for v in names + names[::-1]:
+    for v in (names + names[::-1]) * rounds:
         times[v].append(graph_time_us(fns[v], n))
     return times
 
@@ -309,3 +325,32 @@ def write_results(out: str | None, results: list, **fields) -> None:
         with open(out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **fields, results=results), f,
                       indent=1)
+
+
+#: the held kernels' release line (`attn_prologue_held`), which `landed_release_source` precedes with the early one
+HELD_RELEASE = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
+LANDED_HELPER = '''
+
+@gluon.jit
+def _release_when_landed(w):
+    """griddepcontrol.launch_dependents once this thread's held weights have landed: one predicated release an
+    element (setp reads the register, so ptxas waits for its load first); returns an opaque int16 per element."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b16 p, $1, 0x7fff; @p griddepcontrol.launch_dependents; mov.b16 $0, 0; }",
+        "=h,h", [w.to(gl.int16, bitcast=True)], dtype=gl.int16, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _held_prologue_kernel('''
+
+
+def landed_release_source(src: str) -> str:
+    """The held prologue's source (`kernels/attn_prologue_held.py`, or an explore's edit of it) with the next launch
+    released by each thread as soon as its held weights have landed, before the wait (session 29): between the
+    production rule (after the wait) and `early_release` (at the start). The release after the wait stays (a no-op
+    by then)."""
+    head = "\n\n@gluon.jit\ndef _held_prologue_kernel("
+    for old in (head, HELD_RELEASE):
+        assert src.count(old) == 1, f"the held prologue's source changed: {old!r}"
+    src = src.replace(head, LANDED_HELPER)
+    return src.replace(HELD_RELEASE, "    if USE_PDL:\n        _release_when_landed(w)\n" + HELD_RELEASE)

@@ -28,13 +28,13 @@ from _common import (LlamaPrologueCase, module_from_source, time_alternated, tim
                      write_results)
 from lowlat.kernels import attn_prologue_held as prod
 
-LAUNCH = "        num_warps=WARPS,\n"
+LAUNCH = " num_warps=WARPS,\n"
 
 
 def capped_source(src: str, cap: int) -> str:
     """The production source with its launch given maxnreg=cap."""
     assert src.count(LAUNCH) == 1, "the production launch changed"
-    return src.replace(LAUNCH, f"        num_warps=WARPS, maxnreg={cap},\n")
+    return src.replace(LAUNCH, f" num_warps=WARPS, maxnreg={cap},\n")
 
 
 def main() -> None:

@@ -22,6 +22,12 @@ FusedModel runs for Qwen3 (A B C C B A); each checked against the float64 refere
 weights and maxnreg=168 (174 registers without: 2 programs an SM, 264 slots for 320 programs; 3 at 168, 16 bytes
 spilled at 1 row block, none at 2).
 
+Session 29 adds where the next launch is released (`ClusterProlog(release=)`: "late" after the wait as production,
+"landed" once a thread's held weights are in its registers, `_common.landed_release_source`, "early" at the start)
+and the production held prologue without QK-norm at Qwen3's shapes (plain_*: the same weights and grid, no exchange,
+no cluster; timed, not checked: the reference has QK-norm), to split the one-wave form's time between the GEMV and
+the exchange.
+
     python bench/explore/explore44.py --out results.json
 """
 
@@ -31,7 +37,9 @@ import argparse
 
 import torch
 
-from _common import module_from_source, time_alternated, times_line, write_results  # noqa: E402 (repository first)
+from _common import (landed_release_source, module_from_source, time_alternated, times_line,  # noqa: E402
+                     write_results)
+from explore37 import capped_source
 from lowlat.benchmarking import rotation_copies
 from lowlat.config import preset
 from lowlat.kernels import attn_prologue_held as aph
@@ -44,7 +52,10 @@ from lowlat.weights import random_layer_weights
 CLUSTER = 8
 #: call 9 timed split_k and held_cluster; call 10 added held_cluster_folded_r168 (folded weights, maxnreg 168); call
 #: 11 (--variants) the same with 16 K slices (24 bytes spilled at 1 row block, 80 at 2)
-VARIANTS = ("split_k", "held_cluster", "held_cluster_folded_r168", "held_cluster_folded_r168_s16")
+#: session 29 (call 1): the one-wave form released when its weights land / at its start; the plain held prologue
+VARIANTS = ("split_k", "held_cluster", "held_cluster_folded_r168", "held_cluster_folded_r168_s16",
+            "held_cluster_folded_r168_landed", "held_cluster_folded_r168_early", "plain_folded_r168",
+            "plain_folded_r168_landed")
 
 HELPERS = '''
 
@@ -103,13 +114,15 @@ def qk_norm_source(src: str) -> str:
 class ClusterProlog:
     """The edited kernel launched as clusters of CLUSTER programs (see the module docstring)."""
 
-    def __init__(self, fold_g: bool = True, maxnreg: int | None = None, slices: int = 4):
+    def __init__(self, fold_g: bool = True, maxnreg: int | None = None, slices: int = 4, release: str = "late"):
         """fold_g: g multiplied in registers (FusedModel's HELD_FOLD "registers"), else the weights given are
         `fold_attn_norm`'s; maxnreg: a register cap (168: three programs an SM, 396 slots for 320 programs); slices:
-        K slices (4: one a warp; 16: four mma chains a warp, explore40)."""
-        self.mod = module_from_source(f"aph_qk_norm_{fold_g}_{maxnreg}_{slices}",
-                                      qk_norm_source(open(aph.__file__).read()))
-        self.fold_g, self.maxnreg, self.slices = fold_g, maxnreg, slices
+        K slices (4: one a warp; 16: four mma chains a warp, explore40); release: "late" (after the wait),
+        "landed" (once the weights are in registers) or "early" (at the start)."""
+        src = qk_norm_source(open(aph.__file__).read())
+        self.mod = module_from_source(f"aph_qk_norm_{fold_g}_{maxnreg}_{slices}_{release}",
+                                      landed_release_source(src) if release == "landed" else src)
+        self.fold_g, self.maxnreg, self.slices, self.early = fold_g, maxnreg, slices, release == "early"
         self.clustered = set()
 
     def __call__(self, x, w, g, qn, kn, pos, loc, nvr, kc, vc, table, cfg, out_q, scratch, use_pdl=True):
@@ -121,18 +134,56 @@ class ClusterProlog:
                 kc.stride(1), vc, vc.stride(0), vc.stride(1), m, out_q.shape[1], kc.shape[1], table.shape[0],
                 float(cfg.rms_eps), qn, kn, scratch)
         kw = dict(K=x.shape[1], D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=False, USE_PDL=use_pdl, FOLD_G=self.fold_g, Q=4,
-                  S=self.slices, RB=8, num_warps=4, launch_pdl=use_pdl,
+                  S=self.slices, RB=8, EARLY_RELEASE=self.early, num_warps=4, launch_pdl=use_pdl,
                   **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
-        if m not in self.clustered:             # compile (one plain launch: its sums are wrong, nothing hangs); a
-            k[(n // 16,)](*args, **kw)          # width per compile: Triton specialises M (1, multiples of 16)
-            for caches in k.device_caches.values():
-                for ck in caches[0].values():
-                    md = ck.packed_metadata
-                    if md[1] == 1:
-                        ck.packed_metadata = (md[0], CLUSTER, md[2])
-            self.clustered.add(m)
-        k[(n // 16 // CLUSTER,)](*args, **kw)
+        launch_clustered(k, n // 16, m, self.clustered, args, kw)
         return out_q
+
+
+def launch_clustered(kernel, programs: int, m: int, seen: set, args, kw) -> None:
+    """`programs` programs of `kernel` launched as clusters of CLUSTER. A width's first launch (m not in `seen`)
+    compiles it with a plain launch (its sums are wrong, nothing hangs; Triton specialises M: 1, multiples of 16)
+    and patches the compiled kernels' packed launch metadata to num_ctas CLUSTER (see the module docstring)."""
+    if m not in seen:
+        kernel[(programs,)](*args, **kw)
+        for caches in kernel.device_caches.values():
+            for ck in caches[0].values():
+                md = ck.packed_metadata
+                if md[1] == 1:
+                    ck.packed_metadata = (md[0], CLUSTER, md[2])
+        seen.add(m)
+    kernel[(programs // CLUSTER,)](*args, **kw)
+
+
+def qwen3_case(dev):
+    """Qwen3-30B-A3B's prologue inputs (session 28-29 explores): (cfg, one layer's random weights (seed 0), the packed
+    QKV weight, the RoPE table of 4096 positions, the float64 inverse frequencies, r: rotated copies per launch)."""
+    cfg = preset("Qwen3-30B-A3B")
+    lw = random_layer_weights(cfg.replace(num_experts=0, top_k=0, moe_intermediate_size=0, intermediate_size=16),
+                              generator=torch.Generator().manual_seed(0), device=dev)
+    w0 = pack_qkv(lw)
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(dev)
+    return cfg, lw, w0, rope_table(cfg, 4096, dev), inv, rotation_copies(w0.numel() * 2)
+
+
+def accuracy_verdict(got, x, w0, lw, pos, inv, cfg) -> str:
+    """"within policy" or "FAILED ..." (printed, not raised: a prototype's finding): got = (q, k rows, v rows) of
+    input x [m, H] at KV slots 1..m against the float64 reference (and the bf16 one: the policy's baseline),
+    `check_accuracy("attn_prologue", ...)` as the GPU tests demand."""
+    m, dev = x.shape[0], x.device
+    ref = {}
+    for dt in (torch.float64, torch.bfloat16):
+        kc, vc = (torch.zeros(m + 1, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev) for _ in range(2))
+        q = reference(x.to(dt), w0.to(dt), None, lw.attn_norm.to(dt), lw.q_norm.to(dt), lw.k_norm.to(dt), pos,
+                      torch.arange(1, m + 1, dtype=torch.int32, device=dev), m, kc, vc,
+                      inv if dt == torch.float64 else inv.float(), eps=cfg.rms_eps)
+        ref[dt] = (q, kc[1:], vc[1:])
+    try:
+        for name, a, o, b in zip(("q", "k_cache", "v_cache"), got, ref[torch.float64], ref[torch.bfloat16]):
+            check_accuracy("attn_prologue", a, o, b, output=name)
+    except AssertionError as e:
+        return f"FAILED {str(e)[:160]}"
+    return "within policy"
 
 
 def main() -> None:
@@ -142,21 +193,26 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cfg = preset("Qwen3-30B-A3B")
-    lw = random_layer_weights(cfg.replace(num_experts=0, top_k=0, moe_intermediate_size=0, intermediate_size=16),
-                              generator=torch.Generator().manual_seed(0), device=dev)
-    w0 = pack_qkv(lw)
+    cfg, lw, w0, table, inv, r = qwen3_case(dev)
     n = w0.shape[0]
-    table = rope_table(cfg, 4096, dev)
-    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(dev)
     hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-    r = rotation_copies(w0.numel() * 2)
     ws = [w0.clone() for _ in range(r)]
+    wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
     pws = make_prologue_workspace(w0, d)
     held = ClusterProlog()
     held_r168 = ClusterProlog(fold_g=False, maxnreg=168)        # session 28 call 10
     held_r168_s16 = ClusterProlog(fold_g=False, maxnreg=168, slices=16)        # call 11
-    wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
+    held_r168_landed = ClusterProlog(fold_g=False, maxnreg=168, release="landed")      # session 29
+    held_r168_early = ClusterProlog(fold_g=False, maxnreg=168, release="early")
+    src = open(aph.__file__).read()
+    plain = {"plain_folded_r168": module_from_source("aph_plain_r168", capped_source(src, 168)),
+             "plain_folded_r168_landed": module_from_source("aph_plain_r168_landed",
+                                                            landed_release_source(capped_source(src, 168)))}
+    cfg_plain = cfg.replace(qk_norm=False)
+    clustered = {"held_cluster": (held, ws), "held_cluster_folded_r168": (held_r168, wfs),
+                 "held_cluster_folded_r168_s16": (held_r168_s16, wfs),
+                 "held_cluster_folded_r168_landed": (held_r168_landed, wfs),
+                 "held_cluster_folded_r168_early": (held_r168_early, wfs)}
     scratch = torch.full((n // 16 * 6 * 8,), float("nan"), device=dev)
     results = []
     for m in [int(x) for x in args.rows.split(",")]:
@@ -171,41 +227,24 @@ def main() -> None:
               for v in VARIANTS}
         fns = {"split_k": lambda i: attn_prologue(xs[i % r], ws[i % r], None, lw.attn_norm, lw.q_norm, lw.k_norm,
                                                   pos, locs[i % r], m, kcs["split_k"], vcs["split_k"], table,
-                                                  cfg=cfg, out_q=qs["split_k"][i % r], workspace=pws, use_pdl=True),
-               "held_cluster": lambda i: held(xs[i % r], ws[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos,
-                                              locs[i % r], m, kcs["held_cluster"], vcs["held_cluster"], table, cfg,
-                                              qs["held_cluster"][i % r], scratch),
-               "held_cluster_folded_r168": lambda i: held_r168(
-                   xs[i % r], wfs[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m,
-                   kcs["held_cluster_folded_r168"], vcs["held_cluster_folded_r168"], table, cfg,
-                   qs["held_cluster_folded_r168"][i % r], scratch),
-               "held_cluster_folded_r168_s16": lambda i: held_r168_s16(
-                   xs[i % r], wfs[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m,
-                   kcs["held_cluster_folded_r168_s16"], vcs["held_cluster_folded_r168_s16"], table, cfg,
-                   qs["held_cluster_folded_r168_s16"][i % r], scratch)}
+                                                  cfg=cfg, out_q=qs["split_k"][i % r], workspace=pws, use_pdl=True)}
+        for v, (prolog, wl) in clustered.items():
+            fns[v] = (lambda prolog, wl, v: lambda i: prolog(
+                xs[i % r], wl[i % r], lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m, kcs[v], vcs[v], table,
+                cfg, qs[v][i % r], scratch))(prolog, wl, v)
+        for v, mod in plain.items():
+            fns[v] = (lambda mod, v: lambda i: mod.attn_prologue_held(
+                xs[i % r], wfs[i % r], None, pos, locs[i % r], m, kcs[v], vcs[v], table, cfg=cfg_plain,
+                out_q=qs[v][i % r], use_pdl=True))(mod, v)
         fns = {v: fns[v] for v in args.variants.split(",")}
         for v in fns:
             fns[v](0)                           # the held form's first launch of a width compiles (unclustered)
             for i in range(r):
                 fns[v](i)
         torch.cuda.synchronize()
-        # the first copy against the float64 reference (and the bf16 one: the policy's baseline)
-        ref = {}
-        for dt in (torch.float64, torch.bfloat16):
-            kc, vc = torch.zeros(m + 1, hkv, d, dtype=dt, device=dev), torch.zeros(m + 1, hkv, d, dtype=dt, device=dev)
-            q = reference(xs[0].to(dt), w0.to(dt), None, lw.attn_norm.to(dt), lw.q_norm.to(dt), lw.k_norm.to(dt), pos,
-                          torch.arange(1, m + 1, dtype=torch.int32, device=dev), m, kc, vc,
-                          inv if dt == torch.float64 else inv.float(), eps=cfg.rms_eps)
-            ref[dt] = (q, kc[1:], vc[1:])
-        verdict = {}
-        for v in fns:
-            got = (qs[v][0], kcs[v][1:m + 1], vcs[v][1:m + 1])
-            try:
-                for name, a, o, b in zip(("q", "k_cache", "v_cache"), got, ref[torch.float64], ref[torch.bfloat16]):
-                    check_accuracy("attn_prologue", a, o, b, output=name)
-                verdict[v] = "within policy"
-            except AssertionError as e:                       # printed, not raised: a prototype's finding
-                verdict[v] = f"FAILED {str(e)[:160]}"
+        verdict = {v: "timed only (no QK-norm)" if v.startswith("plain") else
+                   accuracy_verdict((qs[v][0], kcs[v][1:m + 1], vcs[v][1:m + 1]), xs[0], w0, lw, pos, inv, cfg)
+                   for v in fns}
         times = time_alternated(fns, max(r, 8))
         line = times_line(times)
         print(f"  r{m:<3} us (min/max of 2) {line} | {verdict}", flush=True)

@@ -30,9 +30,9 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    roundings of `kernels/rms_norm.py` (`lowlat.reference.rms_norm.rms_norm`'s), replaces x in the
    product, and the programs of expert block 0 store it, each its hidden slice of every row < M (padding
    rows computed like valid ones), to h_out (or `MoEWorkspace.h`): the later launches read h there.
-2. `_route_plan_kernel`, one program for all M <= 64 rows (a row tile of max(16, next power of two
-   of M): each row's work is its own and its reductions do not depend on their order — maxima, and
-   the two sums in int64 fixed point, `_exact_row_sum` — so the tile changes no result): logits[m, e]
+2. `_route_plan_kernel`, a program for every 16 of the M <= 64 rows (`PLAN_CHUNK`; each row's work
+   is its own and its reductions do not depend on their order — maxima, and the two sums in int64
+   fixed point, `_exact_row_sum` — so the tile changes no result): logits[m, e]
    = sum_s part[s, m, e] (s increasing), rounded to bf16 as the reference's bf16 `x @ router.T` is;
    softmax in fp32; top-k, each pick one max over int64 keys that pack the logit above the expert index
    (`_gemv.argmax_key`); optional renormalisation. Writes the routing bitmap [M, E] (uint8 0/1) and gates [M, E]
@@ -43,8 +43,9 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    needs logits within ~2^-17 of zero: the reference then takes the lower index, this kernel the
    larger logit.) Padding rows (m >= num_valid_rows) get an all-zero bitmap row and zero gates.
    Then the plan: an expert is active when its bitmap column has a set bit (population count > 0);
-   plan = [A, the A active experts in increasing index]. (Forced routing runs only this plan part
-   on the given bitmap.)
+   plan = [A, the A active experts in increasing index]; with several programs each ORs its experts
+   into `MoEWorkspace.plan_sync` and the last to arrive (an atomic count) writes the plan: no program
+   waits for another. (Forced routing runs only this plan part on the given bitmap.)
 3. `_expert_gate_up_kernel`, grid (min(E, M*K), ceil(Ie / BN)): program (j, n) takes the j-th
    active expert e (programs j >= A exit before loading any weight, so an inactive expert's
    weights are never read). Placement without sort or scan over tokens: it loads column e of the
@@ -123,6 +124,10 @@ MAX_KERNEL_ROWS = 64
 #: Partial sums of squares a row `moe_forward(sum_sq_parts=)` takes: H / 16 at H 4096 (an [256, 64] fp32 tile a
 #: router program adds)
 MAX_SUM_SQ_PARTS = 256
+#: rows a route / plan program takes (its [PLAN_CHUNK, E] tile builds without spills at E 128; one program taking a
+#: [32 | 64, E] tile spilled 24 / 296 bytes a thread, sm_90 ptxas, session 28, and took 8.1 / 23.7 us in the step at
+#: 24 / 48 rows, one program looping over 16-row chunks 10.3 / 19.7: session 29, bench/results/session29/call2)
+PLAN_CHUNK = tl.constexpr(16)
 #: below every `argmax_key`: an expert already picked, or not there
 _NO_KEY = tl.constexpr(-(2 ** 63))
 
@@ -274,31 +279,35 @@ def _exact_row_sum(v):
 
 
 @triton.jit
-def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, plan_ptr, nvalid, nvalid_ptr,
+def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, plan_ptr, sync_ptr, nvalid, nvalid_ptr,
                        M, E, NSPLIT: tl.constexpr, TOP_K: tl.constexpr, PART_ROWS: tl.constexpr,
                        BM: tl.constexpr, E_P2: tl.constexpr, ROUTE: tl.constexpr, RENORM: tl.constexpr,
                        NV_PTR: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr):
-    """One program for all rows (BM >= M; every row's work is its own and its reductions are order-free:
-    maxima, integer sums and `_exact_row_sum`, so BM, which sets the tile's layout, changes no result).
+    """BM // PLAN_CHUNK programs (BM >= M, a multiple of PLAN_CHUNK), program c routing rows c PLAN_CHUNK ..
+    (c + 1) PLAN_CHUNK - 1: every row's work is its own and its reductions are order-free (maxima, integer sums and
+    `_exact_row_sum`), so neither BM nor the chunk, which set the tile's layout, changes a result.
 
     ROUTE: logits[m, e] = sum_s part[s, m, e] (s increasing; the NSPLIT loads are unrolled so they are
     all in flight at once; part is [NSPLIT, PART_ROWS, E]), rounded to bf16; softmax; top-k;
     writes bitmap [M, E] uint8 and gates [M, E] fp32. Otherwise the bitmap is read (forced routing).
     Then the plan: plan[0] = number of active experts A, plan[1 + j] = the j-th active expert in
     increasing index (an expert is active when a valid row chose it: its column's population count
-    is > 0).
+    is > 0). One program writes it from its own rows; several OR their experts into sync[1 + e] (int32 [E + 1],
+    zero between launches) and count their arrival in sync[0], each after its ORs have returned (the count's
+    increment depends on their results); the last to arrive reads and zeroes the ORs, zeroes the count and writes
+    the plan (no program waits for another: `MoEWorkspace.plan_sync`).
     """
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     nv = _num_valid(nvalid, nvalid_ptr, NV_PTR)
-    rows = tl.arange(0, BM)
     ei = tl.arange(0, E_P2)
     emask = ei < E
+    rows = tl.program_id(0) * PLAN_CHUNK + tl.arange(0, PLAN_CHUNK)
     valid = rows < nv
     if ROUTE:
         tile_mask = (rows[:, None] < M) & emask[None, :]
-        logit = tl.zeros([BM, E_P2], dtype=tl.float32)
+        logit = tl.zeros([PLAN_CHUNK, E_P2], dtype=tl.float32)
         for s in tl.static_range(NSPLIT):
             logit += tl.load(part_ptr + s * (PART_ROWS * E) + rows[:, None] * E + ei[None, :], mask=tile_mask,
                              other=0.0)
@@ -314,7 +323,7 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         # pick is one max over the row; a picked or padded expert gets _NO_KEY
         key = argmax_key(tl.where(logit != logit, float("inf"), logit), ei[None, :])
         key = tl.where(live, key, _NO_KEY)
-        chosen = tl.zeros([BM, E_P2], dtype=tl.int1)
+        chosen = tl.zeros([PLAN_CHUNK, E_P2], dtype=tl.int1)
         for _ in tl.static_range(TOP_K):
             best = tl.max(key, axis=1)
             hit = key == best[:, None]
@@ -333,9 +342,26 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
                     other=0)
         bits = (b != 0).to(tl.int32)
     active = (tl.sum(bits, axis=0) > 0).to(tl.int32)                     # [E_P2]
-    place = tl.cumsum(active, axis=0) - active                             # a scan over experts
-    tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
-    tl.store(plan_ptr, tl.sum(active, axis=0))
+    if BM > PLAN_CHUNK:
+        old = tl.atomic_or(sync_ptr + 1 + ei, active, mask=emask, sem="relaxed", scope="gpu")
+        # +1, computed from every OR's returned value (>= 0: the compiler cannot drop the dependency), so this
+        # program's ORs are performed before its arrival is
+        one = tl.where(tl.min(tl.where(emask, old, 0), axis=0) >= 0, 1, 2)
+        arrived = tl.atomic_add(sync_ptr, one, sem="acq_rel", scope="gpu")
+        if arrived == BM // PLAN_CHUNK - 1:                                # the last program: every row's experts
+            # a load from L2 (where the ORs were performed), ordered after the count's acquire by the branch (an
+            # atomic's result reaches one thread of an element a layout replicates; a load reaches them all)
+            active = tl.load(sync_ptr + 1 + ei, mask=emask, other=0, cache_modifier=".cg")
+            place = tl.cumsum(active, axis=0) - active                     # a scan over experts
+            tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
+            tl.store(plan_ptr, tl.sum(active, axis=0))
+            tl.debug_barrier()                     # every thread's read has returned (the sum took them): zero
+            tl.store(sync_ptr + 1 + ei, tl.zeros([E_P2], dtype=tl.int32), mask=emask)
+            tl.store(sync_ptr, 0)
+    else:
+        place = tl.cumsum(active, axis=0) - active                         # a scan over experts
+        tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
+        tl.store(plan_ptr, tl.sum(active, axis=0))
 
 
 @triton.jit
@@ -526,9 +552,9 @@ def _p2(n: int) -> int:
 
 
 def _plan_rows(m: int) -> int:
-    """Row tile of the route / plan kernel for M rows (each row's work is its own: no result depends
-    on it)."""
-    return max(16, _p2(m))
+    """Rows the route / plan kernel covers for M rows, a multiple of its chunk PLAN_CHUNK (each row's work is its
+    own: no result depends on it)."""
+    return max(PLAN_CHUNK.value, _p2(m))
 
 
 @dataclass(frozen=True)
@@ -593,6 +619,8 @@ class MoEWorkspace:
     bitmap      [R, E]                  uint8  routing bitmap (1: expert e serves row m)
     gates       [R, E]                  fp32   gate of (m, e), 0 where bitmap is 0
     plan        [E + 1]                 int32  number of active experts A, then the A experts
+    plan_sync   [E + 1]                 int32  the route / plan programs' arrival count, then each expert's OR
+                                               over their rows (zero between launches: the last program zeroes it)
     act         [R * KMAX, Ie]          bf16   SwiGLU intermediate of each (row, slot)
     y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
     shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
@@ -611,6 +639,7 @@ class MoEWorkspace:
     bitmap: torch.Tensor
     gates: torch.Tensor
     plan: torch.Tensor
+    plan_sync: torch.Tensor
     act: torch.Tensor
     y: torch.Tensor
     shared_act: torch.Tensor | None
@@ -621,7 +650,8 @@ class MoEWorkspace:
     def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
                  shared_inter: int = 0, device: torch.device | str = "cuda",
                  config: MoEKernelConfig | None = None, normed_rows: bool = True) -> "MoEWorkspace":
-        """Allocate every buffer (contents undefined; each call overwrites what it reads); h only with normed_rows
+        """Allocate every buffer (contents undefined, each call overwrites what it reads, but plan_sync: zeros,
+        as every launch leaves it); h only with normed_rows
         (a caller that always passes moe_forward an h_out, as FusedModel does, needs none)."""
         if not 1 <= max_rows <= MAX_KERNEL_ROWS:
             raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_KERNEL_ROWS}")
@@ -638,6 +668,7 @@ class MoEWorkspace:
             bitmap=torch.empty(max_rows, num_experts, dtype=torch.uint8, device=device),
             gates=torch.empty(max_rows, num_experts, dtype=f32, device=device),
             plan=torch.empty(num_experts + 1, dtype=torch.int32, device=device),
+            plan_sync=torch.zeros(num_experts + 1, dtype=torch.int32, device=device),
             act=torch.empty(max_rows * slots_per_row, moe_inter, dtype=bf16, device=device),
             y=torch.empty(max_rows * slots_per_row, hidden, dtype=f32, device=device),
             shared_act=torch.empty(max_rows, shared_inter, dtype=bf16, device=device) if has_shared else None,
@@ -821,7 +852,7 @@ def _check_workspace(ws: MoEWorkspace, m: int, e: int, hidden: int, ie: int, s: 
 
 
 def _plan_launch(c: MoEKernelConfig):
-    """Launch shape of the one-program route / plan kernel (a [BM, E] tile over c.plan_warps warps)."""
+    """Launch shape of the route / plan kernel's programs (a [PLAN_CHUNK, E] tile over c.plan_warps warps)."""
     return types.SimpleNamespace(num_warps=c.plan_warps, num_stages=1)
 
 
@@ -862,8 +893,9 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
         ss.shape[1] if with_ss else 0,
         BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, NORM=norm,
         NSPLIT=nsplit if norm and not with_ss else 1, SS_P2=_p2(ss.shape[1]) if with_ss else 0, **opts)
-    _route_plan_kernel[(1,)](
-        ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, nv_ptr, m, e,
+    _route_plan_kernel[(_plan_rows(m) // PLAN_CHUNK.value,)](
+        ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.plan_sync, nv, nv_ptr,
+        m, e,
         NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
         RENORM=bool(renormalize), NV_PTR=nv_t is not None, INTERP=interp, USE_PDL=use_pdl,
         **_launch_opts(_plan_launch(c), use_pdl))
@@ -872,8 +904,9 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
 def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
     """The plan (active experts) of a given bitmap [M, E] uint8 (forced routing)."""
     m, e = bitmap_u8.shape
-    _route_plan_kernel[(1,)](
-        ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, nv, bitmap_u8, m, e,
+    _route_plan_kernel[(_plan_rows(m) // PLAN_CHUNK.value,)](
+        ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.plan_sync, nv,
+        bitmap_u8, m, e,
         NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=False, RENORM=False,
         NV_PTR=False, INTERP=_interpreting(), USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
 
@@ -1101,7 +1134,7 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     e_p2 = _p2(num_experts)
     nsplit = triton.cdiv(hidden, c.HS)
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
-           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
+           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "sync_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
            "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16",
            "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32", "ss_ptr": "*fp32"}
     base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False, SS_P2=0)

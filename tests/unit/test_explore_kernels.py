@@ -532,3 +532,42 @@ def test_register_mma_prologue_compiles_for_sm90_with_weights_held_in_registers(
         assert ptx.count("mma.sync.aligned.m16n8k16") == 2048 // 16 // q * rb // 8 * nmb, case
         bars[case] = ptx.count("bar.sync")
     assert bars[(4, 4, 8, 1, 1, 0, 1)] < bars[(4, 4, 8, 1, 1, 0, 0)], bars
+
+
+def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_wait(monkeypatch, tmp_path):
+    """The session 28-29 explores that time variants of the production held prologue edit its source by text
+    (explore37's register cap, explore44's QK-norm exchange, explore46's removals, `_common.landed_release_source`):
+    each edit still finds its line (a production edit that breaks one fails here, not on the device), and the
+    landed-release variant, compiled for sm_90 on the CPU (Llama-3.2-1B, 1 row block, g multiplied in registers), issues
+    every weight (and g) load and
+    one predicated release a held weight register before the PDL wait (the release after it stays), no spills."""
+    monkeypatch.syspath_prepend(str(BENCH / "explore"))
+    from _common import landed_release_source
+    from explore37 import capped_source
+    from explore44 import qk_norm_source
+    from explore46 import EXCHANGE, SYNC, edited
+    from sampling_stats import compile_sm90
+
+    from lowlat.kernels import attn_prologue_held as aph
+
+    src = open(aph.__file__).read()
+    assert capped_source(src, 168).count("maxnreg=168") == 1
+    qk = qk_norm_source(src)
+    assert "_cluster_sync" not in edited(qk, SYNC, "").split("def _held_prologue_kernel(")[1]
+    assert "xs_ptr +" not in edited(qk, EXCHANGE, "").split("def _held_prologue_kernel(")[1]
+    landed = landed_release_source(capped_source(src, 168))
+    (tmp_path / "aph_landed_test.py").write_text(landed)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    pointers = {a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
+    pointers.update(tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", nvr_ptr="*i32")
+    spec = {"constexprs": {"K": 2048, "D": 64, "NMB": 1, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": True,
+                           "Q": 4, "S": 4, "RB": 8},
+            "pointers": pointers, "scalars": {"eps": "fp32"}, "divisible": ["Hq"], "num_warps": 4,
+            "launch_pdl": True, "ptx": True}
+    info, = compile_sm90("aph_landed_test:_held_prologue_kernel", [spec])
+    ptx = info["ptx"]
+    head, _, tail = ptx.partition("griddepcontrol.wait")
+    held = 16 * 2048 // 128                             # a thread's held bf16 weights (16 rows of H over 128 threads)
+    assert head.count("ld.global.v4") == 2 * held * 2 // 16                  # the weights and g, 16 bytes a load
+    assert head.count("griddepcontrol.launch_dependents") == held       # one a weight element, predicated
+    assert tail.count("griddepcontrol.launch_dependents") == 1 and info["spill_bytes"] == 0, info["spill_bytes"]

@@ -253,6 +253,44 @@ def test_route_with_split_hidden_and_a_smaller_plan_tile(device, m):
     check_accuracy("moe", gates, orc_gates, ref_gates, output="gates")
 
 
+@pytest.mark.parametrize("m", [20, 40, 64])
+def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
+    """M > PLAN_CHUNK rows take several route / plan programs: each ORs its rows' experts into plan_sync, the last
+    to arrive writes the plan and zeroes plan_sync. Launches on one workspace, the active experts shrinking (every
+    row valid, then 3; 16 times over on a GPU, where the programs race; then forced routing with one expert on the
+    last row, then on none): each plan exactly the reference's active experts in increasing order (a stale OR, or a
+    chunk's experts lost, would show), and plan_sync all zero after each launch."""
+    hidden, experts, top_k = 32, 16, 2
+    g = torch.Generator().manual_seed(m)
+    cfg = tiny_cfg(hidden=hidden, experts=experts, top_k=1, inter=16)
+    ws = kmoe.MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=experts, slots_per_row=top_k,
+                                    moe_inter=16, device=device)
+    assert m > kmoe.PLAN_CHUNK.value and not ws.plan_sync.any()
+
+    def check_plan(bitmap, nv, what):
+        want = [e for e in range(experts) if bitmap[:nv, e].any()]
+        plan = ws.plan.cpu()
+        assert plan[0] == len(want) and plan[1:1 + len(want)].tolist() == want, (what, plan.tolist(), want)
+        assert not ws.plan_sync.any(), (what, ws.plan_sync.tolist())
+
+    for nv in (m, 3) * (16 if ON_GPU else 1):
+        h, router = exact_router_inputs(g, m, hidden, experts, "random", device)
+        poison(ws.plan)
+        bitmap, _ = kmoe.route(h, router, top_k, True, nv, workspace=ws)
+        ref_bitmap, _ = route_topk(h, router, top_k, True, nv)
+        assert torch.equal(bitmap, ref_bitmap)
+        check_plan(ref_bitmap, nv, f"route nv={nv}")
+    lw = moe_weights(cfg, m, device)
+    h, x = rand_rows(g, m, hidden, device), rand_rows(g, m, hidden, device)
+    for expert in (11, None):
+        bitmap = torch.zeros(m, experts, dtype=torch.bool, device=device)
+        if expert is not None:
+            bitmap[m - 1, expert] = True
+        poison(ws.plan)
+        kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
+        check_plan(bitmap, m, f"forced expert={expert}")
+
+
 @QUICK
 @given(m=st.integers(1, MAX_M), data=st.data(), experts=st.sampled_from([4, 8, 16]),
        hidden=st.sampled_from([32, 96]), renormalize=st.booleans(), seed=st.integers(0, 2**16))
@@ -726,15 +764,35 @@ def test_kernels_compile_for_sm90():
     assert r.stdout.count("router_logits_norm ") == 2, r.stdout
 
 
-def router_launch_specs(hidden: int, experts: int, inter: int, top_k: int, pdl: bool) -> list[tuple[str, dict]]:
-    """(name, compile_sm90 spec) of each `_router_logits_kernel` variant `moe.sm90_compile_specs` lists, built as a
-    launch specialises it (16-divisible strides, H and E; launch_pdl with PDL), PTX kept."""
+def router_launch_specs(hidden: int, experts: int, inter: int, top_k: int, pdl: bool,
+                        kernel=None) -> list[tuple[str, dict]]:
+    """(name, compile_sm90 spec) of each variant of `kernel` (default `_router_logits_kernel`) that
+    `moe.sm90_compile_specs` lists, built as a launch specialises it (16-divisible strides, H and E; launch_pdl with
+    PDL), PTX kept."""
+    kernel = kernel or kmoe._router_logits_kernel
     return [(name, {"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
                     "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
                     "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
                     "launch_pdl": pdl, "ptx": True, **opts})
             for name, fn, sig, cx, opts in kmoe.sm90_compile_specs(hidden, experts, inter, top_k, use_pdl=pdl)
-            if fn is kmoe._router_logits_kernel]
+            if fn is kernel]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
+def test_route_plan_sm90_no_spills_at_any_row_tile():
+    """The route / plan kernel at Qwen3-30B-A3B's 128 experts, every row tile it launches (16 / 32 / 64 rows: up to
+    48 rows), routing and forced, built as a launch specialises it: no spills. Its [32 | 64, 128] tile taken at once
+    spilled 24 / 296 bytes a thread (session 28); the rows are now taken PLAN_CHUNK at a time."""
+    from sampling_stats import compile_sm90
+
+    cfg = preset("Qwen3-30B-A3B")
+    listed = router_launch_specs(cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.top_k, True,
+                                 kernel=kmoe._route_plan_kernel)
+    assert sorted(n for n, _ in listed) == sorted(f"{kind}_{bm}" for kind in ("route_plan", "plan_forced")
+                                                  for bm in (16, 32, 64))
+    for (name, _), info in zip(listed, compile_sm90("lowlat.kernels.moe:_route_plan_kernel",
+                                                    [sp for _, sp in listed])):
+        assert info["spill_bytes"] == 0 and ".local" not in info["ptx"], (name, info["spill_bytes"])
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
