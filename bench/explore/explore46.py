@@ -18,6 +18,10 @@ copies, PDL on), A B .. B A:
                          across the wait: fewer registers then; call 4)
     qk_own_nosum         qk_own without the sum over the program's outputs (each output scaled by its own square):
                          the cross-warp reduction's share (timed only; call 4)
+    qk_rope_late         qk_cluster with the first row block's positions, KV slots and cos / sin loaded after the
+                         wait (as the later row blocks' are): 4+ registers fewer across it, no spills under
+                         maxnreg 168 at 1 row block (every other QK-norm variant spills 16 bytes; CPU compile; call 6)
+    qk_rope_norm_late    the same with qk_late's norm weights after the mma (no spills; call 6)
 
     python bench/explore/explore46.py --out results.json
 """
@@ -43,6 +47,13 @@ LATE_LOAD = '''            nw = gl.where(is_q, qn_ptr, kn_ptr) + j0 + ti       #
             nlo = gl.expand_dims(gl.load(nw).to(gl.float32), 1)
             nhi = gl.expand_dims(gl.load(nw + HALF).to(gl.float32), 1)
 '''
+ROPE_PRE = "    loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)\n"
+ROPE_SEL = '''        if b == 0:
+            loc, cos, sin = loc0, cos0, sin0
+        else:
+            loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
+'''
+ROPE_AFTER = "        loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)\n"
 R2 = "            r2 = gl.expand_dims(1.0 / gl.sqrt(hs / D + eps), 0)\n"
 EXCHANGE = '''            d = _st_f32(xs_ptr + (pid * NMB + b) * RB + tm, gl.sum(lo * lo + hi * hi, axis=0))
             d = _cluster_sync(d)
@@ -88,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,6")
     ap.add_argument("--variants", default="plain,plain_clustered,qk_cluster,qk_nosync,qk_own",
-                    help="among plain, plain_clustered, qk_cluster, qk_nosync, qk_own, qk_late, qk_own_nosum")
+                    help="among plain, plain_clustered, qk_cluster, qk_nosync, qk_own, qk_late, qk_own_nosum, "
+                    "qk_rope_late, qk_rope_norm_late")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -112,6 +124,10 @@ def main() -> None:
                 "qk_own_nosum": Launch("e46_qk_own_nosum", edited(edited(qsrc, EXCHANGE, nosum), R2,
                                                                    "            r2 = 1.0 / gl.sqrt(hs / D + eps)\n"),
                                        False, True)}
+    rope_late = edited(edited(qsrc, ROPE_PRE, ""), ROPE_SEL, ROPE_AFTER)
+    launches["qk_rope_late"] = Launch("e46_qk_rope_late", rope_late, True, True)
+    launches["qk_rope_norm_late"] = Launch("e46_qk_rope_norm_late", edited(edited(rope_late, NORM_LOAD, ""), BRANCH,
+                                                                           BRANCH + LATE_LOAD), True, True)
     launches = {v: launches[v] for v in args.variants.split(",")}
     results = []
     for m in [int(x) for x in args.rows.split(",")]:
@@ -130,7 +146,7 @@ def main() -> None:
                 fns[v](i)
         torch.cuda.synchronize()
         verdict = {v: accuracy_verdict((qs[v][0], caches[v][0][1:m + 1], caches[v][1][1:m + 1]), xs[0], w0, lw, pos,
-                                       inv, cfg) for v in ("qk_cluster", "qk_late") if v in launches}
+                                       inv, cfg) for v in launches if v.startswith("qk_") and launches[v].clustered}
         times = time_alternated(fns, max(r, 8), rounds=2)
         print(f"  r{m:<3} us (min/max of 4) {times_line(times)} | {verdict}", flush=True)
         results.append(dict(rows=m, us=times, accuracy=verdict))

@@ -545,7 +545,7 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     from _common import landed_release_source
     from explore37 import capped_source
     from explore44 import qk_norm_source
-    from explore46 import EXCHANGE, SYNC, edited
+    from explore46 import EXCHANGE, ROPE_AFTER, ROPE_PRE, ROPE_SEL, SYNC, edited
     from sampling_stats import compile_sm90
 
     from lowlat.kernels import attn_prologue_held as aph
@@ -555,6 +555,7 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     qk = qk_norm_source(src)
     assert "_cluster_sync" not in edited(qk, SYNC, "").split("def _held_prologue_kernel(")[1]
     assert "xs_ptr +" not in edited(qk, EXCHANGE, "").split("def _held_prologue_kernel(")[1]
+    assert "cos0" not in edited(edited(qk, ROPE_PRE, ""), ROPE_SEL, ROPE_AFTER)
     landed = landed_release_source(capped_source(src, 168))
     (tmp_path / "aph_landed_test.py").write_text(landed)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
