@@ -272,8 +272,9 @@ def _exact_row_sum(v):
     is cut to a multiple of 2^-48 (exact for v >= 2^-24; the cut is < 2^-48 per value, far below an fp32
     ulp of a sum >= 1, as a softmax denominator is), the int64 sum is exact, then one rounding to fp32
     (NaN counts 0; its row's values stay NaN). A float `tl.sum` adds in an order set by the tile's layout,
-    which follows the plan kernel's row tile, hence M: a row's gates then depended on M in the last bit
-    (found in session 9 on the H200; `test_qwen3_route_gates_row_invariant`)."""
+    which followed the plan kernel's row tile, hence M, until session 29 (now a fixed [PLAN_CHUNK, E] tile a
+    program): a row's gates then depended on M in the last bit (found in session 9 on the H200;
+    `test_qwen3_route_gates_row_invariant`)."""
     q = (tl.where(v == v, v, 0.0) * 281474976710656.0).to(tl.int64)                     # 2^48
     return tl.sum(q, axis=1).to(tl.float32) * (1.0 / 281474976710656.0)
 
@@ -293,9 +294,9 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
     Then the plan: plan[0] = number of active experts A, plan[1 + j] = the j-th active expert in
     increasing index (an expert is active when a valid row chose it: its column's population count
     is > 0). One program writes it from its own rows; several OR their experts into sync[1 + e] (int32 [E + 1],
-    zero between launches) and count their arrival in sync[0], each after its ORs have returned (the count's
-    increment depends on their results); the last to arrive reads and zeroes the ORs, zeroes the count and writes
-    the plan (no program waits for another: `MoEWorkspace.plan_sync`).
+    zero between launches) and count their arrival in sync[0] (a CTA barrier, then an acquire-release add); the last
+    to arrive reads and zeroes the ORs, zeroes the count and writes the plan (no program waits for another:
+    `MoEWorkspace.plan_sync`).
     """
     if USE_PDL:
         gdc_wait()
@@ -343,14 +344,15 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         bits = (b != 0).to(tl.int32)
     active = (tl.sum(bits, axis=0) > 0).to(tl.int32)                     # [E_P2]
     if BM > PLAN_CHUNK:
-        old = tl.atomic_or(sync_ptr + 1 + ei, active, mask=emask, sem="relaxed", scope="gpu")
-        # +1, computed from every OR's returned value (>= 0: the compiler cannot drop the dependency), so this
-        # program's ORs are performed before its arrival is
-        one = tl.where(tl.min(tl.where(emask, old, 0), axis=0) >= 0, 1, 2)
-        arrived = tl.atomic_add(sync_ptr, one, sem="acq_rel", scope="gpu")
+        tl.atomic_or(sync_ptr + 1 + ei, active, mask=emask, sem="relaxed", scope="gpu")
+        # the CTA barrier orders every thread's OR before the arrival, whose gpu-scope release carries them
+        # (cumulative); the last arrival's acquire then sees every program's ORs (the pattern of
+        # `draft_sampling` / `decode_attention`'s arrival counters)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
         if arrived == BM // PLAN_CHUNK - 1:                                # the last program: every row's experts
-            # a load from L2 (where the ORs were performed), ordered after the count's acquire by the branch (an
-            # atomic's result reaches one thread of an element a layout replicates; a load reaches them all)
+            # the count's acquire (one thread's atomic) reaches the others through the barrier that hands them its
+            # result; .cg: from L2, where the ORs were performed
             active = tl.load(sync_ptr + 1 + ei, mask=emask, other=0, cache_modifier=".cg")
             place = tl.cumsum(active, axis=0) - active                     # a scan over experts
             tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
@@ -560,7 +562,7 @@ def _plan_rows(m: int) -> int:
 @dataclass(frozen=True)
 class MoEKernelConfig:
     """Block sizes. They depend on the weight shapes only (never on M): that makes rows invariant. (The
-    route / plan kernel's row tile does follow M, `_plan_rows`, but its work is per row along the experts,
+    route / plan kernel's grid does follow M, `_plan_rows`, but its work is per row along the experts,
     with order-free reductions, so no result depends on it.)
 
     BE experts x HS hidden per router program (BK per step); BR rows per expert tile; gate/up
@@ -579,7 +581,7 @@ class MoEKernelConfig:
     BH: int
     num_warps: int = 4
     num_stages: int = 3
-    #: warps of the one route / plan program
+    #: warps of each route / plan program
     plan_warps: int = 8
 
     @classmethod
@@ -620,13 +622,18 @@ class MoEWorkspace:
     gates       [R, E]                  fp32   gate of (m, e), 0 where bitmap is 0
     plan        [E + 1]                 int32  number of active experts A, then the A experts
     plan_sync   [E + 1]                 int32  the route / plan programs' arrival count, then each expert's OR
-                                               over their rows (zero between launches: the last program zeroes it)
+                                               over their rows: zero between launches (allocated so, left so by
+                                               every complete launch), the one buffer whose contents carry over
     act         [R * KMAX, Ie]          bf16   SwiGLU intermediate of each (row, slot)
     y           [R * KMAX, H]           fp32   gated expert output of each (row, slot)
     shared_act  [R, Is] bf16, shared_y [R, H] fp32   (only with a shared expert)
     h           [R, H]                  bf16   the normed rows, when `moe_forward` normalises (norm_weight)
                                                and is given no h_out; None when allocated without normed_rows
     R = max_rows (<= 64), KMAX = slots per row (top_k).
+
+    One launch at a time per workspace (every buffer is the launches' scratch). A route / plan launch of more than
+    16 rows that did not complete on it (another stream's launch beside it, a kernel launched with another grid)
+    leaves plan_sync non-zero, and every later plan of more than 16 rows would be wrong: `reset_plan_sync()`.
     """
 
     max_rows: int
@@ -675,6 +682,11 @@ class MoEWorkspace:
             shared_y=torch.empty(max_rows, hidden, dtype=f32, device=device) if has_shared else None,
             h=torch.empty(max_rows, hidden, dtype=bf16, device=device) if normed_rows else None,
         )
+
+    def reset_plan_sync(self) -> None:
+        """Zero plan_sync (stream-ordered on its device): after a route / plan launch that did not complete on this
+        workspace (see the class docstring); complete launches leave it zero."""
+        self.plan_sync.zero_()
 
     @classmethod
     def for_config(cls, cfg: ModelConfig, max_rows: int, device: torch.device | str = "cuda", *,
@@ -1134,9 +1146,9 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     e_p2 = _p2(num_experts)
     nsplit = triton.cdiv(hidden, c.HS)
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
-           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "sync_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "act_ptr": "*bf16",
-           "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16",
-           "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32", "ss_ptr": "*fp32"}
+           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "sync_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16",
+           "act_ptr": "*bf16", "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16",
+           "out_ptr": "*bf16", "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32", "ss_ptr": "*fp32"}
     base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False, SS_P2=0)
     specs = []
 

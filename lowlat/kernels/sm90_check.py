@@ -241,8 +241,9 @@ def moe_roles() -> dict:
         # partial router logits: tl.dot of a [BE, BK] router weight tile by [BK, 64] rows, bf16 into fp32 - a matrix
         # product; its first router (and norm) weight slice is loaded before griddepcontrol.wait, x only after
         moe._router_logits_kernel: (True, True),
-        # route / plan: a sum over splits, softmax, top-k maxima, population counts and a cumsum over a [BM, E]
-        # tile - no matrix product; it waits before its first load (the router's logits)
+        # route / plan: a sum over splits, softmax, top-k maxima, population counts and a cumsum over a
+        # [PLAN_CHUNK, E] tile a program (with several programs, atomics: the experts ORed, an arrival count) - no
+        # matrix product; it waits before its first load (the router's logits)
         moe._route_plan_kernel: (False, False),
         # the experts' (and the shared expert's) gate/up: two tl.dot of [BN, BK] weight tiles by [BK, BR] rows;
         # waits first (it reads the plan to know which expert's weights to load)

@@ -14,6 +14,7 @@ determinism, row invariance, CUDA graphs and PDL, with and without the norm.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -257,9 +258,12 @@ def test_route_with_split_hidden_and_a_smaller_plan_tile(device, m):
 def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
     """M > PLAN_CHUNK rows take several route / plan programs: each ORs its rows' experts into plan_sync, the last
     to arrive writes the plan and zeroes plan_sync. Launches on one workspace, the active experts shrinking (every
-    row valid, then 3; 16 times over on a GPU, where the programs race; then forced routing with one expert on the
-    last row, then on none): each plan exactly the reference's active experts in increasing order (a stale OR, or a
-    chunk's experts lost, would show), and plan_sync all zero after each launch."""
+    row valid, then 3; 16 times over on a GPU, where the programs race; then widths of 1, 2 and 4 programs on the same
+    workspace; then forced routing with one expert on the last row, then on none): each plan exactly the
+    reference's active experts in increasing order (a stale OR, or a chunk's experts lost, would show), and
+    plan_sync all zero after each launch. A count left non-zero (a launch that did not complete) gives a wrong plan
+    until `reset_plan_sync()`. (The interpreter runs the programs in order, so there the last to arrive is always the
+    last program: which one arrives last is exercised on the GPU only.)"""
     hidden, experts, top_k = 32, 16, 2
     g = torch.Generator().manual_seed(m)
     cfg = tiny_cfg(hidden=hidden, experts=experts, top_k=1, inter=16)
@@ -280,6 +284,14 @@ def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
         ref_bitmap, _ = route_topk(h, router, top_k, True, nv)
         assert torch.equal(bitmap, ref_bitmap)
         check_plan(ref_bitmap, nv, f"route nv={nv}")
+    for rows in (m, 16, 64, 20, 33):           # one workspace across widths, as FusedModel's: 1, 2 or 4 programs
+        if rows > m:
+            continue
+        h, router = exact_router_inputs(g, rows, hidden, experts, "random", device)
+        poison(ws.plan)
+        kmoe.route(h, router, top_k, True, rows - 1, workspace=ws)
+        ref_bitmap, _ = route_topk(h, router, top_k, True, rows - 1)
+        check_plan(ref_bitmap, rows - 1, f"route rows={rows}")
     lw = moe_weights(cfg, m, device)
     h, x = rand_rows(g, m, hidden, device), rand_rows(g, m, hidden, device)
     for expert in (11, None):
@@ -289,6 +301,18 @@ def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
         poison(ws.plan)
         kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
         check_plan(bitmap, m, f"forced expert={expert}")
+    # a launch that did not complete leaves the count non-zero: an early arrival then writes the plan without the
+    # last program's expert; reset_plan_sync() recovers
+    bitmap = torch.zeros(m, experts, dtype=torch.bool, device=device)
+    bitmap[m - 1, 11] = True
+    ws.plan_sync[0] = 1
+    kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
+    assert ws.plan_sync.any()           # left corrupt; in the interpreter's order (on a GPU it races) the plan is
+    programs = kmoe._plan_rows(m) // kmoe.PLAN_CHUNK.value      # wrong where the last program holds row m - 1
+    assert ON_GPU or m <= (programs - 1) * kmoe.PLAN_CHUNK.value or ws.plan[0] == 0
+    ws.reset_plan_sync()
+    kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
+    check_plan(bitmap, m, "forced after reset_plan_sync")
 
 
 @QUICK
@@ -781,8 +805,9 @@ def router_launch_specs(hidden: int, experts: int, inter: int, top_k: int, pdl: 
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
 def test_route_plan_sm90_no_spills_at_any_row_tile():
     """The route / plan kernel at Qwen3-30B-A3B's 128 experts, every row tile it launches (16 / 32 / 64 rows: up to
-    48 rows), routing and forced, built as a launch specialises it: no spills. Its [32 | 64, 128] tile taken at once
-    spilled 24 / 296 bytes a thread (session 28); the rows are now taken PLAN_CHUNK at a time."""
+    48 rows), routing and forced, built as a launch specialises it: no spills (a [32 | 64, 128] tile in one program
+    spilled 24 / 296 bytes a thread, session 28; a program now takes PLAN_CHUNK rows), and where several programs
+    run, the PTX's order of the plan's synchronisation (the GPU cannot be made to show a missing barrier)."""
     from sampling_stats import compile_sm90
 
     cfg = preset("Qwen3-30B-A3B")
@@ -793,6 +818,17 @@ def test_route_plan_sm90_no_spills_at_any_row_tile():
     for (name, _), info in zip(listed, compile_sm90("lowlat.kernels.moe:_route_plan_kernel",
                                                     [sp for _, sp in listed])):
         assert info["spill_bytes"] == 0 and ".local" not in info["ptx"], (name, info["spill_bytes"])
+        # several programs (32 / 64 rows): the experts ORed, a CTA barrier, the arrival (acquire-release), the
+        # barrier handing its count to every thread, then the last program's load of the ORs from L2; none at 16
+        sync = re.findall(r"atom\.global\.gpu\.relaxed\.or|atom\.global\.gpu\.acq_rel\.add|bar\.sync|"
+                          r"ld\.global\.cg", info["ptx"])
+        if name.endswith("_16"):
+            assert "atom.global.gpu.acq_rel.add" not in sync, name
+            continue
+        i = sync.index("atom.global.gpu.relaxed.or")
+        assert sync[i:i + 5] == ["atom.global.gpu.relaxed.or", "bar.sync", "atom.global.gpu.acq_rel.add", "bar.sync",
+                                 "ld.global.cg"], (name, sync[i:i + 5])
+        assert sync.count("atom.global.gpu.acq_rel.add") == 1 and sync.count("atom.global.gpu.relaxed.or") == 1
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
