@@ -631,9 +631,12 @@ class MoEWorkspace:
                                                and is given no h_out; None when allocated without normed_rows
     R = max_rows (<= 64), KMAX = slots per row (top_k).
 
-    One launch at a time per workspace (every buffer is the launches' scratch). A route / plan launch of more than
-    16 rows that did not complete on it (another stream's launch beside it, a kernel launched with another grid)
-    leaves plan_sync non-zero, and every later plan of more than 16 rows would be wrong: `reset_plan_sync()`.
+    One MoE block at a time per workspace (every buffer is its launches' scratch). plan_sync alone carries over
+    between launches: a route / plan launch of more than 16 rows leaves it zero only when it starts from zero and
+    runs to its end alone on the workspace. After anything else (a launch that raised or was cut short, two streams
+    using one workspace at once, plan_sync written by other code) later blocks of more than 16 rows may route
+    correctly but plan the wrong experts, silently (no NaN, no error; blocks of 16 rows or fewer do not use it nor
+    clear it): call `reset_plan_sync()` then. `plan_sync.any()` tells (a host sync).
     """
 
     max_rows: int
@@ -657,9 +660,10 @@ class MoEWorkspace:
     def allocate(cls, *, max_rows: int, hidden: int, num_experts: int, slots_per_row: int, moe_inter: int,
                  shared_inter: int = 0, device: torch.device | str = "cuda",
                  config: MoEKernelConfig | None = None, normed_rows: bool = True) -> "MoEWorkspace":
-        """Allocate every buffer (contents undefined, each call overwrites what it reads, but plan_sync: zeros,
-        as every launch leaves it); h only with normed_rows
-        (a caller that always passes moe_forward an h_out, as FusedModel does, needs none)."""
+        """Allocate every buffer: contents undefined (each launch writes what a later one reads) except
+        plan_sync, zeroed (see the class docstring); h only with normed_rows (a caller that always passes
+        moe_forward an h_out, as FusedModel does, needs none). device: where the block runs ("cpu" only under
+        the Triton interpreter)."""
         if not 1 <= max_rows <= MAX_KERNEL_ROWS:
             raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_KERNEL_ROWS}")
         if slots_per_row < 1:
@@ -975,7 +979,8 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
     router : [E, H] bf16.
     top_k : 1 <= K <= E experts per row.
     renormalize : divide the chosen probabilities by their sum (`norm_topk_prob`).
-    num_valid_rows : int in 0..M, or an int32 [1] device tensor (read on the device; capturable).
+    num_valid_rows : int in 0..M, or an int32 [1] device tensor (read on the device; capturable) whose value
+        must be in 0..M: it is not checked (that would need a host sync), and a larger one reads rows past M.
         Rows >= it are padding: all-False bitmap row, zero gates.
     workspace : buffers to use (`MoEWorkspace`); allocated for M rows when None.
 
@@ -1029,7 +1034,8 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
         expert_down [E, H, Ie], optional shared_gate / shared_up [Is, H], shared_down [H, Is]; bf16.
     cfg : ModelConfig (top_k, norm_topk_prob).
     num_valid_rows : int in 0..M or an int32 [1] device tensor; rows >= it are padding: they never
-        enter routing and out[m] = x_residual[m] for them.
+        enter routing and out[m] = x_residual[m] for them. A device tensor's value must be in 0..M: it is not
+        checked (that would need a host sync), and a larger one reads rows past M.
     norm_weight : [H] bf16 contiguous on h's device (the layer's mlp_norm), or None (h is already normed).
         Given, the router launch computes, for every row m < M (padding rows included),
         rstd[m] = 1 / sqrt(sum_k h[m, k]^2 / H + eps) (fp32, correctly rounded mean, sqrt and reciprocal) and
@@ -1045,9 +1051,9 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
         (the caller's promise: the previous launch wrote them, `residual_gemv_held(sum_sq_out=)`); the router then
         takes rstd[m] from their sum (one fixed tree over P, the same for any M) instead of reading h's whole
         rows first. Not stored to; must not share storage with h_out.
-    out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add), and with
-        norm_weight also h itself: h is read only by the first launch, x_residual by the last (the
-        combine, each element read by the program that then writes it).
+    out : [M, H] bf16, or None (allocated). May be x_residual itself (in-place residual add), or h itself:
+        h is read only by the launches before the last (with norm_weight by the first alone), x_residual by the
+        last (the combine, each element read by the program that then writes it).
     workspace : MoEWorkspace (preallocate it for CUDA graphs); allocated for M rows when None.
     use_pdl : launch with programmatic dependent launch (CUDA only).
 
