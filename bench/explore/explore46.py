@@ -22,6 +22,10 @@ copies, PDL on), A B .. B A:
                          wait (as the later row blocks' are): 4+ registers fewer across it, no spills under
                          maxnreg 168 at 1 row block (every other QK-norm variant spills 16 bytes; CPU compile; call 6)
     qk_rope_norm_late    the same with qk_late's norm weights after the mma (no spills; call 6)
+    nosum_rope_late      qk_own_nosum with qk_rope_late's edit (no spills); nosum_const: its norm weights constants 1
+                         (no loads); nosum_nobranch: every program takes the QK-norm path (no branch on is_v);
+                         nosum_lean: the three together (timed only; prepared in session 29 for session 30: the
+                         ~0.6 us between plain and qk_own is not the sum, the barriers or the norm weights' residency)
 
     python bench/explore/explore46.py --out results.json
 """
@@ -43,7 +47,7 @@ NORM_LOAD = '''    nlo = gl.expand_dims(gl.where(is_q, gl.load(qn_ptr + j0 + ti)
                                   gl.load(kn_ptr + HALF + j0 + ti)).to(gl.float32), 1)
 '''
 BRANCH = "        if not is_v:                                  # a whole head (cluster) takes this branch or none does\n"
-LATE_LOAD = '''            nw = gl.where(is_q, qn_ptr, kn_ptr) + j0 + ti       # the QK-norm weights: in flight over the exchange
+LATE_LOAD = '''            nw = gl.where(is_q, qn_ptr, kn_ptr) + j0 + ti       # QK-norm weights: in flight over the exchange
             nlo = gl.expand_dims(gl.load(nw).to(gl.float32), 1)
             nhi = gl.expand_dims(gl.load(nw + HALF).to(gl.float32), 1)
 '''
@@ -100,7 +104,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,6")
     ap.add_argument("--variants", default="plain,plain_clustered,qk_cluster,qk_nosync,qk_own",
                     help="among plain, plain_clustered, qk_cluster, qk_nosync, qk_own, qk_late, qk_own_nosum, "
-                    "qk_rope_late, qk_rope_norm_late")
+                    "qk_rope_late, qk_rope_norm_late, nosum_rope_late, nosum_const, nosum_nobranch, nosum_lean")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -128,6 +132,14 @@ def main() -> None:
     launches["qk_rope_late"] = Launch("e46_qk_rope_late", rope_late, True, True)
     launches["qk_rope_norm_late"] = Launch("e46_qk_rope_norm_late", edited(edited(rope_late, NORM_LOAD, ""), BRANCH,
                                                                            BRANCH + LATE_LOAD), True, True)
+    nosum_src = edited(edited(qsrc, EXCHANGE, nosum), R2, "            r2 = 1.0 / gl.sqrt(hs / D + eps)\n")
+    lean = {"rope_late": lambda t: edited(edited(t, ROPE_PRE, ""), ROPE_SEL, ROPE_AFTER),
+            "const": lambda t: edited(t, NORM_LOAD, "    nlo = 1.0\n    nhi = 1.0\n"),
+            "nobranch": lambda t: edited(t, BRANCH, "        if M > 0:\n")}
+    for tag, edit in lean.items():
+        launches[f"nosum_{tag}"] = Launch(f"e46_nosum_{tag}", edit(nosum_src), False, True)
+    launches["nosum_lean"] = Launch("e46_nosum_lean", lean["nobranch"](lean["const"](lean["rope_late"](nosum_src))),
+                                    False, True)
     launches = {v: launches[v] for v in args.variants.split(",")}
     results = []
     for m in [int(x) for x in args.rows.split(",")]:

@@ -545,7 +545,7 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     from _common import landed_release_source
     from explore37 import capped_source
     from explore44 import qk_norm_source
-    from explore46 import EXCHANGE, ROPE_AFTER, ROPE_PRE, ROPE_SEL, SYNC, edited
+    from explore46 import BRANCH, EXCHANGE, NORM_LOAD, R2, ROPE_AFTER, ROPE_PRE, ROPE_SEL, SYNC, edited
     from sampling_stats import compile_sm90
 
     from lowlat.kernels import attn_prologue_held as aph
@@ -556,6 +556,7 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     assert "_cluster_sync" not in edited(qk, SYNC, "").split("def _held_prologue_kernel(")[1]
     assert "xs_ptr +" not in edited(qk, EXCHANGE, "").split("def _held_prologue_kernel(")[1]
     assert "cos0" not in edited(edited(qk, ROPE_PRE, ""), ROPE_SEL, ROPE_AFTER)
+    assert all(qk.count(line) == 1 for line in (NORM_LOAD, BRANCH, R2))          # explore46's other edits
     landed = landed_release_source(capped_source(src, 168))
     (tmp_path / "aph_landed_test.py").write_text(landed)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
