@@ -759,8 +759,10 @@ def _check_weights(lw: LayerWeights, hidden: int, device: torch.device) -> tuple
 
 
 def _check_h(h, use_pdl: bool) -> tuple[int, int]:
-    if not isinstance(h, torch.Tensor) or h.dim() != 2:
-        raise StepContractError(f"h must be an [M, H] tensor, got {getattr(h, 'shape', type(h).__name__)}")
+    if not isinstance(h, torch.Tensor):
+        raise StepContractError(f"h must be a torch.Tensor [M, H], got {type(h).__module__}.{type(h).__name__}")
+    if h.dim() != 2:
+        raise StepContractError(f"h must be an [M, H] tensor, got shape {tuple(h.shape)}")
     _check_device(h, "h", use_pdl)
     _check_tensor("h", h, tuple(h.shape), torch.bfloat16, h.device)
     return int(h.shape[0]), int(h.shape[1])
@@ -1009,9 +1011,12 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
     if workspace is None:
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=top_k,
                                           moe_inter=16, device=h.device, config=c)
-    elif workspace.num_experts != e or workspace.hidden != hidden or workspace.max_rows < m:
-        raise StepContractError(f"workspace (E={workspace.num_experts}, H={workspace.hidden}, "
-                                f"max_rows={workspace.max_rows}) does not fit E={e}, H={hidden}, M={m}")
+    else:
+        for field, have, want in (("num_experts", workspace.num_experts, e), ("hidden", workspace.hidden, hidden)):
+            if have != want:
+                raise StepContractError(f"workspace.{field}={have} but the router has {want}")
+        if workspace.max_rows < m:
+            raise StepContractError(f"workspace.max_rows={workspace.max_rows} < M={m}")
     _launch_route(h, router, top_k, renormalize, nv, nv_t, workspace, c, use_pdl)
     return workspace.bitmap[:m].view(torch.bool), workspace.gates[:m]
 
@@ -1074,9 +1079,10 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     _check_tensor("x_residual", x_residual, (m, hidden), torch.bfloat16, h.device)
     nv, nv_t = _check_rows(h, num_valid_rows)
     e, ie, s = _check_weights(lw, hidden, h.device)
-    if e != cfg.num_experts or not 1 <= cfg.top_k <= e:
-        raise UnsupportedConfigError("num_experts", e, f"weights have E={e}, config num_experts="
-                                     f"{cfg.num_experts}, top_k={cfg.top_k}")
+    if e != cfg.num_experts:
+        raise UnsupportedConfigError("num_experts", cfg.num_experts, f"the weights have E={e} experts")
+    if not 1 <= cfg.top_k <= e:
+        raise UnsupportedConfigError("top_k", cfg.top_k, f"must be in 1..E={e}")
     norm = _check_norm(h, norm_weight, eps, h_out, sum_sq_parts)
     if out is None:
         out = torch.empty_like(x_residual)

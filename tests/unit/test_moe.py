@@ -614,7 +614,8 @@ def _error_cases(device):
                                           device=device)
     return cfg, lw, h, x, [
         ("h float32", dict(h=h.float()), StepContractError, "h must be torch.bfloat16"),
-        ("h 1-D", dict(h=h[0]), StepContractError, "h must be an \\[M, H\\] tensor"),
+        ("h 1-D", dict(h=h[0]), StepContractError, "h must be an \\[M, H\\] tensor, got shape \\(32,\\)"),
+        ("h numpy", dict(h=h.float().cpu().numpy()), StepContractError, "h must be a torch.Tensor.*numpy.ndarray"),
         ("residual shape", dict(x_residual=x[:2]), StepContractError, "x_residual must have shape"),
         ("too many rows", dict(h=h.repeat(22, 1)[:65], x_residual=x.repeat(22, 1)[:65]), StepContractError,
          "M=65 rows"),
@@ -628,7 +629,8 @@ def _error_cases(device):
          "expert_down must have shape"),
         ("gate dtype", dict(lw=with_(expert_gate=lw.expert_gate.float())), StepContractError,
          "expert_gate must be torch.bfloat16"),
-        ("config experts", dict(cfg=cfg.replace(num_experts=8, top_k=2)), UnsupportedConfigError, "E=4"),
+        ("config experts", dict(cfg=cfg.replace(num_experts=8, top_k=2)), UnsupportedConfigError,
+         "num_experts=8: the weights have E=4"),
         # a defined fp32 buffer: uninitialised memory may hold NaN, which torch.equal never matches
         ("out dtype", dict(out=torch.full((3, 32), 7.0, device=device)), StepContractError,
          "out must be torch.bfloat16"),
@@ -653,6 +655,12 @@ def test_route_bad_top_k_and_forced_bad_bitmap(device):
     for k in (0, 5):
         with pytest.raises(UnsupportedConfigError, match=f"top_k={k}"):
             kmoe.route(h, lw.router, k, True, 3)
+    for field, ws in (("num_experts=8 but the router has 4", dict(num_experts=8, hidden=32, max_rows=3)),
+                      ("hidden=64 but the router has 32", dict(num_experts=4, hidden=64, max_rows=3)),
+                      ("max_rows=2 < M=3", dict(num_experts=4, hidden=32, max_rows=2))):
+        other = kmoe.MoEWorkspace.allocate(**ws, slots_per_row=2, moe_inter=16, device=device)
+        with pytest.raises(StepContractError, match=f"workspace.{field}"):
+            kmoe.route(h, lw.router, 2, True, 3, workspace=other)
     bad = torch.full((3, 4), 2, dtype=torch.uint8, device=device)
     with pytest.raises(StepContractError, match="0 or 1"):
         kmoe.moe_experts_forced(h, x, bad, torch.zeros(3, 4, device=device), lw, 3)
