@@ -217,6 +217,7 @@ def module_from_source(name: str, src: str):
         f.write(src)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod                     # dataclasses (kernels/moe.py's) look their module up there
     spec.loader.exec_module(mod)
     return mod
 

@@ -11,13 +11,5 @@ grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/moe-tests.log" | cut -c
 echo "== route/plan (${SECONDS}s)"
 timeout 120 python3 -m lowlat.bench --sections moe,profile --models "" --rows 24,48 --budget-s 100 \
   --out "$OUT/plan_programs.json" > /tmp/plan.log 2>&1; echo "bench rc $?"
-python3 - "$OUT/plan_programs.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for e in d["results"]:
-    if e.get("section") == "profile" and e["op"] in ("moe_router", "moe_route_plan"):
-        print(f"  r{e['rows']} {e['op'][:44]:44} {e['us']:7.2f} us x{e['launches']:3d}")
-    elif e.get("section") != "profile":
-        print(f"  r{e.get('rows')} {e.get('op')} {e.get('variant')} {e.get('us')}")
-PY
+python3 bench/explore/plan_profile.py "$OUT/plan_programs.json"
 echo "done at ${SECONDS}s"

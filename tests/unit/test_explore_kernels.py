@@ -573,3 +573,29 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     assert head.count("ld.global.v4") == 2 * held * 2 // 16                  # the weights and g, 16 bytes a load
     assert head.count("griddepcontrol.launch_dependents") == held       # one a weight element, predicated
     assert tail.count("griddepcontrol.launch_dependents") == 1 and info["spill_bytes"] == 0, info["spill_bytes"]
+
+
+@pytest.mark.parametrize("m", [5, 20, 40])
+@pytest.mark.parametrize("mode", ["random", "duplicate", "all_equal", "one_expert"])
+def test_plan_keys32_routes_like_the_reference_with_ties(device, m, mode):
+    """bench/explore/plan_keys32.py (the route / plan kernel's top-k on int32 keys, prepared for session 30): its edit
+    of kernels/moe.py applies, and the edited module's `route` chooses exactly the reference's experts (ties: the
+    lower index first) with gates within the policy, at one and several plan programs, under the interpreter or on
+    the GPU."""
+    sys.path.insert(0, str(BENCH / "explore"))
+    from _common import module_from_source
+    from plan_keys32 import keys32_source
+    from test_moe import exact_router_inputs
+
+    from lowlat.kernels import moe
+    from lowlat.numerics import check_accuracy, oracle_cast
+    from lowlat.reference.moe import route_topk
+
+    mod = module_from_source("moe_keys32_test", keys32_source(open(moe.__file__).read()))
+    hidden, experts, top_k, nv = 48, 12, 3, max(1, m - 2)
+    h, router = exact_router_inputs(torch.Generator().manual_seed(m), m, hidden, experts, mode, device)
+    bitmap, gates = mod.route(h, router, top_k, True, nv)
+    ref_bitmap, ref_gates = route_topk(h, router, top_k, True, nv)
+    _, orc_gates = route_topk(oracle_cast(h), oracle_cast(router), top_k, True, nv)
+    assert torch.equal(bitmap, ref_bitmap), (mode, m)
+    check_accuracy("moe", gates, orc_gates, ref_gates, output="gates")
