@@ -222,6 +222,14 @@ def module_from_source(name: str, src: str):
     return mod
 
 
+def prologue_rows(m: int, hidden: int, r: int, dev):
+    """A prologue explore's inputs at width m: (xs: r copies of x [m, hidden] bf16, positions [m] in 0..4095, locs:
+    copy i's KV slots 1 + i m .. (i + 1) m, int32)."""
+    xs = [torch.randn(m, hidden, device=dev).bfloat16() for _ in range(r)]
+    locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
+    return xs, torch.randint(0, 4096, (m,), device=dev), locs
+
+
 class LlamaPrologueCase:
     """Llama-3.2-1B's attention prologue inputs as session 28's per-kernel explores (37, 39-43) time them, like
     `bench/bench_attn_prologue.py`: one layer's random weights (seed 0), the packed QKV weight `w0` and `r` rotated
@@ -244,11 +252,8 @@ class LlamaPrologueCase:
         self.ws = [self.w0.clone() for _ in range(self.r)]
 
     def rows(self, m: int):
-        """(xs: r copies of x [m, H] bf16, positions [m] in 0..4095, locs: copy i's KV slots 1 + i m .. (i + 1) m)."""
-        r, dev = self.r, self.dev
-        xs = [torch.randn(m, self.cfg.hidden_size, device=dev).bfloat16() for _ in range(r)]
-        locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
-        return xs, torch.randint(0, 4096, (m,), device=dev), locs
+        """`prologue_rows` at this case's hidden size and r."""
+        return prologue_rows(m, self.cfg.hidden_size, self.r, self.dev)
 
     def cache(self, m: int, fill: float = 0.0):
         """A K or V cache of r m + 1 slots (every copy's rows) filled with `fill`."""

@@ -37,8 +37,8 @@ import argparse
 
 import torch
 
-from _common import (landed_release_source, module_from_source, time_alternated, times_line,  # noqa: E402
-                     write_results)
+from _common import (landed_release_source, module_from_source, prologue_rows, time_alternated,  # noqa: E402
+                     times_line, write_results)
 from explore37 import capped_source
 from lowlat.benchmarking import rotation_copies
 from lowlat.config import preset
@@ -216,9 +216,7 @@ def main() -> None:
     scratch = torch.full((n // 16 * 6 * 8,), float("nan"), device=dev)
     results = []
     for m in [int(x) for x in args.rows.split(",")]:
-        xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
-        pos = torch.randint(0, 4096, (m,), device=dev)
-        locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
+        xs, pos, locs = prologue_rows(m, h, r, dev)
         kcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev)
                for v in VARIANTS}
         vcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev)

@@ -36,7 +36,8 @@ import argparse
 
 import torch
 
-from _common import module_from_source, time_alternated, times_line, write_results  # noqa: E402 (repository first)
+from _common import (module_from_source, prologue_rows, time_alternated, times_line,  # noqa: E402
+                     write_results)
 from explore37 import capped_source
 from explore44 import accuracy_verdict, launch_clustered, qk_norm_source, qwen3_case  # noqa: E402
 from lowlat.kernels import attn_prologue_held as aph
@@ -143,9 +144,7 @@ def main() -> None:
     launches = {v: launches[v] for v in args.variants.split(",")}
     results = []
     for m in [int(x) for x in args.rows.split(",")]:
-        xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
-        pos = torch.randint(0, 4096, (m,), device=dev)
-        locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
+        xs, pos, locs = prologue_rows(m, h, r, dev)
         caches = {v: [torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev)
                       for _ in range(2)] for v in launches}
         qs = {v: [torch.full((m, hq, d), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(r)]

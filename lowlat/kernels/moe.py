@@ -353,17 +353,21 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
         if arrived == BM // PLAN_CHUNK - 1:                                # the last program: every row's experts
             # the count's acquire (one thread's atomic) reaches the others through the barrier that hands them its
             # result; .cg: from L2, where the ORs were performed
-            active = tl.load(sync_ptr + 1 + ei, mask=emask, other=0, cache_modifier=".cg")
-            place = tl.cumsum(active, axis=0) - active                     # a scan over experts
-            tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
-            tl.store(plan_ptr, tl.sum(active, axis=0))
-            tl.debug_barrier()                     # every thread's read has returned (the sum took them): zero
+            _write_plan(plan_ptr, tl.load(sync_ptr + 1 + ei, mask=emask, other=0, cache_modifier=".cg"), ei)
+            tl.debug_barrier()                     # every thread's read has returned (the plan's sum took them): zero
             tl.store(sync_ptr + 1 + ei, tl.zeros([E_P2], dtype=tl.int32), mask=emask)
             tl.store(sync_ptr, 0)
     else:
-        place = tl.cumsum(active, axis=0) - active                         # a scan over experts
-        tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
-        tl.store(plan_ptr, tl.sum(active, axis=0))
+        _write_plan(plan_ptr, active, ei)
+
+
+@triton.jit
+def _write_plan(plan_ptr, active, ei):
+    """plan[0] = the number of active experts A, plan[1 + j] = the j-th active expert (active [E_P2] 0/1 over
+    expert indices ei, increasing): a scan over experts, no sort."""
+    place = tl.cumsum(active, axis=0) - active
+    tl.store(plan_ptr + 1 + place, ei, mask=active != 0)
+    tl.store(plan_ptr, tl.sum(active, axis=0))
 
 
 @triton.jit
@@ -557,6 +561,11 @@ def _plan_rows(m: int) -> int:
     """Rows the route / plan kernel covers for M rows, a multiple of its chunk PLAN_CHUNK (each row's work is its
     own: no result depends on it)."""
     return max(PLAN_CHUNK.value, _p2(m))
+
+
+def _plan_programs(m: int) -> int:
+    """Programs of the route / plan kernel for M rows: one a PLAN_CHUNK rows of `_plan_rows(m)`."""
+    return _plan_rows(m) // PLAN_CHUNK.value
 
 
 @dataclass(frozen=True)
@@ -911,7 +920,7 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
         ss.shape[1] if with_ss else 0,
         BE=c.BE, HS=c.HS, BK=c.BK_ROUTER, BM=MAX_KERNEL_ROWS, INTERP=interp, USE_PDL=use_pdl, NORM=norm,
         NSPLIT=nsplit if norm and not with_ss else 1, SS_P2=_p2(ss.shape[1]) if with_ss else 0, **opts)
-    _route_plan_kernel[(_plan_rows(m) // PLAN_CHUNK.value,)](
+    _route_plan_kernel[(_plan_programs(m),)](
         ws.logits, ws.bitmap, ws.bitmap.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.plan_sync, nv, nv_ptr,
         m, e,
         NSPLIT=nsplit, TOP_K=top_k, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=True,
@@ -922,7 +931,7 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
 def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
     """The plan (active experts) of a given bitmap [M, E] uint8 (forced routing)."""
     m, e = bitmap_u8.shape
-    _route_plan_kernel[(_plan_rows(m) // PLAN_CHUNK.value,)](
+    _route_plan_kernel[(_plan_programs(m),)](
         ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.plan_sync, nv,
         bitmap_u8, m, e,
         NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=False, RENORM=False,

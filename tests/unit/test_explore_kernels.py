@@ -538,9 +538,9 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     """The session 28-29 explores that time variants of the production held prologue edit its source by text
     (explore37's register cap, explore44's QK-norm exchange, explore46's removals, `_common.landed_release_source`):
     each edit still finds its line (a production edit that breaks one fails here, not on the device), and the
-    landed-release variant, compiled for sm_90 on the CPU (Llama-3.2-1B, 1 row block, g multiplied in registers), issues
-    every weight (and g) load and
-    one predicated release a held weight register before the PDL wait (the release after it stays), no spills."""
+    landed-release variant, compiled for sm_90 on the CPU (Llama-3.2-1B, 1 row block, g multiplied in registers),
+    issues every weight (and g) load and one predicated release a held weight register before the PDL wait (the
+    release after it stays), no spills."""
     monkeypatch.syspath_prepend(str(BENCH / "explore"))
     from _common import landed_release_source
     from explore37 import capped_source
@@ -577,12 +577,12 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
 
 @pytest.mark.parametrize("m", [5, 20, 40])
 @pytest.mark.parametrize("mode", ["random", "duplicate", "all_equal", "one_expert"])
-def test_plan_keys32_routes_like_the_reference_with_ties(device, m, mode):
+def test_plan_keys32_routes_like_the_reference_with_ties(device, m, mode, monkeypatch):
     """bench/explore/plan_keys32.py (the route / plan kernel's top-k on int32 keys, prepared for session 30): its edit
     of kernels/moe.py applies, and the edited module's `route` chooses exactly the reference's experts (ties: the
     lower index first) with gates within the policy, at one and several plan programs, under the interpreter or on
     the GPU."""
-    sys.path.insert(0, str(BENCH / "explore"))
+    monkeypatch.syspath_prepend(str(BENCH / "explore"))
     from _common import module_from_source
     from plan_keys32 import keys32_source
     from test_moe import exact_router_inputs

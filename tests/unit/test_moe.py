@@ -308,8 +308,8 @@ def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
     ws.plan_sync[0] = 1
     kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
     assert ws.plan_sync.any()           # left corrupt; in the interpreter's order (on a GPU it races) the plan is
-    programs = kmoe._plan_rows(m) // kmoe.PLAN_CHUNK.value      # wrong where the last program holds row m - 1
-    assert ON_GPU or m <= (programs - 1) * kmoe.PLAN_CHUNK.value or ws.plan[0] == 0
+    last_first_row = (kmoe._plan_programs(m) - 1) * kmoe.PLAN_CHUNK.value    # wrong where the last program holds
+    assert ON_GPU or m <= last_first_row or ws.plan[0] == 0                      # row m - 1
     ws.reset_plan_sync()
     kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
     check_plan(bitmap, m, "forced after reset_plan_sync")
@@ -796,12 +796,10 @@ def test_kernels_compile_for_sm90():
     assert r.stdout.count("router_logits_norm ") == 2, r.stdout
 
 
-def router_launch_specs(hidden: int, experts: int, inter: int, top_k: int, pdl: bool,
-                        kernel=None) -> list[tuple[str, dict]]:
-    """(name, compile_sm90 spec) of each variant of `kernel` (default `_router_logits_kernel`) that
-    `moe.sm90_compile_specs` lists, built as a launch specialises it (16-divisible strides, H and E; launch_pdl with
-    PDL), PTX kept."""
-    kernel = kernel or kmoe._router_logits_kernel
+def kernel_launch_specs(kernel, hidden: int, experts: int, inter: int, top_k: int,
+                        pdl: bool) -> list[tuple[str, dict]]:
+    """(name, compile_sm90 spec) of each variant of `kernel` that `moe.sm90_compile_specs` lists, built as a launch
+    specialises it (16-divisible strides, H and E; launch_pdl with PDL), PTX kept."""
     return [(name, {"constexprs": cx, "pointers": {k: v for k, v in sig.items() if v.startswith("*")},
                     "scalars": {k: v for k, v in sig.items() if not v.startswith("*")},
                     "divisible": [k for k in sig if k.startswith("stride") or k in ("H", "E")],
@@ -819,8 +817,8 @@ def test_route_plan_sm90_no_spills_at_any_row_tile():
     from sampling_stats import compile_sm90
 
     cfg = preset("Qwen3-30B-A3B")
-    listed = router_launch_specs(cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.top_k, True,
-                                 kernel=kmoe._route_plan_kernel)
+    listed = kernel_launch_specs(kmoe._route_plan_kernel, cfg.hidden_size, cfg.num_experts,
+                                 cfg.moe_intermediate_size, cfg.top_k, True)
     assert sorted(n for n, _ in listed) == sorted(f"{kind}_{bm}" for kind in ("route_plan", "plan_forced")
                                                   for bm in (16, 32, 64))
     for (name, _), info in zip(listed, compile_sm90("lowlat.kernels.moe:_route_plan_kernel",
@@ -849,11 +847,13 @@ def test_router_norm_sm90_no_spills_and_x_read_after_the_wait():
     from sampling_stats import compile_sm90
 
     cfg = preset("Qwen3-30B-A3B")
+    router = kmoe._router_logits_kernel
     listed = [((name, pdl), spec) for pdl in (False, True)
-              for name, spec in router_launch_specs(cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size,
-                                                    cfg.top_k, pdl)]
+              for name, spec in kernel_launch_specs(router, cfg.hidden_size, cfg.num_experts,
+                                                    cfg.moe_intermediate_size, cfg.top_k, pdl)]
     listed += [(("most_parts", True), spec) for name, spec in
-               router_launch_specs(16 * kmoe.MAX_SUM_SQ_PARTS, 128, 1536, 8, True) if name == "router_logits_norm_ss"]
+               kernel_launch_specs(router, 16 * kmoe.MAX_SUM_SQ_PARTS, 128, 1536, 8, True)
+               if name == "router_logits_norm_ss"]
     assert listed[-1][1]["constexprs"]["SS_P2"] == kmoe.MAX_SUM_SQ_PARTS
     variants = ("router_logits", "router_logits_norm", "router_logits_norm_ss")
     names = [n for n, _ in listed]
