@@ -333,7 +333,7 @@ def write_results(out: str | None, results: list, **fields) -> None:
                       indent=1)
 
 
-#: the held kernels' release line (`attn_prologue_held`), which `landed_release_source` precedes with the early one
+#: the held prologue's release line (`attn_prologue_held`), which `landed_release_source` precedes with its own
 HELD_RELEASE = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
 LANDED_HELPER = '''
 
