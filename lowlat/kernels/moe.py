@@ -135,8 +135,10 @@ _NO_KEY = tl.constexpr(-(2 ** 63))
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _num_valid(nvalid, nvalid_ptr, NV_PTR: tl.constexpr):
+    """The number of valid rows: nvalid, or with NV_PTR the device value *nvalid_ptr clamped to nvalid, which the
+    launch sets to M (`_check_rows`): a value above M reads and routes no row past M."""
     if NV_PTR:
-        nv = tl.load(nvalid_ptr)
+        nv = tl.minimum(tl.load(nvalid_ptr), nvalid)
     else:
         nv = nvalid
     return nv
@@ -778,7 +780,8 @@ def _check_h(h, use_pdl: bool) -> tuple[int, int]:
 
 
 def _check_rows(h: torch.Tensor, num_valid_rows) -> tuple[int, torch.Tensor | None]:
-    """(nvalid int, nvalid tensor or None); raise StepContractError for an out-of-range value."""
+    """(nvalid int, nvalid tensor or None): an int's value, or for a device tensor M, the bound the kernels clamp its
+    value to (`_num_valid`); raise StepContractError for an out-of-range int."""
     m = h.shape[0]
     if not 1 <= m <= MAX_KERNEL_ROWS:
         raise StepContractError(f"M={m} rows must be in 1..{MAX_KERNEL_ROWS}")
@@ -788,7 +791,7 @@ def _check_rows(h: torch.Tensor, num_valid_rows) -> tuple[int, torch.Tensor | No
                                     f"{num_valid_rows.dtype} of shape {tuple(num_valid_rows.shape)}")
         if num_valid_rows.device != h.device:
             raise StepContractError(f"num_valid_rows is on {num_valid_rows.device}, h on {h.device}")
-        return 0, num_valid_rows
+        return m, num_valid_rows
     if isinstance(num_valid_rows, bool) or not isinstance(num_valid_rows, int):
         raise StepContractError("num_valid_rows must be an int or an int32 tensor, got "
                                 f"{type(num_valid_rows).__name__}")
@@ -990,9 +993,9 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
     router : [E, H] bf16.
     top_k : 1 <= K <= E experts per row.
     renormalize : divide the chosen probabilities by their sum (`norm_topk_prob`).
-    num_valid_rows : int in 0..M, or an int32 [1] device tensor (read on the device; capturable) whose value
-        must be in 0..M: it is not checked (that would need a host sync), and a larger one reads rows past M.
-        Rows >= it are padding: all-False bitmap row, zero gates.
+    num_valid_rows : int in 0..M, or an int32 [1] device tensor (read on the device; capturable). A tensor's
+        value is not checked (that would need a host sync): the kernels take min(value, M), and a negative value
+        means no valid row. Rows >= it are padding: all-False bitmap row, zero gates.
     workspace : buffers to use (`MoEWorkspace`); allocated for M rows when None.
 
     Returns
@@ -1048,8 +1051,8 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
         expert_down [E, H, Ie], optional shared_gate / shared_up [Is, H], shared_down [H, Is]; bf16.
     cfg : ModelConfig (top_k, norm_topk_prob).
     num_valid_rows : int in 0..M or an int32 [1] device tensor; rows >= it are padding: they never
-        enter routing and out[m] = x_residual[m] for them. A device tensor's value must be in 0..M: it is not
-        checked (that would need a host sync), and a larger one reads rows past M.
+        enter routing and out[m] = x_residual[m] for them. A device tensor's value is not checked (that would
+        need a host sync): the kernels take min(value, M), and a negative value means no valid row.
     norm_weight : [H] bf16 contiguous on h's device (the layer's mlp_norm), or None (h is already normed).
         Given, the router launch computes, for every row m < M (padding rows included),
         rstd[m] = 1 / sqrt(sum_k h[m, k]^2 / H + eps) (fp32, correctly rounded mean, sqrt and reciprocal) and
@@ -1167,10 +1170,11 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
     e_p2 = _p2(num_experts)
     nsplit = triton.cdiv(hidden, c.HS)
     ptr = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "bitmap_ptr": "*u8", "gates_ptr": "*fp32",
-           "nvalid_ptr": "*u8", "plan_ptr": "*i32", "sync_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16",
+           "nvalid_ptr": "*i32", "plan_ptr": "*i32", "sync_ptr": "*i32", "wg_ptr": "*bf16", "wu_ptr": "*bf16",
            "act_ptr": "*bf16", "wd_ptr": "*bf16", "y_ptr": "*fp32", "shared_ptr": "*fp32", "res_ptr": "*bf16",
            "out_ptr": "*bf16", "g_ptr": "*bf16", "hn_ptr": "*bf16", "eps": "fp32", "ss_ptr": "*fp32"}
-    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=False, NORM=False, SS_P2=0)
+    # num_valid_rows as the step passes it, a device tensor (NV_PTR); forced routing (`moe_experts_forced`) an int
+    base = dict(BM=MAX_KERNEL_ROWS, INTERP=False, USE_PDL=use_pdl, NV_PTR=True, NORM=False, SS_P2=0)
     specs = []
 
     def add(name, fn, launch, **cx):
@@ -1187,7 +1191,7 @@ def sm90_compile_specs(hidden: int, num_experts: int, inter: int, top_k: int, *,
         add(f"route_plan_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=nsplit, TOP_K=top_k,
             PART_ROWS=MAX_KERNEL_ROWS, BM=bm, E_P2=e_p2, ROUTE=True, RENORM=True)
         add(f"plan_forced_{bm}", _route_plan_kernel, _plan_launch(c), NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS,
-            BM=bm, E_P2=e_p2, ROUTE=False, RENORM=False)
+            BM=bm, E_P2=e_p2, ROUTE=False, RENORM=False, NV_PTR=False)
     add("expert_gate_up", _expert_gate_up_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BN=c.BN, BK=c.BK,
         E_P2=e_p2, ALL_ROWS=False)
     add("expert_down", _expert_down_kernel, c, H=hidden, IE=inter, KMAX=top_k, BR=c.BR, BNH=c.BNH, BKI=c.BKI,

@@ -273,11 +273,11 @@ def compile_moe(name: str = "Qwen3-30B-A3B") -> list[dict]:
     `name`/moe/<spec name>, with `moe_roles`' needs_tensor_cores and preload (a kernel missing there is refused:
     KeyError). The signature is the spec's; taken as 16-divisible, as FusedModel's launches specialise them: pointers,
     strides (at Qwen3-30B-A3B's shapes each 0 or a product of H 2048, E 128, Ie 768 and H / 16 = 128) and
-    `moe_divisible(cfg)`; never M (a launch's row count, 1..48) nor nvalid (the spec's int row count). Compiled
-    without H and E so, the router's NORM variant spilled 1424 bytes a thread (255 registers) where the launch's
-    specialisation spills none. The specs' NV_PTR is False (num_valid_rows an int) where FusedModel passes a device
-    tensor; the shared expert's two (Is 256) are listed though Qwen3-30B-A3B has none. programs None: the expert and
-    combine grids follow the row count."""
+    `moe_divisible(cfg)`; never M (a launch's row count, 1..48) nor nvalid (the row count, or with NV_PTR its bound
+    M). Compiled without H and E so, the router's NORM variant spilled 1424 bytes a thread (255 registers) where the
+    launch's specialisation spills none. The specs' NV_PTR is True (num_valid_rows a device tensor, as FusedModel
+    passes it) but for the forced plan's (an int); the shared expert's two (Is 256) are listed though Qwen3-30B-A3B
+    has none. programs None: the expert and combine grids follow the row count."""
     from lowlat.config import preset
     from lowlat.kernels.moe import sm90_compile_specs
 

@@ -315,6 +315,40 @@ def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
     check_plan(bitmap, m, "forced after reset_plan_sync")
 
 
+@pytest.mark.parametrize("m", [3, 20])
+def test_device_num_valid_rows_outside_0_to_m_taken_as_its_bound(device, m):
+    """A device-tensor num_valid_rows is not checked (no host sync): the kernels take min(value, M), and a negative
+    value means no valid row. Rows past M hold other data here (h and x are the first M rows of 64; the workspace's
+    64 bitmap rows were all routed by an earlier launch), so with the value M + 5 or 2^31 - 1 the output, bitmap,
+    gates and plan must be bitwise those of the int M, and with -1 those of 0. No valid row can choose expert 0 (its
+    router row makes its logit the lowest): unclamped, the rows past M in a program's chunk (logits masked to 0:
+    every expert ties) would choose experts 0 and 1 and put expert 0 in the plan."""
+    hidden, experts, top_k = 32, 8, 2
+    cfg = tiny_cfg(hidden=hidden, experts=experts, top_k=top_k, inter=16, shared=16)
+    g = torch.Generator().manual_seed(m)
+    lw = moe_weights(cfg, m, device)
+    rows = kmoe.MAX_KERNEL_ROWS
+    h_all, lw.router = exact_router_inputs(g, rows, hidden, experts, "random", device)
+    lw.router[0, 0] = -32.0                    # h[:, 0] = 1/2: expert 0's logit <= -16 + 47/8 < every other one
+    x_all = rand_rows(g, rows, hidden, device)
+    h, x = h_all[:m], x_all[:m]
+    ws = kmoe.MoEWorkspace.allocate(max_rows=rows, hidden=hidden, num_experts=experts, slots_per_row=top_k,
+                                    moe_inter=16, shared_inter=16, device=device)
+
+    def run(nv):
+        kmoe.moe_forward(h_all, x_all, lw, cfg, rows, workspace=ws)      # every bitmap row routed, then M rows
+        poison(ws.plan)
+        out = run_forward(h, x, lw, cfg, nv, workspace=ws)
+        return out, ws.bitmap[:m].clone(), ws.gates[:m].clone(), ws.plan[:1 + int(ws.plan[0])].clone()
+
+    for value, bound in ((m + 5, m), (2 ** 31 - 1, m), (-1, 0)):
+        want = run(bound)
+        assert bound == 0 or int(want[3][0]) > 0 and 0 not in want[3][1:].tolist()
+        got = run(torch.tensor([value], dtype=torch.int32, device=device))
+        for name, a, b in zip(("out", "bitmap", "gates", "plan"), got, want):
+            assert torch.equal(a, b), (value, name, a.tolist(), b.tolist())
+
+
 @QUICK
 @given(m=st.integers(1, MAX_M), data=st.data(), experts=st.sampled_from([4, 8, 16]),
        hidden=st.sampled_from([32, 96]), renormalize=st.booleans(), seed=st.integers(0, 2**16))
