@@ -4,7 +4,7 @@ A step has M rows (token rows), B requests and a page table of C columns (page s
 
     input_ids      [M]     int64  token of each row
     positions      [M]     int64  position of each row in its request
-    out_cache_loc  [M]     int32  KV slot each row writes (0, the dummy slot, for padding rows)
+    out_cache_loc  [M]     int32  KV slot each row writes (0, the dummy slot, for padding rows; distinct for valid rows)
     req_indices    [M]     int32  request of each row, in 0..B-1
     seq_lens       [B]     int32  tokens in each request's KV cache after this step
     page_table     [B, C]  int32  KV slot of each position of each request
@@ -87,6 +87,11 @@ class StepBatch:
         _in_range("req_indices", req, 0, b)
         _in_range("seq_lens", seq, 0, c + 1, hint=f"page table has C={c} columns")
         _in_range("out_cache_loc", loc, 1, num_slots, hint="slot 0 is the dummy slot")
+        slots, counts = loc.unique(return_counts=True)
+        if (counts > 1).any():
+            slot = int(slots[counts > 1][0])
+            raise StepContractError(f"out_cache_loc rows {(loc == slot).nonzero().flatten().tolist()} all write KV "
+                                    f"slot {slot}: each valid row needs its own")
         if (pos < 0).any():
             raise StepContractError(f"positions[{_first(pos < 0)}]={int(pos[_first(pos < 0)])} is negative")
         beyond = pos >= seq[req]

@@ -54,6 +54,8 @@ fp32 with fp32 cos/sin (the reference rounds every step to bf16), outputs are ro
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +65,7 @@ import triton.language as tl
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
-                                         interpreting, pdl_supported, to_bf16)
+                                         interpreting, pdl_supported, refuse_overlaps, to_bf16)
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks,
                                   rstd_of, store_partial, store_split_ss, sum_partials, sum_split_ss)
@@ -387,10 +389,13 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
         workspace     optional `make_prologue_workspace(qkv_weight, D)` (its plan decides the tiling);
                       allocated (not capturable) when None
         use_pdl       launch with programmatic dependent launch (sm_90; ignored when interpreting)
-        check_values  also check positions / out_cache_loc values (host sync; not under capture)
+        check_values  also check positions / out_cache_loc values: positions in the table, valid rows' slots in
+                      1..S-1 and distinct (host sync; not under capture)
     Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows] (bf16); padding rows write nothing.
-    Raises: StepContractError naming the offending tensor / value; nothing is written then.
+    Raises: StepContractError naming the offending tensor / value (cfg.rms_eps not a finite float > 0, out_q /
+    k_cache / v_cache overlapping one another or a tensor the launch reads: `check_prologue_writes`); nothing is
+    written then.
     """
     x, deferred = consumer_input(x)
     dev = x.device
@@ -431,6 +436,10 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
             f"H={hidden}, D={d} on {dev}")
     if deferred is not None:
         check_writes_apart(deferred, {"out_q": out_q, "k_cache": k_cache, "v_cache": v_cache})
+    check_prologue_writes(cfg.rms_eps, out_q, k_cache, v_cache,
+                          {"x": x, "qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "attn_norm": attn_norm,
+                           "q_norm": q_norm, "k_norm": k_norm, "positions": positions, "out_cache_loc": out_cache_loc,
+                           "cos_sin_table": cos_sin_table, "num_valid_rows": nvr_t})
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], s_slots)
@@ -496,6 +505,20 @@ def check_rows_inputs(positions: torch.Tensor, out_cache_loc: torch.Tensor, cos_
     return nvr_int, nvr_t, out_q
 
 
+def check_prologue_writes(eps, out_q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, reads: dict) -> None:
+    """Refuse (StepContractError) a prologue launch whose eps (cfg.rms_eps) is not a finite real > 0, or whose
+    outputs overlap: out_q, k_cache and v_cache pairwise, or any of them with a tensor the launch reads (`reads`: name
+    -> tensor or None; other programs read those while one writes). Byte spans (`_attn_common.overlap`): a
+    conservative test. Shared by `attn_prologue` and `attn_prologue_held.attn_prologue_held`."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) or eps <= 0:
+        raise StepContractError(f"cfg.rms_eps={eps!r} must be a finite float > 0")
+    refuse_overlaps({"out_q": out_q}, {"k_cache": k_cache, "v_cache": v_cache},
+                    "{a} overlaps {b}: the prologue writes both")
+    refuse_overlaps({"k_cache": k_cache}, {"v_cache": v_cache}, "{a} overlaps {b}: the prologue writes both")
+    refuse_overlaps({"out_q": out_q, "k_cache": k_cache, "v_cache": v_cache}, reads,
+                    "{a} overlaps {b}, which the prologue reads while it writes {a}")
+
+
 def _check_values(positions, out_cache_loc, n, max_pos, num_slots) -> None:
     pos = positions.cpu()
     bad = (pos < 0) | (pos >= max_pos)
@@ -507,3 +530,8 @@ def _check_values(positions, out_cache_loc, n, max_pos, num_slots) -> None:
     if bad.any():
         i = int(bad.nonzero()[0, 0])
         raise StepContractError(f"out_cache_loc[{i}]={int(loc[i])} outside [1, {num_slots}) (slot 0 is the dummy slot)")
+    slots, counts = loc.unique(return_counts=True)
+    if (counts > 1).any():
+        slot = int(slots[counts > 1][0])
+        rows = (loc == slot).nonzero().flatten().tolist()
+        raise StepContractError(f"out_cache_loc rows {rows} all write KV slot {slot}: each valid row needs its own")

@@ -48,7 +48,7 @@ from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_early_release, check_tensor, gluon_sm90_reason, pdl_release_early,
                                          pdl_supported, pdl_wait_then_release)
 from lowlat.kernels._gemv import MAX_ROWS
-from lowlat.kernels.attn_prologue import _check_values, check_qkv_and_caches, check_rows_inputs
+from lowlat.kernels.attn_prologue import _check_values, check_prologue_writes, check_qkv_and_caches, check_rows_inputs
 
 WARPS = 4          # warps a program
 SLICES = 4         # K slices (one a warp)
@@ -227,8 +227,8 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                       BEFORE the wait the launch also reads positions, out_cache_loc, a device num_valid_rows and the
                       cos / sin table (the first 8 rows'): the previous launch must not write them (the split-K
                       prologue reads them after its wait). FusedModel copies them in before the step.
-        check_values  also check positions (in the table) / out_cache_loc (in 1..S-1) values (host sync; not under
-                      capture)
+        check_values  also check positions (in the table) / out_cache_loc (valid rows' in 1..S-1 and distinct)
+                      values (host sync; not under capture)
         early_release (a bool; under PDL) release the next launch at the start of every program instead of right
                       after the wait: the next launch may then start before this launch's predecessor is complete,
                       so it must read before its own wait nothing that predecessor (or any launch of the step
@@ -241,8 +241,9 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows]; padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value, nothing launched (out_q allocated at most): M
         outside 1..48, H not cfg.hidden_size, x not contiguous, a tensor of another dtype / shape / device, N not
-        (Hq + 2 Hkv) D, num_valid_rows outside 0..M, with check_values a position outside the table or a slot
-        outside 1..S-1, an early_release that is not a bool, then a model or device the kernel does not take
+        (Hq + 2 Hkv) D, num_valid_rows outside 0..M, cfg.rms_eps not a finite float > 0, out_q / k_cache /
+        v_cache overlapping one another or an input (`attn_prologue.check_prologue_writes`), with check_values a
+        position outside the table or a slot outside 1..S-1 or two valid rows' equal slots, an early_release that is not a bool, then a model or device the kernel does not take
         (`held_prologue_supported`'s reason).
     """
     dev = x.device if isinstance(x, torch.Tensor) else None
@@ -262,6 +263,9 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
     nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
                                               d, dev)
+    check_prologue_writes(cfg.rms_eps, out_q, k_cache, v_cache,
+                          {"x": x, "qkv_weight": qkv_weight, "attn_norm": attn_norm, "positions": positions,
+                           "out_cache_loc": out_cache_loc, "cos_sin_table": cos_sin_table, "num_valid_rows": nvr_t})
     if check_values:
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], k_cache.shape[0])

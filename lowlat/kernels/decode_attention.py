@@ -45,6 +45,8 @@ few SMs with room, up to 7 programs on one SM (its shared-memory limit), where i
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -167,10 +169,11 @@ def make_decode_workspace(max_rows: int, num_heads: int, num_kv_heads: int, head
     num_splits: most splits per (row, KV head) (power of two, 1..256); block_n: tokens per inner
     block (power of two >= 16). Both shape the split partition, hence the exact rounding.
     """
-    if num_splits < 1 or num_splits > 256 or num_splits & (num_splits - 1):
-        raise StepContractError(f"num_splits={num_splits} must be a power of two in 1..256")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise StepContractError(f"block_n={block_n} must be a power of two >= 16")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= 256 \
+            or num_splits & (num_splits - 1):
+        raise StepContractError(f"num_splits={num_splits!r} must be an int (not a bool), a power of two in 1..256")
+    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
+        raise StepContractError(f"block_n={block_n!r} must be an int (not a bool), a power of two >= 16")
     r = max(max_rows, 1)
     return DecodeAttentionWorkspace(
         num_splits=num_splits, block_n=block_n, max_rows=r,
@@ -497,7 +500,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      (not capturable) when None. Its num_splits / block_n fix the split partition.
         num_splits, block_n  only when workspace is None: most splits per (row, KV head) (default 32)
                      and tokens per inner block (default 64)
-        sm_scale     softmax scale, default 1/sqrt(D)
+        sm_scale     softmax scale, a finite float > 0; default (None) 1/sqrt(D)
         split_groups programs per (row, KV head): a power of two in 1..num_splits; program g runs the row's splits
                      g, g + split_groups, g + 2 split_groups, ... (same arithmetic, so the same bits, for every
                      value). Fewer than num_splits: one loop over all of a program's blocks (Triton pipelines
@@ -524,8 +527,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     positions, num_valid_rows as a 1-element int32 tensor (an int is put in one before the launch), out, block_n).
     Reads only: page_table[r, 0..positions[i]] for valid rows and the KV slots they name (of the KV cache
     and page table); positions / req_indices of every row, out_cache_loc (all M) with early KV.
-    Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages too); ValueError for an
-    unknown pdl_trigger.
+    Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages, num_splits, block_n and
+    sm_scale too); ValueError for an unknown pdl_trigger.
     """
     if pdl_trigger not in PDL_TRIGGERS:
         raise ValueError(f"pdl_trigger={pdl_trigger!r}; expected one of {PDL_TRIGGERS}")
@@ -548,6 +551,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if out_cache_loc is not None:
         check_tensor("out_cache_loc", out_cache_loc, dtype=torch.int32, ndim=1, shape=(("M", m),), device=dev)
     nvr_int, nvr_t = check_num_valid_rows(num_valid_rows, m, dev)
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real)
+                                 or not math.isfinite(sm_scale) or sm_scale <= 0):
+        raise StepContractError(f"sm_scale={sm_scale!r} must be a finite float > 0 (or None: 1/sqrt(D))")
     if not isinstance(fold_combine, bool):
         raise StepContractError(f"fold_combine={fold_combine!r} must be a bool")
     if out is None:
@@ -557,8 +563,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if fold_combine and not out.is_contiguous():
             raise StepContractError("out must be contiguous with fold_combine (the consumer writes it as [M, Hq*D])")
     if workspace is None:
-        workspace = make_decode_workspace(m, hq, hkv, d, dev, num_splits=num_splits or MAX_SPLITS,
-                                          block_n=block_n or BLOCK_N)
+        workspace = make_decode_workspace(m, hq, hkv, d, dev,
+                                          num_splits=MAX_SPLITS if num_splits is None else num_splits,
+                                          block_n=BLOCK_N if block_n is None else block_n)
     else:
         if num_splits is not None or block_n is not None:
             raise StepContractError("num_splits / block_n come from the workspace when one is given")

@@ -436,8 +436,13 @@ def _error_cases():
                 k_cache=kc, v_cache=vc, cos_sin_table=tab)
     bad_loc = step.out_cache_loc.clone()
     bad_loc[1] = 0
+    twice = step.out_cache_loc.clone()
+    twice[1] = twice[0]
     far = step.positions.clone()
     far[0] = 99
+    out_q = torch.empty(3, 4, 32, dtype=torch.bfloat16)
+    x_in_out_q = out_q.view(3, 128)[:, :64]
+    x_in_out_q.copy_(x)
     return cfg, base, [
         ("x", dict(x=x.float()), "x must be torch.bfloat16"),
         ("weight rows", dict(qkv_weight=w[:-32]), "qkv_weight has N=224 rows"),
@@ -458,6 +463,17 @@ def _error_cases():
                           v_cache=vc[..., :8].contiguous(),
                           cos_sin_table=tab[:, :8].contiguous(), q_norm=None, k_norm=None),
          "head_dim D=8 must be a power of two in 16..256"),
+        ("eps 0", dict(cfg=cfg.replace(rms_eps=0.0)), "cfg.rms_eps=0.0 must be a finite float > 0"),
+        ("eps nan", dict(cfg=cfg.replace(rms_eps=float("nan"))), "cfg.rms_eps=nan must be a finite float > 0"),
+        ("out_q over x", dict(x=x_in_out_q, out_q=out_q),
+         "out_q overlaps x, which the prologue reads while it writes out_q"),
+        ("out_q over k_cache", dict(out_q=kc.view(-1)[:384].view(3, 4, 32)),
+         "out_q overlaps k_cache: the prologue writes both"),
+        ("v_cache is k_cache", dict(v_cache=kc), "k_cache overlaps v_cache: the prologue writes both"),
+        ("k_cache over the weight", dict(k_cache=w.view(-1)[:kc.numel()].view(kc.shape)),
+         "k_cache overlaps qkv_weight, which the prologue reads"),
+        ("two rows, one slot", dict(out_cache_loc=twice, check_values=True),
+         f"out_cache_loc rows [0, 1] all write KV slot {int(twice[0])}"),
     ]
 
 
@@ -472,7 +488,7 @@ def test_last_dim_stride_checked_only_where_it_is_used():
         check_tensor("out_cache_loc", col[:, 2], dtype=torch.int32, ndim=1)
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(len(_error_cases()[2])))
 def test_attn_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
     cfg, base, cases = _error_cases()
     name, change, msg = cases[case]
@@ -698,6 +714,11 @@ def _held_error_cases():
          "positions[1]=16 outside the RoPE table [0, 16)"),
         ("slot 0", dict(out_cache_loc=torch.tensor([1, 0, 2], dtype=torch.int32), check_values=True),
          "out_cache_loc[1]=0 outside [1, 8)"),
+        ("eps negative", dict(cfg=cfg.replace(rms_eps=-1.0)), "cfg.rms_eps=-1.0 must be a finite float > 0"),
+        ("out_q is x", dict(x=base["out_q"].view(3, 64)), "out_q overlaps x, which the prologue reads"),
+        ("v_cache is k_cache", dict(v_cache=base["k_cache"]), "k_cache overlaps v_cache: the prologue writes both"),
+        ("two rows, one slot", dict(out_cache_loc=torch.tensor([1, 2, 1], dtype=torch.int32), check_values=True),
+         "out_cache_loc rows [0, 2] all write KV slot 1"),
         ("early_release", dict(early_release="yes"), "early_release='yes' must be a bool"),
         ("model", {}, "the held prologue cannot run here: hidden_size 64"),
         ("model, folded weight", dict(attn_norm=None), "the held prologue cannot run here: hidden_size 64"),
@@ -716,7 +737,7 @@ def test_held_prologue_bad_input_raises_typed_error_before_any_launch(case):
     name, change, msg = cases[case]
     kc0, vc0, q0 = base["k_cache"].clone(), base["v_cache"].clone(), base["out_q"].clone()
     with pytest.raises(StepContractError, match=re.escape(msg)):
-        attn_prologue_held(cfg=cfg, **{**base, **change})
+        attn_prologue_held(**{"cfg": cfg, **base, **change})
     for key, before in (("k_cache", kc0), ("v_cache", vc0), ("out_q", q0)):
         assert torch.equal(base[key], before), (name, key)
 

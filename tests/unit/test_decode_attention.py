@@ -436,21 +436,35 @@ def _error_cases():
         (dict(positions=step.positions.int()), "positions must be torch.int64"),
         (dict(num_valid_rows=-1), "num_valid_rows=-1 must be in 0..M=3"),
         (dict(out=torch.empty(3, 4, 8, dtype=torch.bfloat16)), "out has shape (3, 4, 8)"),
-        (dict(num_splits=3), "num_splits=3 must be a power of two"),
+        (dict(num_splits=3), "num_splits=3 must be an int (not a bool), a power of two in 1..256"),
         (dict(out_cache_loc=step.out_cache_loc.long()), "out_cache_loc must be torch.int32"),
         (dict(out_cache_loc=step.out_cache_loc[:2]), "out_cache_loc has shape (2,): dim 0 must be M=3"),
         (dict(positions=far, check_values=True), "positions[1]=1000 outside"),
         (dict(req_indices=badreq, check_values=True), "req_indices[0]=7 outside [0, 2)"),
         (dict(page_table=pt, check_values=True), f"page_table[0, 2]={kc.shape[0] + 5} outside"),
+        (dict(num_splits=0), "num_splits=0 must be an int (not a bool), a power of two in 1..256"),
+        (dict(num_splits=True), "num_splits=True must be an int (not a bool)"),
+        (dict(num_splits=4.0), "num_splits=4.0 must be an int (not a bool)"),
+        (dict(block_n=0), "block_n=0 must be an int (not a bool), a power of two >= 16"),
+        (dict(block_n=16.0), "block_n=16.0 must be an int (not a bool)"),
+        (dict(sm_scale="0.5"), "sm_scale='0.5' must be a finite float > 0"),
+        (dict(sm_scale=float("nan")), "sm_scale=nan must be a finite float > 0"),
+        (dict(sm_scale=0.0), "sm_scale=0.0 must be a finite float > 0"),
     ]
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(len(_error_cases()[1])))
 def test_decode_attention_bad_input_raises_typed_error(case):
+    """Each refusal names the value; nothing is written to a given out (NaN-poisoned before the call)."""
     base, cases = _error_cases()
     change, msg = cases[case]
+    args = {**base, **change}
+    if "out" not in change:
+        args["out"] = poison(torch.empty_like(base["q"]))
     with pytest.raises(StepContractError, match=re.escape(msg)):
-        decode_attention(**{**base, **change})
+        decode_attention(**args)
+    if "out" not in change:
+        assert args["out"].isnan().all(), "nothing may be written on bad input"
 
 
 def test_decode_attention_unknown_pdl_trigger_raises_before_writing():

@@ -35,6 +35,8 @@ ERROR_CASES = [
     ("seq_lens", lambda s: s.seq_lens.clone().index_fill_(0, torch.tensor([0]), 9), r"seq_lens\[0\]=9"),
     ("out_cache_loc", lambda s: s.out_cache_loc.clone().index_fill_(0, torch.tensor([3]), 0), r"out_cache_loc\[3\]=0"),
     ("out_cache_loc", lambda s: s.out_cache_loc.clone().index_fill_(0, torch.tensor([5]), 3), "padding row 5"),
+    ("out_cache_loc", lambda s: s.out_cache_loc.clone().index_fill_(0, torch.tensor([2]), int(s.out_cache_loc[1])),
+     r"out_cache_loc rows \[1, 2\] all write KV slot"),
     ("req_indices", lambda s: s.req_indices.clone().index_fill_(0, torch.tensor([2]), 2), r"req_indices\[2\]=2"),
     ("num_valid_rows", lambda s: 0, "num_valid_rows=0"),
 ]
