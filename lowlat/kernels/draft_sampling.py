@@ -106,6 +106,14 @@ nucleus would need a sort of V entries). The launch-level `draft_sample_into` do
 for: top_k > k_cap, sampling without top-k when need_noise is False) gets token -1, never a silent
 wrong token; only the token of such a row is meaningful.
 
+Non-finite rows follow the reference (never a finite, plausible q): when a row's x holds a NaN (a NaN
+in h or the LM head) or its largest x is +-inf (e.g. x = logits / T overflowing for a denormal T), the
+reference's softmax is NaN. A greedy row then takes torch.argmax's token (the lowest NaN id, else the
+lowest id of the largest logit) with q one-hot at it; a sampled row (any top-k / top-p) takes token 0
+with q NaN everywhere. Tiles pass their lowest NaN id to the final as id - 2^30 (< 0) in the argmax id
+partial, the greedy launches rank NaN above +inf in their keys (`_nan_first_key`), and the row's
+cut_value is NaN, which `DraftSample.probs` reads. Finite rows' outputs are unchanged, bit for bit.
+
 Tokens equal the reference's for the same counters whenever the logits agree bitwise (the tests use
 inputs whose GEMV is exact in fp32 to check that); on general inputs the GEMV's fp32 summation order
 differs from torch's, so a token can differ only where two Gumbel scores (or a top-p boundary) are
@@ -140,6 +148,8 @@ _FIX_TILE_INV = tl.constexpr(2.220446049250313e-16)     # 2^-52
 _FIX_TOPK = tl.constexpr(72057594037927936.0)           # 2^56: top-k probs <= 1, at most 64 of them
 _FIX_TOPK_INV = tl.constexpr(1.3877787807814457e-17)    # 2^-56
 _LOWEST = tl.constexpr(-3.4028234663852886e38)          # lowest finite float32: cut that keeps every token
+_NAN_SHIFT = tl.constexpr(1 << 30)                      # a tile's NaN id goes to the final as id - 2^30 (< 0)
+_KEY_NAN_HI = tl.constexpr(0x7FFFFFFF << 32)            # `_nan_first_key`'s value image of every NaN
 
 
 @triton.jit
@@ -259,6 +269,10 @@ def _draft_sample_kernel(
         xr = tl.where(vmask[None, :], xr, float("-inf"))
         tl.store(x_ptr + er[:, None] * stride_x + cols[None, :], xr, mask=emask[:, None] & vmask[None, :])
         m_p = tl.max(xr, axis=1)
+        # the tile's lowest NaN id - _NAN_SHIFT (< 0; BIG when none): a NaN comes first, as in torch.argmax.
+        # Its own reduction here (not folded into best_id's below): ptxas, sm_90, 8 rows top-k + noise 113
+        # registers against 131 with the mask held through the Philox draw
+        nan_c = tl.min(tl.where(xr != xr, cols[None, :] - _NAN_SHIFT, 2147483647), axis=1)
         e = tl.exp(xr - m_p[:, None])
         s_p = tl.sum((e * _FIX_TILE).to(tl.int64), axis=1).to(tl.float32) * _FIX_TILE_INV
         if NEED_NOISE:            # rows sampled without top-k: Gumbel scores here (others: plain argmax)
@@ -275,6 +289,7 @@ def _draft_sample_kernel(
         else:
             best = m_p.to(tl.float64)
             best_id = tl.min(tl.where(xr == m_p[:, None], cols[None, :], 2147483647), axis=1)
+        best_id = tl.minimum(best_id, nan_c)
         po = er * NUM_PROGS + pid
         tl.store(ws_m + po, m_p, mask=emask)
         tl.store(ws_s + po, s_p, mask=emask)
@@ -363,9 +378,13 @@ def _draft_sample_kernel(
                 bi = tl.load(ws_bi + offs, mask=msk, other=2147483647, cache_modifier=".cg")
                 big_m = tl.maximum(big_m, tl.max(m_all, axis=1))
                 cb = tl.max(bs, axis=1)
-                ci = tl.min(tl.where(bs == cb[:, None], bi, 2147483647), axis=1)
-                tok = tl.where(cb > best, ci, tl.where(cb == best, tl.minimum(tok, ci), tok))
+                # a tile's NaN id (< 0) wins every chunk after it too: tok < 0 then holds the lowest NaN id
+                ci = tl.min(tl.where((bs == cb[:, None]) | (bi < 0), bi, 2147483647), axis=1)
+                tok = tl.where((cb == best) | (ci < 0) | (tok < 0), tl.minimum(tok, ci), tl.where(cb > best, ci, tok))
                 best = tl.maximum(best, cb)
+            # a NaN x: the greedy token is the lowest NaN id (torch.argmax's), and the max NaN (tested below)
+            big_m = tl.where(tok < 0, float("nan"), big_m)
+            tok = tl.where(tok < 0, tok + _NAN_SHIFT, tok)
             # pass 2: sum-exp relative to the global max, in fixed point (order-free)
             mz = tl.where(emask, big_m, 0.0)
             s_fix = tl.zeros([NR], dtype=tl.int64)
@@ -420,7 +439,15 @@ def _draft_sample_kernel(
             greedy = temp <= 0.0                     # greedy: q = one-hot(argmax)
             lse = tl.where(greedy, big_m, lse)
             cut_v = tl.where(greedy, big_m, cut_v)
-            cut_i = tl.where(greedy, tok, cut_i)
+            # x holds a NaN (big_m set NaN above) or its largest x is +-inf (the reference's softmax is NaN): a
+            # greedy row keeps its token (torch.argmax's), a sampled row takes token 0 and lse NaN (q NaN, as the
+            # reference's); the cut value NaN marks both (`DraftSample.probs`). Finite rows: as before, bitwise.
+            nonfin = ~(tl.abs(big_m) < float("inf"))
+            sampled_nonfin = nonfin & ~greedy
+            tok = tl.where(sampled_nonfin, 0, tok)
+            lse = tl.where(sampled_nonfin, float("nan"), lse)
+            cut_v = tl.where(nonfin, float("nan"), cut_v)
+            cut_i = tl.where(greedy, tok, tl.where(nonfin, V, cut_i))
             tok = tl.where(bad, -1, tok)
             tl.store(tok_ptr + er, tok.to(tl.int64), mask=emask)
             tl.store(lse_ptr + er, lse, mask=emask)
@@ -459,9 +486,17 @@ def _greedy_tma_kernel(h_ptr, w_desc, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti
 
 
 @triton.jit
+def _nan_first_key(x, ids):
+    """`argmax_key` with torch.argmax's NaN rule: every NaN (either sign bit) sorts above +inf, ties among NaNs
+    to the lowest id; its `key_value` is a NaN. The same key as `argmax_key` for every other value."""
+    key = argmax_key(x, ids)
+    return tl.where(x != x, (key & 0xFFFFFFFF) | _KEY_NAN_HI, key)
+
+
+@triton.jit
 def _tile_keys(acc, cols, vmask):
-    """[BLOCK_V, 16]: the `argmax_key` of every logit of acc (columns outside vmask: _KEY_MIN, never a win)."""
-    return tl.where(vmask[:, None], argmax_key(acc, cols[:, None]), _KEY_MIN)
+    """[BLOCK_V, 16]: the `_nan_first_key` of every logit of acc (columns outside vmask: _KEY_MIN, never a win)."""
+    return tl.where(vmask[:, None], _nan_first_key(acc, cols[:, None]), _KEY_MIN)
 
 
 @triton.jit
@@ -482,7 +517,8 @@ def _greedy_arrive(best, rows, rmask, cnt, gkeys_ptr):
 @triton.jit
 def _greedy_finish(old, NUM_PROGS, rows, rmask, cnt, gkeys_ptr, temp_ptr, tok_ptr, lse_ptr, cutv_ptr, cuti_ptr):
     """The last program to arrive (old == NUM_PROGS - 1) swaps the slots back to empty and writes tokens (-1
-    for rows with temperature > 0), lse = cut value = the largest logit, cut id = the token, and resets the
+    for rows with temperature > 0), lse = cut value = the largest logit (the cut value NaN when that is NaN or
+    +-inf: `DraftSample.probs` then reads q as one-hot at the cut id), cut id = the token, and resets the
     counter."""
     if old == NUM_PROGS - 1:
         # relaxed: the arrival's acquire orders it; acq_rel would wait for this program's logits stores
@@ -492,7 +528,7 @@ def _greedy_finish(old, NUM_PROGS, rows, rmask, cnt, gkeys_ptr, temp_ptr, tok_pt
         t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
         tl.store(tok_ptr + rows, tl.where(t > 0.0, -1, tid).to(tl.int64), mask=rmask)
         tl.store(lse_ptr + rows, val, mask=rmask)
-        tl.store(cutv_ptr + rows, val, mask=rmask)
+        tl.store(cutv_ptr + rows, tl.where(tl.abs(val) < float("inf"), val, float("nan")), mask=rmask)
         tl.store(cuti_ptr + rows, tid, mask=rmask)
         tl.store(cnt, 0)
 
@@ -509,7 +545,10 @@ class DraftSample:
     lse [R] float32 — log-sum-exp of x over the kept tokens (one_hot: the largest logit);
     cut_value [R] float32, cut_id [R] int32 — the last kept token in (value desc, id asc) order
     (rows without filtering: the lowest finite float32 and V, so every token is kept; one_hot: the
-    largest logit and the token);
+    largest logit and the token). cut_value NaN marks a row whose x holds a NaN or whose largest x is +-inf
+    (a sampled row's softmax is NaN there): a greedy row then has cut_id = its token (the lowest NaN id,
+    else as torch.argmax) and q one-hot at it; a sampled row token 0, lse NaN, cut_id V and q all NaN,
+    as the reference's;
     one_hot — set by the launch: True when a greedy-only launch wrote only tokens / lse / cut (q is
     one-hot at the token, so the logits are not stored: `kept` and `probs` then read the tokens).
     """
@@ -522,19 +561,25 @@ class DraftSample:
     one_hot: bool = False
 
     def kept(self) -> torch.Tensor:
-        """[R, V] bool: the tokens the row's top-k / top-p filter keeps (one_hot: the token only)."""
+        """[R, V] bool: the tokens the row's top-k / top-p filter keeps (one_hot: the token only; a row whose
+        cut_value is NaN: the cut id, i.e. a greedy row's token, none for a sampled row)."""
         ids = torch.arange(self.logits.shape[1], device=self.logits.device)
         if self.one_hot:
             return ids[None, :] == self.tokens[:, None]
         cv, ci = self.cut_value[:, None], self.cut_id[:, None]
-        return (self.logits > cv) | ((self.logits == cv) & (ids[None, :] <= ci))
+        ids = ids[None, :]
+        return (self.logits > cv) | ((self.logits == cv) & (ids <= ci)) | (cv.isnan() & (ids == ci))
 
     def probs(self) -> torch.Tensor:
         """q [R, V] float32: exp(x - lse) on the kept tokens, 0 elsewhere (rows sum to 1; one_hot: 1 at
-        the token, a row with token -1 all 0)."""
+        the token, a row with token -1 all 0). A row whose cut_value is NaN (see the class): one-hot at the
+        cut id when it is a token (greedy), else NaN everywhere (sampled), as the reference's q. No host sync."""
         if self.one_hot:
             return self.kept().to(torch.float32)
-        return torch.where(self.kept(), torch.exp(self.logits - self.lse[:, None]), 0.0)
+        kept = self.kept()
+        q = torch.where(kept, torch.exp(self.logits - self.lse[:, None]), 0.0)
+        fill = torch.where(self.cut_id < self.logits.shape[1], 0.0, float("nan"))[:, None]
+        return torch.where(self.cut_value.isnan()[:, None], torch.where(kept, 1.0, fill), q)
 
 
 @dataclass
@@ -667,7 +712,9 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
 
     h [R, H] bf16 (or fp32), lm_head [V, H] same dtype, row stride 1 along H; temperature [R] float32,
     top_k [R] int32, top_p [R] float32, seeds / offsets [R] int64, all on h's device. k_cap: 0 (no row uses
-    top-k) or a power of two in [max(2, largest top_k), 64]. need_noise: False when no row samples without
+    top-k) or a power of two in [max(2, largest top_k), 64]. The five [R] tensors and out.tokens must be
+    contiguous (StepContractError naming the tensor and its strides: nothing is copied here); out.logits
+    [R, V] stride 1 along V, rows not overlapping. need_noise: False when no row samples without
     top-k (every row greedy or top-k); with k_cap 0 and need_noise False the launch is greedy-only (the
     lean argmax epilogue). Parameter values are not checked here (see `draft_sample`); rows outside the
     supported range or outside what k_cap / need_noise compile for get token -1. The greedy-only launch
@@ -681,7 +728,8 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     vocabulary tile; None: `default_greedy_programs`): launch tuning (outputs never depend on them).
     maxnreg: register cap per thread (-1: `default_maxnreg` for the general launch, which keeps three 4-warp
     programs per SM, none for the TMA greedy launch; None: no cap). Raises
-    StepContractError on shapes / dtypes / devices, UnsupportedConfigError on tuning values.
+    StepContractError on shapes / dtypes / devices / strides, UnsupportedConfigError on tuning values and
+    on V > 2^30 or V x H, R x V beyond int32 offsets.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
     if h.dim() != 2 or lm_head.dim() != 2 or h.shape[1] != lm_head.shape[1]:
@@ -698,6 +746,13 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
                                      "indexes the LM head with int32)")
     check_sampling_args(r, temperature, top_k, top_p, seeds, offsets, k_cap=k_cap, need_noise=need_noise,
                         device=h.device)
+    for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seeds", seeds),
+                    ("offsets", offsets)):
+        if r > 1 and t.stride(0) != 1:    # the kernel reads them with stride 1; no copy (capturable)
+            raise StepContractError(f"{name} must be contiguous, got strides {t.stride()}")
+    if v > 1 << 30:
+        raise UnsupportedConfigError("vocab_size", v, "the kernel passes token ids as int32 with 2^30 headroom "
+                                     "(V <= 2^30)")
     if greedy_programs is not None and (type(greedy_programs) is not int or greedy_programs < 1):
         raise UnsupportedConfigError("greedy_programs", greedy_programs, "must be None or an int >= 1")
     if block_h < 16 or block_h & (block_h - 1):
@@ -707,6 +762,12 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     if (tuple(out.tokens.shape) != (r,) or tuple(out.logits.shape) != (r, v) or out.logits.dtype != torch.float32
             or out.logits.stride(1) != 1 or out.tokens.dtype != torch.int64):
         raise StepContractError(f"out buffers must be tokens [R]={r} int64, logits [R, V]=[{r}, {v}] float32")
+    if r > 1 and out.tokens.stride(0) != 1:
+        raise StepContractError(f"out.tokens must be contiguous (the kernel writes it with stride 1), got strides "
+                                f"{out.tokens.stride()}")
+    if r > 1 and out.logits.stride(0) < v:
+        raise StepContractError(f"out.logits rows overlap: row stride {out.logits.stride(0)} < V = {v} (strides "
+                                f"{out.logits.stride()})")
     for name, t, dt in (("out.lse", out.lse, torch.float32), ("out.cut_value", out.cut_value, torch.float32),
                         ("out.cut_id", out.cut_id, torch.int32)):
         if tuple(t.shape) != (r,) or t.dtype != dt or not t.is_contiguous():
@@ -832,14 +893,19 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     Parameters
     ----------
     h : [R, H] bf16 — final-normed hidden states; lm_head : [V, H] bf16 (the embedding when tied).
-    temperature : float or [R] — 0 = greedy (argmax, ties to the lowest id).
-    top_k : int or [R] — 0 or >= V = off; else 1..64.
-    top_p : float or [R] — in (0, 1]; < 1 needs 1 <= top_k <= 64.
-    seeds, offsets : [R] int64 — Philox key and step counter per row.
+    temperature : float or [R] (as float32) — 0 = greedy (argmax, ties to the lowest id).
+    top_k : int or [R] integer tensor (as int64) — 0 or >= V = off (any value >= V, also one beyond int32, is
+        clamped to V before the launch's int32 top_k: never wrapped); else 1..64; negative: refused.
+    top_p : float or [R] (as float32) — in (0, 1]; < 1 needs 1 <= top_k <= 64.
+    seeds, offsets : [R] int64 — Philox key and step counter per row (any strides: made contiguous).
+    out : a `DraftSample` to write into (`empty_draft_sample`; checked as in `draft_sample_into`), or None.
     launch : block_v, block_h, group, row_chunk, num_warps, num_stages, maxnreg, use_pdl (see `draft_sample_into`).
 
-    Returns a `DraftSample` (tokens [R] int64; q via `.probs()` [R, V] float32).
-    Raises UnsupportedConfigError naming the first out-of-range value; StepContractError on shapes.
+    Returns a `DraftSample` (tokens [R] int64; q via `.probs()` [R, V] float32). A row whose logits hold a NaN,
+    or whose largest logit / T is +-inf (e.g. a denormal T), gets the reference's outputs: greedy, the
+    lowest NaN id (else torch.argmax's) with q one-hot at it; sampled, token 0 with q NaN (see `DraftSample`).
+    Raises UnsupportedConfigError naming the first out-of-range value (or one not convertible to its dtype);
+    StepContractError on shapes, dtypes, devices and out buffers (`draft_sample_into`).
     Nothing is launched when a check fails.
     """
     from lowlat.reference.draft_sampling import check_sampling_params
@@ -849,17 +915,22 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     r, v, dev = h.shape[0], lm_head.shape[0], h.device
 
     def per_row(val, dt, name):
-        t = torch.as_tensor(val, dtype=dt)
+        try:
+            t = torch.as_tensor(val, dtype=dt)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise UnsupportedConfigError(name, val, f"must be a scalar or an [R] tensor convertible to {dt} "
+                                         f"({type(e).__name__}: {e})") from None
         t = t.expand(r) if t.dim() == 0 else t
         if tuple(t.shape) != (r,):
             raise StepContractError(f"{name} must be a scalar or [R] = [{r}], got {tuple(t.shape)}")
         return t.to(dev).contiguous()
 
     temp_t = per_row(temperature, torch.float32, "temperature")
-    topk_t = per_row(top_k, torch.int32, "top_k")
+    topk64 = per_row(top_k, torch.int64, "top_k")           # int64 first: checked, then narrowed without wrapping
     topp_t = per_row(top_p, torch.float32, "top_p")
-    tc, kc, pc = temp_t.cpu(), topk_t.cpu(), topp_t.cpu()
+    tc, kc, pc = temp_t.cpu(), topk64.cpu(), topp_t.cpu()
     check_sampling_params(tc, kc, pc)
+    topk_t = torch.clamp(topk64, max=v).to(torch.int32)     # >= V is off whatever its size: V then, never wrapped
     k_eff = torch.where(kc >= v, 0, kc)
     sampled = tc > 0
     bad = sampled & (k_eff > MAX_TOP_K)
@@ -874,6 +945,7 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
                                      "draft sampler (the nucleus is taken within the top-k candidates)")
     k_cap, need_noise = launch_flags(tc, kc, v)
     out = out if out is not None else empty_draft_sample(r, v, dev)
+    seeds, offsets = (t.contiguous() if isinstance(t, torch.Tensor) else t for t in (seeds, offsets))
     return draft_sample_into(h, lm_head, temp_t, topk_t, topp_t, seeds, offsets, out,
                              k_cap=k_cap, need_noise=need_noise, **launch)
 

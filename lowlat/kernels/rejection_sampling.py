@@ -15,6 +15,13 @@ ties to the lowest id: exact, so the result does not depend on the split plan or
 writes emitted [k+1] and accepted, and resets the counter (no clearing between launches; CUDA-graph
 friendly). Padded draft slots (i >= num_drafts) are never read as tokens, accepted or emitted.
 
+Non-finite probabilities are not refused (the launch is capturable; refusing would need a host sync)
+but given the reference's meaning exactly: a NaN p(x) or q(x) rejects the draft (u * q < p is false);
+a NaN anywhere in the residual p_j - q_j sends the draw to the race over p_j (the reference's
+sum(w) > 0 is false; ws_any 2 marks it), and every race / argmax takes the lowest-id NaN when there is
+one, as torch.argmax does (a program's NaN id travels as id - 2^30 < 0 in the id partial, so the
+reductions find it with a min; finite inputs give the same tokens as before).
+
 Cost: sampling mode reads two rows of V floats per request (p_j, q_j); greedy mode reads k+1 rows.
 """
 
@@ -26,10 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from lowlat.errors import StepContractError
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels.philox import philox_exponential, philox_uniform52
 
 _BIG_ID = tl.constexpr(2147483647)
+_NAN_SHIFT = tl.constexpr(1 << 30)      # a NaN's id travels as id - 2^30 (< 0): it wins, as in torch.argmax
 
 
 @triton.jit
@@ -65,8 +73,9 @@ def _rejection_kernel(
                     pv = tl.load(p_ptr + b * stride_pb + i * stride_pk + cols, mask=cols < v_end,
                                  other=float("-inf"))
                     tv = tl.max(pv, axis=0)
-                    ti = tl.min(tl.where(pv == tv, cols, _BIG_ID), axis=0)
-                    better = tv > bv                          # equal: the earlier tile has the lower id
+                    ti = tl.min(tl.where(pv != pv, cols - _NAN_SHIFT, tl.where(pv == tv, cols, _BIG_ID)), axis=0)
+                    # equal: the earlier tile has the lower id; a NaN (id < 0) wins, the first one stays
+                    better = ((tv > bv) | (ti < 0)) & (bi >= 0)
                     bi = tl.where(better, ti, bi)
                     bv = tl.where(better, tv, bv)
                 tl.store(ws_gval + (b * (K + 1) + i) * NSPLIT + s, bv)
@@ -91,19 +100,22 @@ def _rejection_kernel(
             cm = cols < v_end
             pv = tl.load(p_ptr + b * stride_pb + j * stride_pk + cols, mask=cm, other=0.0).to(tl.float64)
             qv = tl.load(q_ptr + b * stride_qb + jq * stride_qk + cols, mask=cm & is_res, other=0.0).to(tl.float64)
-            w = tl.where(is_res, tl.maximum(pv - qv, 0.0), pv)
+            d = pv - qv
+            w = tl.where(is_res, tl.where(d < 0.0, 0.0, d), pv)   # max(0, d) keeping a NaN, as torch.clamp
             expo = philox_exponential(seed, off, cols, 2)
-            sw = tl.where(cm, w / expo, -1.0)
+            sw = tl.where(cm, w / expo, -1.0)                 # NaN exactly where w is (expo > 0, finite)
             sp = tl.where(cm, pv / expo, -1.0)
             tw = tl.max(sw, axis=0)
-            twi = tl.min(tl.where(sw == tw, cols, _BIG_ID), axis=0)
+            # a NaN wins, as in torch.argmax: its id - _NAN_SHIFT (< 0), the lowest one
+            twi = tl.min(tl.where(sw != sw, cols - _NAN_SHIFT, tl.where(sw == tw, cols, _BIG_ID)), axis=0)
             tp = tl.max(sp, axis=0)
-            tpi = tl.min(tl.where(sp == tp, cols, _BIG_ID), axis=0)
-            anyw = tl.maximum(anyw, tl.max((cm & (w > 0.0)).to(tl.int32), axis=0))
-            better = tw > bw
+            tpi = tl.min(tl.where(sp != sp, cols - _NAN_SHIFT, tl.where(sp == tp, cols, _BIG_ID)), axis=0)
+            # 1: some w > 0; 2: some w NaN (the reference's sum(w) > 0 fails then: the race runs over p_j)
+            anyw = tl.maximum(anyw, tl.max(tl.where(sw != sw, 2, (cm & (w > 0.0)).to(tl.int32)), axis=0))
+            better = ((tw > bw) | (twi < 0)) & (bwi >= 0)     # the first NaN (earlier tile: lower id) stays
             bwi = tl.where(better, twi, bwi)
             bw = tl.where(better, tw, bw)
-            better = tp > bp
+            better = ((tp > bp) | (tpi < 0)) & (bpi >= 0)
             bpi = tl.where(better, tpi, bpi)
             bp = tl.where(better, tp, bp)
         tl.store(ws_score + (b * NSPLIT + s) * 2, bw)
@@ -126,17 +138,21 @@ def _rejection_kernel(
                              cache_modifier=".cg")
                 mv = tl.max(gv, axis=0)
                 mi = tl.min(tl.where(gv == mv, gi, _BIG_ID), axis=0)
+                nan_i = tl.min(gi, axis=0)                    # < 0: the lowest NaN id - _NAN_SHIFT
+                mi = tl.where(nan_i < 0, nan_i + _NAN_SHIFT, mi)
                 am = tl.where(ii == i, mi, am)
             rej = iv & (x != am.to(tl.int64))
             j = tl.minimum(tl.min(tl.where(rej, ii, K1_PAD), axis=0), n)
             final = tl.max(tl.where(ii == j, am, -1), axis=0)
         else:
             anyw = tl.max(tl.load(ws_any + b * NSPLIT + ss, mask=sm, other=0, cache_modifier=".cg"), axis=0)
-            which = tl.where(is_res & (anyw == 0), 1, 0)      # zero residual everywhere -> race over p_j
+            which = tl.where(is_res & (anyw != 1), 1, 0)      # zero (or NaN) residual -> race over p_j
             sc = tl.load(ws_score + (b * NSPLIT + ss) * 2 + which, mask=sm, other=-2.0, cache_modifier=".cg")
             si = tl.load(ws_id + (b * NSPLIT + ss) * 2 + which, mask=sm, other=_BIG_ID, cache_modifier=".cg")
             best = tl.max(sc, axis=0)
             final = tl.min(tl.where(sc == best, si, _BIG_ID), axis=0)
+            nan_i = tl.min(si, axis=0)                        # < 0: the lowest NaN weight's id - _NAN_SHIFT
+            final = tl.where(nan_i < 0, nan_i + _NAN_SHIFT, final)
         emitted = tl.where(ii < j, x, tl.where(ii == j, final.to(tl.int64), -1))
         tl.store(emit_ptr + b * stride_eb + ii, emitted, mask=ii < K + 1)
         tl.store(accn_ptr + b, j.to(tl.int32))
@@ -186,9 +202,10 @@ def rejection_sample_into(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
                           use_pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch-level entry (no host sync, CUDA-graph capturable); writes emitted [B, k+1] int64 and
     accepted [B] int32. Shapes / dtypes as `rejection_sample`; values are not checked (num_drafts is
-    clamped to [0, k] and token ids to [0, V) so nothing is read out of bounds).
-    Raises StepContractError on shapes, dtypes, strides or devices. Mutates emitted, accepted and the
-    cached workspace of this (device, B, k, split)."""
+    clamped to [0, k] and token ids to [0, V) so nothing is read out of bounds; NaN / inf probabilities
+    are given the reference's meaning, see the module docstring).
+    Raises StepContractError on shapes, dtypes, strides or devices, UnsupportedConfigError for V > 2^30.
+    Mutates emitted, accepted and the cached workspace of this (device, B, k, split)."""
     if draft_tokens.dim() != 2 or target_probs.dim() != 3:
         raise StepContractError(f"draft_tokens must be [B, k] and target_probs [B, k+1, V], got "
                                 f"{tuple(draft_tokens.shape)}, {tuple(target_probs.shape)}")
@@ -221,6 +238,9 @@ def rejection_sample_into(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     for name, t in (("num_drafts", num_drafts), ("seeds", seeds), ("offsets", offsets), ("accepted", accepted)):
         if t.numel() > 1 and t.stride(0) != 1:
             raise StepContractError(f"{name} must be contiguous")
+    if v > 1 << 30:
+        raise UnsupportedConfigError("vocab_size", v, "the kernel passes token ids as int32 with 2^30 headroom "
+                                     "(V <= 2^30)")
     if b == 0:
         return emitted, accepted
     interp = _interpreting()
@@ -255,8 +275,11 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     draft_tokens [B, k] int64, draft_probs [B, k, V] float32 (None if greedy), target_probs [B, k+1, V]
     float32, num_drafts [B] int32, seeds / offsets [B] int64 -> (emitted [B, k+1] int64, accepted [B] int32).
 
-    Checks every value first (one host sync) and raises StepContractError naming the offending one;
-    nothing is launched then. `launch`: block_v, nsplit, num_warps, use_pdl.
+    Checks shapes, dtypes, num_drafts and the real draft tokens first (one host sync) and raises
+    StepContractError naming the offending one; nothing is launched then. The probabilities' values are
+    not checked: NaN / inf entries get the reference's meaning (a NaN p(x) or q(x) rejects x; a NaN in the
+    residual draws from p_j; the first NaN wins a race or argmax, as torch.argmax), so the emitted tokens
+    equal the reference's for entries >= 0, +inf or NaN. `launch`: block_v, nsplit, num_warps, use_pdl.
     """
     from lowlat.reference.rejection_sampling import _check_inputs
 

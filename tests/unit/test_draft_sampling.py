@@ -796,3 +796,229 @@ def test_top_k_merge_across_groups(device):
         assert_all_written(out)
         check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
         check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+
+
+# ----------------------------------------------------------------------------- strides, top_k range, NaN
+def test_draft_sample_takes_strided_counters_and_parameters(device):
+    """seeds / offsets / temperature / top_k / top_p given as stride-2 views (columns of [R, 2] tensors holding
+    other values) draw what the contiguous tensors draw, and the reference's tokens: `draft_sample` makes them
+    contiguous (the kernel reads them with stride 1)."""
+    r, h, v = 5, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=80, device=device)
+    seeds, offsets = counters(r, seed=81, device=device)
+    temp = torch.tensor([0.0, 0.8, 1.5, 0.9, 1.2], device=device)
+    topk = torch.tensor([0, 0, 3, 4, 0], dtype=torch.int32, device=device)
+    topp = torch.tensor([1.0, 1.0, 0.7, 0.6, 1.0], device=device)
+
+    def strided(t):
+        junk = torch.randint(1, 2 ** 40, t.shape, device=device).to(t.dtype)   # fresh values next to each
+        return torch.stack([t, junk], 1)[:, 0]
+
+    views = [strided(t) for t in (temp, topk, topp, seeds, offsets)]
+    assert all(x.stride() == (2,) and torch.equal(x, t) for x, t in zip(views, (temp, topk, topp, seeds, offsets)))
+    want = kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets)
+    out = poisoned_out(r, v, device)
+    kernel.draft_sample(hh, ww, *views[:3], seeds=views[3], offsets=views[4], out=out)
+    assert_all_written(out)
+    assert_same_outputs(out, want, what="[strided parameters]")
+    tokens, _, _ = reference(hh, ww, temp, topk, topp, seeds, offsets)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+
+
+@pytest.mark.parametrize("which", ["temperature", "top_k", "top_p", "seeds", "offsets"])
+def test_draft_sample_into_refuses_strided_parameters_before_any_write(which, device):
+    """The launch-level entry is CUDA-graph capturable, so it copies nothing: a non-contiguous [R] parameter
+    raises StepContractError naming it and its strides; nothing is written."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=82, device=device)
+    seeds, offsets = counters(r, seed=83, device=device)
+    args = {"temperature": torch.tensor([0.0, 1.0, 0.7], device=device),
+            "top_k": torch.zeros(r, dtype=torch.int32, device=device),
+            "top_p": torch.ones(r, device=device), "seeds": seeds, "offsets": offsets}
+    t = args[which]
+    args[which] = torch.stack([t, torch.ones_like(t)], 1)[:, 0]
+    out = poisoned_out(r, v, device)
+    with pytest.raises(StepContractError, match=rf"{which} must be contiguous, got strides \(2,\)"):
+        kernel.draft_sample_into(hh, ww, args["temperature"], args["top_k"], args["top_p"], args["seeds"],
+                                 args["offsets"], out, k_cap=0, need_noise=True)
+    assert bool((out.tokens == SENTINEL).all()) and out.logits.isnan().all() and out.lse.isnan().all()
+    assert out.cut_value.isnan().all() and bool((out.cut_id == -7).all())
+
+
+def test_non_contiguous_or_overlapping_out_buffers_raise_before_any_write(device):
+    """out.tokens as a stride-2 view (the kernel writes it with stride 1: it would write outside the view)
+    and out.logits with overlapping rows (row stride 0) raise StepContractError naming the field and its
+    strides; nothing is written, inside or outside the views."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=84, device=device)
+    seeds, offsets = counters(r, seed=85, device=device)
+    store = torch.full((2 * r,), SENTINEL, dtype=torch.int64, device=device)
+    out = poisoned_out(r, v, device)
+    out.tokens = store[::2]
+    with pytest.raises(StepContractError, match=r"out\.tokens must be contiguous .*strides \(2,\)"):
+        kernel.draft_sample(hh, ww, 1.0, 0, 1.0, seeds=seeds, offsets=offsets, out=out)
+    assert bool((store == SENTINEL).all()) and out.logits.isnan().all() and out.lse.isnan().all()
+    out = poisoned_out(r, v, device)
+    row = torch.full((1, v), float("nan"), device=device)
+    out.logits = row.expand(r, v)
+    with pytest.raises(StepContractError, match=r"out\.logits rows overlap: row stride 0 < V = 128"):
+        kernel.draft_sample(hh, ww, 1.0, 0, 1.0, seeds=seeds, offsets=offsets, out=out)
+    assert row.isnan().all() and bool((out.tokens == SENTINEL).all()) and out.lse.isnan().all()
+
+
+@pytest.mark.parametrize("top_k", [2 ** 31, 2 ** 32 + 5, 2 ** 40, "tensor"])
+def test_top_k_beyond_int32_is_off_never_wrapped(top_k, device):
+    """top_k >= V means off whatever its size: an int64 2^32 + 5 (which int32 would wrap to 5), a Python int
+    2^31 (int32 overflow) or 2^40 samples from the whole vocabulary, as top_k = 0 and as the reference."""
+    r, h, v = 3, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=86, device=device)
+    seeds, offsets = counters(r, seed=87, device=device)
+    if top_k == "tensor":     # per-row int64 values: off, on (3), off beyond int32
+        top_k = torch.tensor([2 ** 32 + 5, 3, 2 ** 62], dtype=torch.int64)
+    out, tokens, q = run_both(hh, ww, [1.0, 0.8, 1.3], top_k, 1.0, seeds, offsets)
+    check_bitwise("draft_sampling", out.tokens, tokens, output="tokens")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output="kept")
+    off = ~torch.as_tensor(top_k).eq(3).expand(r).to(out.tokens.device)
+    assert bool((out.kept()[off].sum(1) == v).all()), "a top_k >= V row did not keep the whole vocabulary"
+
+
+@pytest.mark.parametrize("top_k, match", [(-(2 ** 32) + 5, r"top_k\[0\]=-4294967291"), (2 ** 70, r"top_k=")])
+def test_top_k_negative_or_not_int64_raises_typed_error_and_writes_nothing(top_k, match, device):
+    """A negative int64 top_k that int32 would wrap to 5, and a Python int beyond int64, are refused with
+    UnsupportedConfigError naming top_k; nothing is written."""
+    hh, ww = exact_inputs(2, 32, 128, seed=88, device=device)
+    seeds, offsets = counters(2, seed=89, device=device)
+    out = poisoned_out(2, 128, device)
+    k = torch.tensor([top_k, 3], dtype=torch.int64) if top_k < 0 else top_k
+    with pytest.raises(UnsupportedConfigError, match=match):
+        kernel.draft_sample(hh, ww, 1.0, k, 1.0, seeds=seeds, offsets=offsets, out=out)
+    assert bool((out.tokens == SENTINEL).all()) and out.logits.isnan().all() and out.lse.isnan().all()
+
+
+POISON_F = -1.0e30      # float poison that no output takes (NaN is a legitimate output of a non-finite row)
+
+
+def finite_poisoned_out(r: int, v: int, device) -> kernel.DraftSample:
+    out = kernel.empty_draft_sample(r, v, device)
+    out.tokens.fill_(SENTINEL)
+    out.logits.fill_(POISON_F)
+    out.lse.fill_(POISON_F)
+    out.cut_value.fill_(POISON_F)
+    out.cut_id.fill_(-7)
+    return out
+
+
+def assert_nan_rows_follow_reference(out: kernel.DraftSample, tokens, q, temp, what: str) -> None:
+    """Every output written; tokens and kept sets bitwise the reference's; q: a greedy row one-hot at its token
+    (bitwise), a row whose reference q is NaN NaN everywhere; every other row finite, summing to 1."""
+    assert not (out.tokens == SENTINEL).any() and not (out.cut_id == -7).any(), f"{what}: not written"
+    for name in ("lse", "cut_value") + (() if out.one_hot else ("logits",)):
+        assert not (getattr(out, name) == POISON_F).any(), f"{what}: {name} not written"
+    check_bitwise("draft_sampling", out.tokens, tokens, output=f"tokens{what}")
+    check_bitwise("draft_sampling", out.kept(), q > 0, output=f"kept{what}")
+    qk = out.probs()
+    nan_rows = q.isnan().any(1)
+    assert bool((q[nan_rows].isnan().all())), "the reference's q is NaN on whole rows"
+    assert bool(qk[nan_rows].isnan().all()), f"{what}: rows {nan_rows.nonzero()[:, 0].tolist()} need q NaN"
+    greedy = torch.as_tensor(temp, device=q.device).expand(q.shape[0]) == 0
+    check_bitwise("draft_sampling", qk[greedy], q[greedy], output=f"q_greedy{what}")
+    rest = ~nan_rows & ~greedy
+    check_bitwise("draft_sampling", qk[rest] > 0, q[rest] > 0, output=f"q_support{what}")
+    assert torch.allclose(qk[rest].sum(1), torch.ones(int(rest.sum()), device=q.device)), what
+
+
+NAN_CASES = {**{k: PARAMS[k] for k in ("greedy", "temperature", "top_k", "top_k_top_p", "top_k_ge_vocab")},
+             "mixed_rows": ([0.0, 0.8, 1.5, 0.9, 0.0], [0, 0, 3, 4, 2], [1.0, 1.0, 0.7, 0.6, 1.0])}
+
+
+@pytest.mark.parametrize("source", ["weight", "hidden", "inf_weight"])
+@pytest.mark.parametrize("case", list(NAN_CASES))
+def test_non_finite_logits_follow_the_reference(case, source, device):
+    """Logits holding NaN (a NaN in two LM-head rows, ids 70 and 130 in the second and third tile: every row;
+    or +inf in h of rows 1 and 3, whose products with the zero weights are NaN and the others +-inf) or
+    +inf / -inf (an LM-head row of +inf at id 150 and one of -inf, positive h: every row's largest logit is
+    +inf): the reference's tokens and q in every mode (greedy: torch.argmax, the lowest NaN id, with q
+    one-hot; sampled: token 0, q NaN), never a finite plausible q. The rows without non-finite logits equal
+    the same rows launched without the others, bitwise."""
+    r, h, v = 5, 32, 200
+    hh, ww = exact_inputs(r, h, v, seed=90, device=device)
+    bad_rows = list(range(r))
+    if source == "weight":
+        ww[130, 7] = float("nan")
+        ww[70, 3] = float("nan")
+    elif source == "hidden":
+        bad_rows = [1, 3]
+        hh[1, 4] = float("inf")
+        hh[3, 9] = float("inf")
+        assert bool((ww[:, 4] == 0).any()) and bool((ww[:, 9] == 0).any())
+    else:
+        hh = hh.abs() + 0.125
+        ww[150] = float("inf")
+        ww[20] = float("-inf")
+    seeds, offsets = counters(r, seed=91, device=device)
+    temp, topk, topp = NAN_CASES[case]
+    out = finite_poisoned_out(r, v, device)
+    kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, out=out, block_v=64)
+    tokens, q, logits = reference(hh, ww, temp, topk, topp, seeds, offsets)
+    nonfinite = ~torch.isfinite(logits).all(1)
+    assert nonfinite.nonzero()[:, 0].tolist() == bad_rows
+    assert_nan_rows_follow_reference(out, tokens, q, temp, f"[{case}, {source}]")
+    good = [i for i in range(r) if i not in bad_rows]
+    if good:
+        pick = lambda x: x if isinstance(x, float) or not isinstance(x, list) else [x[i] for i in good]  # noqa: E731
+        alone = kernel.draft_sample(hh[good], ww, pick(temp), pick(topk), pick(topp), seeds=seeds[good],
+                                    offsets=offsets[good], block_v=64)
+        assert_same_outputs(out, alone, rows=torch.tensor(good), what="[finite rows]")
+
+
+@pytest.mark.parametrize("source", ["weight", "negative_nan", "inf_weight"])
+def test_non_finite_logits_greedy_launches_follow_the_reference(source, device):
+    """The greedy-only launches with NaN / +inf logits: the persistent TMA launch (bf16, one-hot) and the
+    cp.async branch (fp32 LM head, logits stored) take torch.argmax's token (the lowest NaN id: 70, in an
+    earlier tile than the NaN at 130, whichever their sign bits; else the first +inf) with q one-hot at it,
+    as the general path does."""
+    r, h, v = 3, 32, 200
+    hh, ww = exact_inputs(r, h, v, seed=92, device=device)
+    if source in ("weight", "negative_nan"):
+        ww[130, 7] = float("nan")
+        ww[70, 3] = float("nan")
+        if source == "negative_nan":      # sign bit set (bf16 0xFFC0): argmax_key alone would rank it below -inf
+            ww.view(torch.int16)[70, 3] = -64
+            assert ww[70, 3].isnan() and int(ww.view(torch.int16)[70, 3]) < 0
+        want = 70
+    else:
+        hh = hh.abs() + 0.125
+        ww[150] = float("inf")
+        ww[20] = float("-inf")
+        want = 150
+    seeds, offsets = counters(r, seed=93, device=device)
+    temp = torch.zeros(r, device=device)
+    topk = torch.zeros(r, dtype=torch.int32, device=device)
+    topp = torch.ones(r, device=device)
+    tokens, q, _ = reference(hh, ww, 0.0, 0, 1.0, seeds, offsets)
+    assert tokens.tolist() == [want] * r
+    for hd, wd, k_cap, need_noise, one_hot in ((hh, ww, 0, False, True), (hh, ww, 0, True, False),
+                                               (hh, ww, 4, False, False), (hh.float(), ww.float(), 0, False, False)):
+        out = finite_poisoned_out(r, v, device)
+        kernel.draft_sample_into(hd, wd, temp, topk, topp, seeds, offsets, out, k_cap=k_cap, need_noise=need_noise,
+                                 block_v=64, greedy_programs=2)
+        assert out.one_hot == one_hot
+        what = f"[{source}, k_cap={k_cap}, noise={need_noise}, {wd.dtype}]"
+        assert_nan_rows_follow_reference(out, tokens, q, 0.0, what)
+        assert out.cut_value.isnan().all() and bool((out.cut_id == want).all()), what
+
+
+def test_denormal_temperature_follows_the_reference(device):
+    """temperature 1e-45 (a float32 denormal: valid, > 0) makes x = logits / T overflow to +-inf: the reference's
+    q is NaN and its token 0 (top-k or not); the kernel's too, and the rows beside it are unaffected."""
+    r, h, v = 4, 32, 128
+    hh, ww = exact_inputs(r, h, v, seed=94, device=device)
+    seeds, offsets = counters(r, seed=95, device=device)
+    temp, topk, topp = [1e-45, 0.8, 1e-45, 0.0], [0, 0, 4, 0], [1.0, 1.0, 0.8, 1.0]
+    out = finite_poisoned_out(r, v, device)
+    kernel.draft_sample(hh, ww, temp, topk, topp, seeds=seeds, offsets=offsets, out=out)
+    tokens, q, _ = reference(hh, ww, temp, topk, topp, seeds, offsets)
+    assert q.isnan().any(1).tolist() == [True, False, True, False]
+    assert_nan_rows_follow_reference(out, tokens, q, torch.tensor(temp), "[T=1e-45]")
+    alone = kernel.draft_sample(hh[[1, 3]], ww, [0.8, 0.0], 0, 1.0, seeds=seeds[[1, 3]], offsets=offsets[[1, 3]])
+    assert_same_outputs(out, alone, rows=torch.tensor([1, 3]), what="[finite rows]")

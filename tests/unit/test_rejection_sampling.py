@@ -411,3 +411,60 @@ def test_kernel_compiles_for_sm90_without_spills():
              for greedy in (False, True)]
     res = compile_sm90("lowlat.kernels.rejection_sampling:_rejection_kernel", specs)
     assert all(r["spill_bytes"] == 0 for r in res), res
+
+
+# ------------------------------------------------------------------------- non-finite probabilities
+def nan_batch(where: str, seed: int):
+    """6 requests, k = 3, V = 300 (three vocabulary splits of 128 under the interpreter), ragged counts; q close
+    to p and the drafts q's argmax (request 5: random drafts), so that requests accept some drafts, in greedy
+    mode too, and reach later positions and the bonus row. Then NaN / inf planted: at the draft tokens of
+    position 1 in p or q, in later splits of every p / q row, in the bonus row only, or +inf in p at 150 and
+    210 with q +inf at 210 (inf - inf: a NaN residual)."""
+    b, k, v = 6, 3, 300
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(b, k + 1, v, generator=g, dtype=torch.float64) * 2
+    p = torch.softmax(lp, -1).float()
+    q = torch.softmax(lp[:, :k] + torch.randn(b, k, v, generator=g, dtype=torch.float64) * 0.05, -1).float()
+    x = torch.argmax(q, -1)
+    x[5] = torch.randint(0, v, (k,), generator=g)
+    n = torch.tensor([3, 3, 2, 1, 3, 0], dtype=torch.int32)
+    seeds = torch.randint(0, 2 ** 62, (b,), generator=g)
+    offsets = torch.randint(0, 2 ** 40, (b,), generator=g)
+    nan, rows = float("nan"), torch.arange(b)
+    if where == "p_at_draft":            # position 1 of every request: rejected, then the race meets the NaN
+        p[rows, 1, x[:, 1]] = nan
+    elif where == "q_at_draft":          # rejected at 1; the residual's NaN sends the race to p_1
+        q[rows, 1, x[:, 1]] = nan
+    elif where == "p_rows":              # NaN in every target row at 277 (third split) and 140 (second)
+        p[:, :, 277] = nan
+        p[:, :, 140] = nan
+    elif where == "q_rows":              # NaN in every draft row at 290: a residual always holds a NaN
+        q[:, :, 290] = nan
+    elif where == "p_bonus":             # only the bonus row: requests that accept everything meet it
+        p[:, k, 260] = nan
+        p[:, k, 201] = nan
+    elif where == "inf":                 # +inf in p at 150 and 210; q +inf at 210 too (residual NaN there)
+        p[:, :, 150] = float("inf")
+        p[:, :, 210] = float("inf")
+        q[:, :, 210] = float("inf")
+    else:
+        raise ValueError(where)
+    return x, q, p, n, seeds, offsets
+
+
+@pytest.mark.parametrize("where", ["p_at_draft", "q_at_draft", "p_rows", "q_rows", "p_bonus", "inf"])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_kernel_non_finite_probabilities_match_reference(where, greedy, device):
+    """NaN / inf probabilities are not refused (the launch is capturable) but must mean what they mean in the
+    reference: a NaN p(x) or q(x) rejects x, a NaN residual sends the draw to p_j, and every race / argmax
+    takes the lowest-id NaN (torch.argmax), across vocabulary splits. Emitted tokens and counts bitwise the
+    reference's, every element written, for the default split and for one split."""
+    x, q, p, n, seeds, offsets = (t.to(device) for t in nan_batch(where, seed=31))
+    e_ref, a_ref = ref.rejection_sample(x, q, p, n, seeds, offsets, greedy=greedy)
+    for nsplit in (3, 1):
+        e, a = run_kernel_poisoned(x, q, p, n, seeds, offsets, greedy=greedy, nsplit=nsplit)
+        check_bitwise("rejection_sampling", e, e_ref, output=f"emitted[{where}, nsplit={nsplit}]")
+        check_bitwise("rejection_sampling", a, a_ref, output=f"accepted[{where}, nsplit={nsplit}]")
+    e, a = kernel.rejection_sample(x, None if greedy else q, p, n, seeds, offsets, greedy=greedy)
+    check_bitwise("rejection_sampling", e, e_ref, output=f"emitted[{where}, rejection_sample]")
+    check_bitwise("rejection_sampling", a, a_ref, output=f"accepted[{where}, rejection_sample]")
