@@ -145,6 +145,8 @@ the bits, so a table is part of the numerics of every GEMV it covers (on every m
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, replace
 
@@ -153,7 +155,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import cuda_props
+from lowlat.kernels._attn_common import cuda_props, overlap
 from lowlat.kernels._attn_common import to_bf16  # noqa: F401  (fp32 -> bf16, RNE; integer ops when interpreting)
 
 #: The largest number of rows a GEMV here takes (three row blocks of 16).
@@ -827,16 +829,75 @@ def launch_constexprs(plan: GemvPlan, nmb: int, *, program_row_blocks: int | Non
 
 
 def valid_rows_tensor(num_valid_rows, m: int, device: torch.device) -> torch.Tensor:
-    """num_valid_rows as a [1] int32 device tensor (an int is checked against 1..M and converted)."""
+    """num_valid_rows as a [1] int32 device tensor: a one-element int32 tensor on `device` is taken as is (read on
+    the device), a Python int (not a bool) is checked against 1..M and converted. Raises StepContractError naming
+    num_valid_rows and the value otherwise (a float, a string, a bool or a numpy integer is not an int)."""
     if isinstance(num_valid_rows, torch.Tensor):
         if num_valid_rows.numel() != 1 or num_valid_rows.dtype != torch.int32 or num_valid_rows.device != device:
             raise StepContractError(f"num_valid_rows tensor must be one int32 on {device}, got "
                                     f"{num_valid_rows.numel()} x {num_valid_rows.dtype} on {num_valid_rows.device}")
         return num_valid_rows.reshape(1)
-    n = int(num_valid_rows)
-    if not 1 <= n <= m:
-        raise StepContractError(f"num_valid_rows={n} must be in 1..M={m}")
-    return torch.tensor([n], dtype=torch.int32, device=device)
+    if isinstance(num_valid_rows, bool) or not isinstance(num_valid_rows, int):
+        raise StepContractError(f"num_valid_rows must be an int or a one-element int32 tensor, got "
+                                f"{num_valid_rows!r} ({type(num_valid_rows).__name__})")
+    if not 1 <= num_valid_rows <= m:
+        raise StepContractError(f"num_valid_rows={num_valid_rows} must be in 1..M={m}")
+    return torch.tensor([num_valid_rows], dtype=torch.int32, device=device)
+
+
+def require_tensors(**named) -> None:
+    """Raise StepContractError naming the first argument (name=value) that is not a torch.Tensor. Launchers call it
+    before they read any attribute (.shape, .device) of those arguments."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """eps as a float; raises StepContractError naming it unless it is a real number (not a bool) with
+    0 < eps < inf (NaN refused)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < math.inf:
+        raise StepContractError(f"{name}={eps!r} must be > 0 and finite (a float; got {type(eps).__name__})")
+    return float(eps)
+
+
+def check_rows_apart(name: str, t: torch.Tensor) -> None:
+    """Raise StepContractError naming the output `name` when t ([M, N], stride 1 along N, as `check_tensor`
+    requires) has M > 1 rows that share memory: a row stride below N (0 for a broadcast `expand`), where the rows
+    of a kernel's output would overwrite one another."""
+    if t.dim() == 2 and t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise StepContractError(f"{name}'s rows overlap (row stride {t.stride(0)} < N={t.shape[1]}): every row of "
+                                "an output needs memory of its own")
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b address the same elements at the same indices: one device, data_ptr, dtype and shape, and
+    equal strides along every dim of size > 1 (e.g. `out is residual`, or another view of exactly its memory)."""
+    return (a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and all(sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1))
+
+
+def refuse_aliasing(writes: dict, reads: dict, why: str, *, in_place: dict | None = None) -> None:
+    """Raise StepContractError naming both tensors when a tensor a launch writes (writes: name -> tensor) overlaps
+    (`_attn_common.overlap`: byte spans, strides included) a tensor it reads (reads: name -> tensor) or another
+    tensor it writes; None entries are skipped. why: the reason, formatted with {a} (the written tensor) and {b}.
+    in_place: {written name: (read names, ...)} pairs allowed where the two are the same view (`same_view`: each
+    element read and then written by the program that owns it); any other overlap of such a pair is refused."""
+    allowed = in_place or {}
+    outs = [(a, ta) for a, ta in writes.items() if ta is not None]
+    for i, (a, ta) in enumerate(outs):
+        for b, tb in reads.items():
+            if tb is None or not overlap(ta, tb):
+                continue
+            if b in allowed.get(a, ()):
+                if same_view(ta, tb):
+                    continue
+                raise StepContractError(f"{a} overlaps {b} without being the same view of it: {a} may be {b} "
+                                        f"itself (an in-place update), no other overlap")
+            raise StepContractError(f"{a} overlaps {b}: " + why.format(a=a, b=b))
+        for b, tb in outs[i + 1:]:
+            if overlap(ta, tb):
+                raise StepContractError(f"{a} overlaps {b}: both are outputs of this call")
 
 
 # ---------------------------------------------------------------------------------------------- device

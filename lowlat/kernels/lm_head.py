@@ -42,10 +42,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_tensor,
-                                  gemv_loop, interpreting, key_id, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, refuse_bn_by_width, row_blocks, rstd_of,
-                                  valid_rows_tensor)
+from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_eps,
+                                  check_rows_apart, check_tensor, gemv_loop, interpreting, key_id, launch_constexprs,
+                                  plan_gemv, prefetch_l2, preload_product, preload_weights, refuse_aliasing,
+                                  refuse_bn_by_width, require_tensors, row_blocks, rstd_of, valid_rows_tensor)
 
 
 @triton.jit
@@ -141,15 +141,20 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     Parameters:
         x            [M, H] bf16 (M = 1..48) last layer's residual stream
         final_norm   [H] bf16;  weight [V, H] bf16 contiguous (the embedding when tied)
-        num_valid_rows  int in 1..M, or a [1] int32 device tensor (CUDA graphs: read on the device)
-        eps          RMSNorm epsilon (> 0)
-        logits_out   [M, V] fp32 and tokens_out [M] int64: preallocated outputs (allocated when None)
+        num_valid_rows  int in 1..M (a Python int, not a bool / float / string), or a one-element int32 tensor on
+                     x's device (CUDA graphs: read on the device)
+        eps          RMSNorm epsilon: a finite float > 0
+        logits_out   [M, V] fp32 and tokens_out [M] int64: preallocated outputs (allocated when None); the rows of
+                     logits_out must not share memory (row stride >= V), and neither output may overlap the other
+                     or any input (x, final_norm, weight, a num_valid_rows tensor): no aliasing is allowed
         workspace    `GemvWorkspace` (its argmax keys and counters); plan: tiling (default
                      `plan_gemv(V, H, kind="lm_head")`, split 1)
     Returns: LMHeadResult(logits [M, V] fp32, tokens [M] int64); padding rows have logits 0, token 0.
-    Raises StepContractError naming the tensor whose shape, dtype or device is wrong, or a bad
-    num_valid_rows int.
+    Raises StepContractError, before anything is written, naming the argument that is not a tensor or whose shape,
+    dtype or device is wrong, a bad num_valid_rows or eps (value named), output rows that overlap, or an output
+    overlapping an input or the other output (both named).
     """
+    require_tensors(x=x, weight=weight)
     dev = x.device
     if x.dim() != 2 or weight.dim() != 2:
         raise StepContractError(f"x [M, H] and weight [V, H] expected, got {tuple(x.shape)}, {tuple(weight.shape)}")
@@ -162,15 +167,18 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     check_tensor("weight", weight, (v, h), torch.bfloat16, dev)
     if not weight.is_contiguous():
         raise StepContractError("weight must be contiguous")
-    if not eps > 0:
-        raise StepContractError(f"eps={eps} must be > 0")
+    eps = check_eps(eps)
     if v >= 2 ** 31:
         raise StepContractError(f"vocab V={v} must be < 2^31")
     nvalid = valid_rows_tensor(num_valid_rows, m, dev)
     logits_out = torch.empty((m, v), dtype=torch.float32, device=dev) if logits_out is None else logits_out
     check_tensor("logits_out", logits_out, (m, v), torch.float32, dev)
+    check_rows_apart("logits_out", logits_out)
     tokens_out = torch.empty((m,), dtype=torch.int64, device=dev) if tokens_out is None else tokens_out
     check_tensor("tokens_out", tokens_out, (m,), torch.int64, dev)
+    refuse_aliasing(dict(logits_out=logits_out, tokens_out=tokens_out),
+                    dict(x=x, final_norm=final_norm, weight=weight, num_valid_rows=nvalid),
+                    "lm_head reads {b} while it writes {a}")
     ws = GemvWorkspace.create(MIN_BLOCK_N, dev) if workspace is None else workspace
     plan = plan_gemv(v, h, kind="lm_head") if plan is None else plan
     if (plan.n, plan.k, plan.split) != (v, h, 1):

@@ -34,11 +34,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
-                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial,
-                                  store_split_ss, sum_partials, sum_split_ss, to_bf16)
-from lowlat.kernels.out_proj import (DeferredX, _launch_residual_gemv, _reduce_deferred, check_deferred,
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_eps, check_plan_for, check_rows_apart,
+                                  check_tensor, gemv_loop, interpreting, launch_constexprs, plan_gemv, prefetch_l2,
+                                  preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
+                                  require_tensors, row_blocks, rstd_of, store_partial, store_split_ss, sum_partials,
+                                  sum_split_ss, to_bf16)
+from lowlat.kernels.out_proj import (DeferredX, _prepare_residual_gemv, _reduce_deferred, check_deferred,
                                      check_writes_apart, consumer_input, deferred_kernel_args)
 
 
@@ -190,17 +191,29 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
                      must not overlap act `out`)
         w_gate_up    [2I, H] bf16 contiguous (`pack_gate_up`)
         norm_weight  [H] bf16, with either rstd [M] fp32 (h = norm_weight * bf16(x * rstd), the
-                     reference's rounding order) or eps > 0 (h = rms_norm(x, norm_weight, eps) with
+                     reference's rounding order) or eps, a finite float > 0 (h = rms_norm(x, norm_weight, eps) with
                      rstd computed in this kernel, factored: bf16(norm_weight * x) enters the MMA and
                      the fp32 accumulators are scaled by rstd); neither: h = x
-        out          [M, I] bf16 (allocated when None)
+        out          [M, I] bf16 (allocated when None), rows of their own (row stride >= I); no aliasing: it must
+                     not overlap x, w_gate_up, norm_weight or rstd (every column tile reads all of x), nor a
+                     DeferredX's out, residual or partials
         workspace    `GemvWorkspace` for >= I columns; plan: tiling (default `plan_gemv(I, H,
                      kind="gate_up")`); use_pdl: programmatic dependent launch (Hopper)
     Returns act [M, I] bf16 (one rounding of the fp32 silu(gate) * up).
-    Raises StepContractError for wrong shapes / dtypes / devices, a norm_weight without rstd or eps,
-    or a plan made for another shape.
+    Raises StepContractError, before anything is written, for an argument that is not a tensor, wrong shapes /
+    dtypes / devices, a norm_weight without rstd or eps, a bad eps (value named), a plan made for another shape,
+    out rows that overlap, or out overlapping an input (both named).
     """
+    out, launch = _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, out, workspace, plan, use_pdl, "act out")
+    launch()
+    return out
+
+
+def _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, out, workspace, plan, use_pdl, out_name: str):
+    """Every check of `gate_up_act` (the output named `out_name` in errors), then (out, a function of no arguments
+    that launches the kernel): `mlp` checks its down launch too before this one writes."""
     x, deferred = consumer_input(x)
+    require_tensors(x=x, w_gate_up=w_gate_up)
     dev = x.device
     if x.dim() != 2 or w_gate_up.dim() != 2:
         raise StepContractError(f"x [M, H] and w_gate_up [2I, H] expected, got {tuple(x.shape)}, "
@@ -222,9 +235,12 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     if norm == 1:
         check_tensor("rstd", rstd, (m,), torch.float32, dev)
     out = torch.empty((m, i), dtype=torch.bfloat16, device=dev) if out is None else out
-    check_tensor("act out", out, (m, i), torch.bfloat16, dev)
+    check_tensor(out_name, out, (m, i), torch.bfloat16, dev)
+    check_rows_apart(out_name, out)
     if deferred is not None:
-        check_writes_apart(deferred, {"act out": out})
+        check_writes_apart(deferred, {out_name: out})
+    refuse_aliasing({out_name: out}, dict(x=x, w_gate_up=w_gate_up, norm_weight=norm_weight, rstd=rstd),
+                    "the gate/up launch reads {b} while it writes {a}")
     ws = GemvWorkspace.create(i, dev) if workspace is None else workspace
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan
@@ -234,12 +250,15 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     upcast = interpreting()
     pdl = bool(use_pdl) and not upcast
     dargs, dconst = deferred_kernel_args(deferred, xsplit, m, plan.at(nmb), ws.row_ss, x)
-    _gate_up_kernel[plan.at(nmb).grid](
-        x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
-        rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters, *dargs,
-        m, i, h, float(eps) if norm == 2 else 0.0,
-        NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb), **dconst)
-    return out
+    feps = float(eps) if norm == 2 else 0.0
+
+    def launch() -> None:
+        _gate_up_kernel[plan.at(nmb).grid](
+            x, x.stride(0), w_gate_up, w_gate_up.stride(0), norm_weight if norm else x,
+            rstd if norm == 1 else ws.row_ss, out, out.stride(0), ws.partials, ws.split_ss, ws.counters, *dargs,
+            m, i, h, feps,
+            NORM=norm, USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, **launch_constexprs(plan, nmb), **dconst)
+    return out, launch
 
 
 def _norm_mode(norm_weight, rstd, eps) -> int:
@@ -256,8 +275,7 @@ def _norm_mode(norm_weight, rstd, eps) -> int:
     if eps is None:
         raise StepContractError("norm_weight and rstd go together (RMSNorm on load), or norm_weight and eps "
                                 "(rstd computed in-kernel); got norm_weight alone")
-    if not eps > 0:
-        raise StepContractError(f"eps={eps} must be > 0")
+    check_eps(eps)
     return 2
 
 
@@ -269,20 +287,32 @@ def mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, residual
     """residual + swiglu_mlp(h, w_gate, w_up, w_down): gate/up launch, then down launch (PDL-chained).
 
     Parameters:
-        x           [M, H] bf16: the normed rows h, or (with norm_weight) the un-normed x, normalised
-                    on load as rms_norm(x, norm_weight): with the given rstd [M] fp32, or with rstd
-                    computed in the gate/up kernel from eps (see the module docstring)
+        x           [M, H] bf16 tensor (M = 1..48): the normed rows h, or (with norm_weight) the un-normed x,
+                    normalised on load as rms_norm(x, norm_weight): with the given rstd [M] fp32, or with rstd
+                    computed in the gate/up kernel from eps, a finite float > 0 (see the module docstring)
         w_gate_up   [2I, H] bf16 (`pack_gate_up`);  w_down [H, I] bf16 contiguous
-        residual    [M, H] bf16; `out` [M, H] may alias it (in-place residual update; x may too)
-        act         [M, I] bf16 scratch for silu(gate) * up (allocated when None)
+        residual    [M, H] bf16 (may be x itself)
+        out         [M, H] bf16 (allocated when None), rows of their own (row stride >= H)
+        act         [M, I] bf16 scratch for silu(gate) * up (allocated when None), rows of their own
         workspace   `GemvWorkspace` for max(I, H) columns; plans: (gate/up, down) tiling overrides
         use_pdl     chain the two launches (and the previous kernel) with PDL
+    Aliasing: `out` may be `residual` and / or `x` itself (the same tensor, or a view with the same data_ptr and
+    strides: the in-place residual update `mlp(x, ..., x, out=x)`; the down launch reads each residual tile before
+    it writes it, and x is read only by the gate/up launch, which completes first). Any other overlap of out, and
+    any overlap of act, with an input (x, w_gate_up, w_down, residual, norm_weight, rstd) or with each other is
+    refused (the gate/up launch reads all of x while it writes act; the down launch reads all of act while it
+    writes out).
     Returns: [M, H] bf16 = residual + down(silu(gate(h)) * up(h)), fp32 accumulation, each stage
     rounded to bf16 once.
-    Raises StepContractError naming the tensor whose shape, dtype or device is wrong.
+    Raises StepContractError, before either launch writes anything, naming the argument that is not a tensor or
+    whose shape, dtype or device is wrong, a bad eps, a plan or workspace that does not fit either launch, output
+    rows that overlap, or an overlap the aliasing rule refuses (both tensors named).
     """
+    require_tensors(x=x, w_gate_up=w_gate_up, w_down=w_down)
+    if x.dim() != 2:
+        raise StepContractError(f"x must be [M, H], got shape {tuple(x.shape)}")
     dev = x.device
-    m = x.shape[0]
+    m, hx = x.shape
     if w_down.dim() != 2 or w_gate_up.dim() != 2:
         raise StepContractError("w_gate_up [2I, H] and w_down [H, I] must be 2-D")
     if w_gate_up.shape[0] % 2:
@@ -293,12 +323,19 @@ def mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, residual
         raise StepContractError("w_down must be contiguous")
     check_tensor("residual", residual, (m, hdim), torch.bfloat16, dev)
     ws = GemvWorkspace.create(max(i, hdim), dev) if workspace is None else workspace
-    p_gu, p_down = plans if plans is not None else (plan_gemv(i, x.shape[1], kind="gate_up"),
+    p_gu, p_down = plans if plans is not None else (plan_gemv(i, hx, kind="gate_up"),
                                                     plan_gemv(hdim, i, kind="residual"))
-    act = gate_up_act(x, w_gate_up, norm_weight=norm_weight, rstd=rstd, eps=eps, out=act, workspace=ws,
-                      plan=p_gu, use_pdl=use_pdl)
+    act, launch_gate_up = _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, act, ws, p_gu, use_pdl, "act")
     out = torch.empty((m, hdim), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("out", out, (m, hdim), torch.bfloat16, dev)
+    check_rows_apart("out", out)
     check_plan_for(p_down, hdim, i, "down (H, I)")
-    _launch_residual_gemv(act, w_down, residual, out, p_down, ws, use_pdl=use_pdl)
+    refuse_aliasing(dict(act=act), dict(residual=residual, w_down=w_down),
+                    "the gate/up launch writes {a} before the down launch reads {b}")
+    refuse_aliasing(dict(out=out), dict(act=act, w_down=w_down, residual=residual, x=x, w_gate_up=w_gate_up,
+                                        norm_weight=norm_weight, rstd=rstd),
+                    "mlp reads {b} while (or before) it writes {a}", in_place=dict(out=("residual", "x")))
+    launch_down = _prepare_residual_gemv(act, w_down, residual, out, p_down, ws, use_pdl=use_pdl)
+    launch_gate_up()
+    launch_down()
     return out

@@ -45,10 +45,10 @@ from lowlat.kernels._attn_common import check_early_release, refuse_overlaps
 from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
-from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_plan_for, check_tensor, gemv_loop,
-                                  interpreting, launch_constexprs, plan_gemv, prefetch_l2, preload_product,
-                                  preload_weights, refuse_bn_by_width, row_blocks, rstd_of, store_partial, sum_partials,
-                                  to_bf16)
+from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_eps, check_plan_for, check_rows_apart,
+                                  check_tensor, gemv_loop, interpreting, launch_constexprs, plan_gemv, prefetch_l2,
+                                  preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
+                                  require_tensors, row_blocks, rstd_of, store_partial, sum_partials, to_bf16)
 
 
 @triton.jit
@@ -235,8 +235,9 @@ class DeferredX(NamedTuple):
 
 def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
     """Validate a `DeferredX` for [m, n] rows on `device`; returns its split count S. Raises StepContractError
-    naming the field whose type, shape, dtype, device or layout is wrong, or an `out` that overlaps `residual` or
-    `partials` (the consuming launch reads those while it writes out)."""
+    naming the field whose type, shape, dtype, device or layout is wrong, an `out` that overlaps `residual` or
+    `partials` (the consuming launch reads those while it writes out), `partials` overlapping `residual` (the
+    residual GEMV writes the partials before the consumer reads the residual), or an `out` whose rows overlap."""
     if not isinstance(d, DeferredX):
         raise StepContractError(f"deferred must be a DeferredX, got {type(d).__name__}")
     check_tensor("deferred partials", d.partials, (None, m, n), torch.float32, device)
@@ -249,6 +250,10 @@ def check_deferred(d: DeferredX, m: int, n: int, device) -> int:
     check_tensor("deferred out", d.out, (m, n), torch.bfloat16, device)
     refuse_overlaps(dict(out=d.out), dict(residual=d.residual, partials=d.partials),
                     "deferred out overlaps deferred {b}: the consuming launch reads the {b} while it writes out")
+    refuse_overlaps(dict(partials=d.partials), dict(residual=d.residual),
+                    "deferred partials overlap deferred residual: the residual GEMV writes the partials before the "
+                    "consuming launch reads the residual")
+    check_rows_apart("deferred out", d.out)
     return split
 
 
@@ -351,9 +356,17 @@ def check_fold_apart(attn: DeferredAttention, reads: dict[str, torch.Tensor], wr
                     "while it writes the attention output")
 
 
-def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
-                          h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None,
-                          attn: DeferredAttention | None = None, early_release: bool = False) -> None:
+def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, **kw) -> None:
+    """Check, then launch, the residual GEMV kernel (`_prepare_residual_gemv`'s arguments)."""
+    _prepare_residual_gemv(a, w, residual, out, plan, ws, **kw)()
+
+
+def _prepare_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace, *, norm_weight=None,
+                           h=None, rstd=None, eps=0.0, use_pdl=False, deferred: torch.Tensor | None = None,
+                           attn: DeferredAttention | None = None, early_release: bool = False):
+    """Run the launch-level checks of the residual GEMV kernel (workspace width, plan, a DeferredAttention's fold)
+    and return a function of no arguments that launches it: callers with two launches (`mlp`) check both before
+    either writes. Raises StepContractError."""
     m, k = a.shape
     n = w.shape[0]
     norm = norm_weight is not None
@@ -378,16 +391,18 @@ def _launch_residual_gemv(a, w, residual, out, plan: GemvPlan, ws: GemvWorkspace
         fold_args = (attn.partial_o, attn.partial_ml, attn.positions, attn.num_valid_rows, hq)
         fold = dict(FOLD=True, F_D=dh, F_BLOCK_N=attn.block_n, F_SPLITS=splits,
                     **fold_pieces(m, tiles.span, dh, min(COMBINE_CHUNK, splits)))
-    _residual_gemv_kernel[tiles.grid](
-        a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
-        norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
-        rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
-        deferred if deferred is not None else ws.row_ss, m * n, n, *fold_args,
-        m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None, **fold,
-        NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
-        BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
-        USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, EARLY_RELEASE=early_release,
-        **launch_constexprs(plan, nmb))
+    def launch() -> None:
+        _residual_gemv_kernel[tiles.grid](
+            a, a.stride(0), w, w.stride(0), residual, residual.stride(0), out, out.stride(0),
+            norm_weight if norm else dummy, h if h is not None else dummy, h.stride(0) if h is not None else 0,
+            rstd if norm else ws.row_ss, ws.partials, ws.row_ss, ws.counters,
+            deferred if deferred is not None else ws.row_ss, m * n, n, *fold_args,
+            m, n, k, tiles.n_tiles, float(eps), DEFER=deferred is not None, **fold,
+            NORM=norm, WRITE_H=h is not None, NT_P2=max(triton.next_power_of_2(tiles.n_tiles), 2),
+            BH=min(512, max(16, triton.next_power_of_2(n))), N_COLS=n if h is not None else 1,
+            USE_PDL=pdl, UPCAST=upcast, launch_pdl=pdl, EARLY_RELEASE=early_release,
+            **launch_constexprs(plan, nmb))
+    return launch
 
 
 def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual: torch.Tensor, mlp_norm: torch.Tensor,
@@ -403,19 +418,28 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
                   first, each program for its K slice (the plan must slice K by whole heads), and writes
                   attn.out (the same bits as decode_attention's output)
         wo        [H, Hq*D] bf16 contiguous
-        residual  [M, H] bf16; may be the same tensor as `out` (in-place residual update)
-        mlp_norm  [H] bf16;  eps: RMSNorm epsilon (> 0)
-        out, h_out [M, H] bf16 and rstd_out [M] fp32: preallocated outputs (allocated when None)
+        residual  [M, H] bf16
+        mlp_norm  [H] bf16;  eps: RMSNorm epsilon, a finite float > 0
+        out, h_out [M, H] bf16 and rstd_out [M] fp32: preallocated outputs (allocated when None), rows of their own
+                  (row stride >= H)
         write_h   False skips h (rstd is always written): the fused model normalises in the MLP kernel
         workspace preallocated `GemvWorkspace` (needed for CUDA-graph capture); plan: tiling override
         use_pdl   programmatic dependent launch (Hopper; ignored under the interpreter)
+    Aliasing: `out` may be `residual` itself (`out=residual`, or a view with the same data_ptr and strides: the
+    in-place residual update of `FusedModel`'s MoE layers; each residual tile is read by the programs of its column
+    tile before their finisher writes it). Any other overlap between an output (out, h_out, rstd_out) and an input
+    (attn, wo, residual, mlp_norm) or another output is refused: other column tiles read all of attn while out is
+    written, and h is normalised from out.
     Returns: OutProjResult(x [M, H] bf16, h [M, H] bf16 or None, rstd [M] fp32).
-    Raises: StepContractError naming the tensor whose shape, dtype or device is wrong, or M > 48; for a
-    DeferredAttention also a plan not slicing K by whole heads, or outputs overlapping its buffers.
+    Raises: StepContractError, before anything is written, naming the argument that is not a tensor or whose shape,
+    dtype or device is wrong, a bad eps (value named), M > 48, an output whose rows overlap, or an output
+    overlapping an input or another output (both named); for a DeferredAttention also a plan not slicing K by whole
+    heads, or outputs overlapping its buffers.
     Numerics: fp32 accumulation; x is rounded to bf16 once (the reference rounds the projection and
     the sum separately); rstd from the stored bf16 x, as the reference computes it.
     """
     attn, folded = gemv_activations(attn)
+    require_tensors(attn=attn, wo=wo)
     dev = attn.device
     if attn.dim() != 2:
         raise StepContractError(f"attn must be [M, Hq*D], got shape {tuple(attn.shape)}")
@@ -429,17 +453,22 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
         raise StepContractError("wo must be contiguous")
     check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
     check_tensor("mlp_norm", mlp_norm, (n,), torch.bfloat16, dev)
-    if not eps > 0:
-        raise StepContractError(f"eps={eps} must be > 0")
+    eps = check_eps(eps)
     out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("out", out, (m, n), torch.bfloat16, dev)
+    check_rows_apart("out", out)
     if write_h:
         h_out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if h_out is None else h_out
         check_tensor("h_out", h_out, (m, n), torch.bfloat16, dev)
+        check_rows_apart("h_out", h_out)
     else:
         h_out = None
     rstd_out = torch.empty((m,), dtype=torch.float32, device=dev) if rstd_out is None else rstd_out
     check_tensor("rstd_out", rstd_out, (m,), torch.float32, dev)
+    # a folded attention's out is written here: `check_fold_apart` refuses outputs over it
+    refuse_aliasing(dict(out=out, h_out=h_out, rstd_out=rstd_out),
+                    dict(attn=None if folded is not None else attn, wo=wo, residual=residual, mlp_norm=mlp_norm),
+                    "out_proj reads {b} while it writes {a}", in_place=dict(out=("residual",)))
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
     plan = plan_gemv(n, k, kind="out_proj") if plan is None else plan
     check_plan_for(plan, n, k, "wo")
@@ -451,6 +480,7 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
 def _check_gemv_inputs(a: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
     """(M, K, N) of a residual GEMV's a [M, K] and w [N, K] (bf16, one device, w contiguous, M = 1..48); raises
     StepContractError naming the tensor otherwise."""
+    require_tensors(a=a, w=w)
     if a.dim() != 2 or w.dim() != 2:
         raise StepContractError(f"a [M, K] and w [N, K] expected, got {tuple(a.shape)} and {tuple(w.shape)}")
     m, k = a.shape
@@ -471,9 +501,12 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     """out = residual + a W^T (bf16; fp32 accumulation, one rounding). a [M, K], w [N, K], residual [M, N].
 
     The fused step's output projection and the MLP's down projection + residual add
-    (`lowlat.kernels.mlp`). `out` may alias `residual` (a program reads its residual tile before it
-    writes that tile; no program reads another's). plan: tiling (default `plan_gemv(N, K,
-    kind="residual")`); use_pdl: programmatic dependent launch (Hopper; ignored when interpreting).
+    (`lowlat.kernels.mlp`). out: [M, N] bf16 (allocated when None), rows of their own (row stride >= N).
+    Aliasing: `out` may be `residual` itself (`out=residual` or a view with the same data_ptr and strides: a
+    program reads its residual tile before it writes that tile, no program reads another's; `FusedModel`'s output
+    projection runs `residual_gemv(attn, wo, x, out=x)`). Any other overlap of out with a, w or residual is refused
+    (every column tile reads all of a). plan: tiling (default `plan_gemv(N, K, kind="residual")`); use_pdl:
+    programmatic dependent launch (Hopper; ignored when interpreting).
     early_release (a bool; under PDL): release the next launch at the start of every program instead of right after
     its `gdc_wait` (explore31's finding, NOTES session 23: the next launch's programs become resident and load their
     weights while this one still waits). Same results. The caller must know it is safe: the launch rule is that a
@@ -484,17 +517,22 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     is gate/up, the next prologue, the final RMSNorm or the LM head, which read only weights before their waits).
     a may be a DeferredAttention (the output projection of `decode_attention(..., fold_combine=True)`: the split
     combine folded in, as `out_proj` describes).
-    Raises StepContractError for wrong shapes / dtypes / devices, a plan made for another shape, or an early_release
-    that is not a bool; for a DeferredAttention also a malformed one, a plan not slicing K by whole heads, or buffers
-    overlapping its own.
+    Raises StepContractError, before anything is written, for an argument that is not a tensor, wrong shapes /
+    dtypes / devices, a plan made for another shape, an early_release that is not a bool, out rows that overlap, or
+    out overlapping an input other than as the same view of residual (both named); for a DeferredAttention also a
+    malformed one, a plan not slicing K by whole heads, or buffers overlapping its own.
     """
     check_early_release(early_release)
     a, folded = gemv_activations(a)
-    dev = a.device
     m, k, n = _check_gemv_inputs(a, w)
+    dev = a.device
     check_tensor("residual", residual, (m, n), torch.bfloat16, dev)
     out = torch.empty((m, n), dtype=torch.bfloat16, device=dev) if out is None else out
     check_tensor("out", out, (m, n), torch.bfloat16, dev)
+    check_rows_apart("out", out)
+    # a folded attention's out is written here: `check_fold_apart` refuses outputs over it
+    refuse_aliasing(dict(out=out), dict(a=None if folded is not None else a, w=w, residual=residual),
+                    "residual_gemv reads {b} while it writes {a}", in_place=dict(out=("residual",)))
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
     check_plan_for(plan, n, k, "w")
@@ -523,21 +561,24 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
     Parameters:
         a [M, K] bf16 (or a DeferredAttention, folded as in `out_proj`), w [N, K] bf16 contiguous,
                   residual [M, N] bf16 (M = 1..48)
-        out       [M, N] bf16: where the consumer will write x; must not overlap residual
-        partials  [S, M, N] fp32 contiguous, S = the plan's split (allocated when None)
+        out       [M, N] bf16: where the consumer will write x, rows of their own; must not overlap residual or
+                  partials
+        partials  [S, M, N] fp32 contiguous, S = the plan's split (allocated when None); written here, so it must not
+                  overlap a, w or residual
         workspace, plan (default `plan_gemv(N, K, kind="residual")`, split >= 2), use_pdl, early_release: as
                   `residual_gemv`
     Returns DeferredX(partials, residual, out) for the consumer.
-    Raises StepContractError for wrong shapes / dtypes / devices, a plan with split 1 (nothing to defer: use
-    `residual_gemv`), a plan made for another shape, an `out` overlapping `residual`, or an early_release that is not a
-    bool; for a DeferredAttention also
+    Raises StepContractError, before anything is written, for an argument that is not a tensor, wrong shapes /
+    dtypes / devices, a plan with split 1 (nothing to defer: use `residual_gemv`), a plan made for another shape, an
+    `out` overlapping `residual` or `partials` or with overlapping rows, `partials` overlapping a, w or residual, or an
+    early_release that is not a bool; for a DeferredAttention also
     a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own (`out` included, though this
     launch does not write it: conservative).
     """
     check_early_release(early_release)
     a, folded = gemv_activations(a)
-    dev = a.device
     m, k, n = _check_gemv_inputs(a, w)
+    dev = a.device
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
     check_plan_for(plan, n, k, "w")
     if plan.split < 2:
@@ -549,6 +590,9 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
     check_deferred(d, m, n, dev)
     if partials.shape[0] != plan.split:
         raise StepContractError(f"deferred partials hold {partials.shape[0]} splits; the plan has split={plan.split}")
+    # a folded attention's out is written here: `check_fold_apart` refuses the partials over it
+    refuse_aliasing(dict(partials=partials), dict(a=None if folded is not None else a, w=w),
+                    "residual_gemv_deferred reads {b} while it writes the {a}")
     ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
     _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials, attn=folded,
                           early_release=early_release)

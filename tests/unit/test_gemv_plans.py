@@ -391,3 +391,41 @@ def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
     case = _GemvCase("residual", 96, 80, 1e-5, "cpu", copies=1)
     case.check(base, rows=40, small=(3, 20))
     case.check(p, rows=40, small=(3, 20))
+
+
+def test_host_checks_for_aliasing_rows_eps_and_valid_rows():
+    """The launchers' host-side checks (`_gemv`): `same_view` (the in-place form some outputs may take),
+    `refuse_aliasing` (both tensors named, in-place pairs only as the same view), `check_rows_apart` (an output's rows
+    need memory of their own), `check_eps` and `valid_rows_tensor` (typed refusals naming the value)."""
+    import numpy as np
+    import torch
+
+    buf = torch.randn(4 * 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    t = buf[:3 * 64].view(3, 64)
+    assert _gemv.same_view(t, t) and _gemv.same_view(t, t.view(3, 64)[:])
+    assert not _gemv.same_view(t, buf[64:4 * 64].view(3, 64)) and not _gemv.same_view(t, t.view(torch.int16))
+    assert _gemv.same_view(buf[:64].view(1, 64), buf.as_strided((1, 64), (7, 1)))   # one row: its stride is free
+    _gemv.refuse_aliasing(dict(out=t), dict(residual=t, w=buf[3 * 64:].view(1, 64), none=None), "{a} {b}",
+                          in_place=dict(out=("residual",)))
+    with pytest.raises(StepContractError, match="^out overlaps a: kernel reads a$"):
+        _gemv.refuse_aliasing(dict(out=t), dict(a=t), "kernel reads {b}")
+    with pytest.raises(StepContractError, match="out overlaps residual without being the same view"):
+        _gemv.refuse_aliasing(dict(out=buf[64:4 * 64].view(3, 64)), dict(residual=t), "{a} {b}",
+                              in_place=dict(out=("residual",)))
+    with pytest.raises(StepContractError, match="h overlaps rstd: both are outputs"):
+        _gemv.refuse_aliasing(dict(h=t, rstd=buf[100:102]), dict(), "{a} {b}")
+    for ok in (t, buf[:64].view(1, 64).expand(1, 64), buf[:3].view(3, 1), buf.as_strided((2, 64), (100, 1))):
+        _gemv.check_rows_apart("out", ok)
+    for bad, stride in ((buf[:64].view(1, 64).expand(3, 64), 0), (buf.as_strided((3, 64), (63, 1)), 63)):
+        with pytest.raises(StepContractError, match=rf"^out's rows overlap \(row stride {stride} < N=64\)"):
+            _gemv.check_rows_apart("out", bad)
+    assert _gemv.check_eps(1e-5) == 1e-5 and _gemv.check_eps(np.float32(0.5)) == 0.5
+    for bad in ("1e-5", True, 0, -1.0, float("nan"), float("inf"), torch.tensor(1e-5), None):
+        with pytest.raises(StepContractError, match=r"^eps=.* must be > 0 and finite"):
+            _gemv.check_eps(bad)
+    assert _gemv.valid_rows_tensor(2, 3, torch.device("cpu")).tolist() == [2]
+    for bad in (True, 2.0, "2", np.int64(2), None):
+        with pytest.raises(StepContractError, match=r"^num_valid_rows must be an int or a one-element int32 tensor"):
+            _gemv.valid_rows_tensor(bad, 3, torch.device("cpu"))
+    with pytest.raises(StepContractError, match=r"^num_valid_rows=4 must be in 1..M=3"):
+        _gemv.valid_rows_tensor(4, 3, torch.device("cpu"))

@@ -7,6 +7,7 @@ reference's tokens wherever the reference's top-2 margin exceeds the logits' err
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -109,6 +110,23 @@ def test_lm_head_device_valid_rows_and_repeated_calls():
     check_against_reference(x, nw, w, 17, b)
 
 
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A copy of every byte of t's storage (the whole buffer a view lies in)."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage().clone())
+
+
+def overlay(a: dict, key: str, shape: tuple, dtype: torch.dtype, first_byte: int = 0) -> torch.Tensor:
+    """Move a[key] to the front of a larger byte buffer (same values) and return a contiguous view of `shape` and
+    `dtype` over that buffer from byte `first_byte`: it overlaps a[key]."""
+    t = a[key]
+    raw = t.reshape(-1).view(torch.uint8)
+    pool = torch.cat([raw, torch.randint(0, 256, (1 << 16,), dtype=torch.uint8,
+                                         generator=torch.Generator().manual_seed(6))])
+    a[key] = pool[:raw.numel()].view(t.dtype).view(t.shape)
+    n = shape[0] * (shape[1] if len(shape) > 1 else 1) * torch.tensor([], dtype=dtype).element_size()
+    return pool[first_byte:first_byte + n].view(dtype).view(shape)
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda a: a.update(x=a["x"].float()), "x must be torch.bfloat16"),
     (lambda a: a.update(weight=a["weight"][:, :32]), "weight has shape"),
@@ -118,13 +136,56 @@ def test_lm_head_device_valid_rows_and_repeated_calls():
     (lambda a: a.update(eps=-1.0), "eps=-1.0"),
     (lambda a: a.update(plan=plan_gemv(128, 32, kind="lm_head")),
      "plan is for N=128, K=32, split=1; lm_head needs N=128, K=64"),
+    # num_valid_rows that is not an int (int() used to turn True into 1, 2.7 and "2" into 2)
+    (lambda a: a.update(num_valid_rows=True), r"num_valid_rows must be an int .*got True \(bool\)"),
+    (lambda a: a.update(num_valid_rows=2.7), r"num_valid_rows must be an int .*got 2.7 \(float\)"),
+    (lambda a: a.update(num_valid_rows="2"), r"num_valid_rows must be an int .*got '2' \(str\)"),
+    (lambda a: a.update(num_valid_rows=np.int64(2)), r"num_valid_rows must be an int .*\(int64\)"),
+    # not tensors / bad eps: typed errors naming the argument (were AttributeError / TypeError)
+    (lambda a: a.update(x=a["x"].float().numpy()), "x must be a torch.Tensor, got ndarray"),
+    (lambda a: a.update(weight=a["weight"].tolist()), "weight must be a torch.Tensor, got list"),
+    (lambda a: a.update(final_norm=[1.0] * 64), "final_norm must be a torch.Tensor, got list"),
+    (lambda a: a.update(eps="1e-5"), "eps='1e-5' must be > 0 and finite"),
+    (lambda a: a.update(eps=True), "eps=True must be > 0"),
+    (lambda a: a.update(eps=float("nan")), "eps=nan must be > 0"),
+    # logits_out rows sharing memory (row stride 0 wrote every row to one place)
+    (lambda a: a.update(logits_out=poison(torch.empty(1, 128)).expand(3, 128)),
+     r"logits_out's rows overlap \(row stride 0 < N=128\)"),
+    (lambda a: a.update(logits_out=poison(torch.empty(3 * 64)).as_strided((3, 128), (32, 1))),
+     r"logits_out's rows overlap \(row stride 32"),
+    # outputs over inputs or each other: both named
+    (lambda a: a.update(logits_out=overlay(a, "x", (3, 128), torch.float32)),
+     "logits_out overlaps x: lm_head reads x while it writes logits_out"),
+    (lambda a: a.update(logits_out=overlay(a, "weight", (3, 128), torch.float32, 256)), "logits_out overlaps weight"),
+    (lambda a: a.update(tokens_out=overlay(a, "final_norm", (3,), torch.int64, 8)), "tokens_out overlaps final_norm"),
+    (lambda a: a.update(tokens_out=overlay(a, "logits_out", (3,), torch.int64, 512)),
+     "logits_out overlaps tokens_out: both are outputs"),
+    (lambda a: a.update(num_valid_rows=torch.tensor([3], dtype=torch.int32)) or
+     a.update(tokens_out=overlay(a, "num_valid_rows", (3,), torch.int64)), "tokens_out overlaps num_valid_rows"),
 ])
 def test_lm_head_bad_input_raises_typed_error(change, match):
+    """Each bad argument: a StepContractError naming it, and nothing written (logits / tokens poisoned, every buffer
+    compared byte for byte)."""
     x, nw, w = make_inputs(3, 64, 128, 0, "cpu")
-    args = dict(x=x, final_norm=nw, weight=w, num_valid_rows=3, eps=EPS)
+    args = dict(x=x, final_norm=nw, weight=w, num_valid_rows=3, eps=EPS,
+                logits_out=poison(torch.empty(3, 128)), tokens_out=poison(torch.empty(3, dtype=torch.int64)))
     change(args)
+    bufs = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: storage_bytes(v) for k, v in bufs.items()}
     with pytest.raises(StepContractError, match=match):
         lm_head(**args)
+    for k, v in bufs.items():
+        assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
+
+
+def test_lm_head_int_and_int32_tensor_valid_rows_still_accepted():
+    """The accepted forms of num_valid_rows: a Python int in 1..M and a [1] / 0-d int32 tensor, same bits."""
+    x, nw, w = make_inputs(4, 64, 128, 15, "cpu")
+    a = run_fused(x, nw, w, 2)
+    for nv in (torch.tensor([2], dtype=torch.int32), torch.tensor(2, dtype=torch.int32)):
+        b = run_fused(x, nw, w, nv)
+        check_bitwise("lm_head", b.logits, a.logits, output="logits")
+        check_bitwise("lm_head", b.tokens, a.tokens, output="tokens")
 
 
 # ------------------------------------------------------------------------------------------------- GPU

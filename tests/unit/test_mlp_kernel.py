@@ -8,6 +8,7 @@ determinism and row invariance.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -161,6 +162,36 @@ def test_mlp_in_place_residual():
     check_bitwise("mlp", y, want)
 
 
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A copy of every byte of t's storage (the whole buffer a view lies in)."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage().clone())
+
+
+M, H, I = 3, 64, 96
+
+
+def bad_args() -> dict:
+    """mlp's arguments with poisoned act / out buffers (fresh random inputs)."""
+    x, wg, wu, wd, nw = make_inputs(M, H, I, 0, "cpu")
+    bf = torch.bfloat16
+    return dict(x=x, w_gate_up=pack_gate_up(wg, wu), w_down=wd, residual=x.clone(), norm_weight=nw, rstd=rstd_of(x),
+                act=poison(torch.empty(M, I, dtype=bf)), out=poison(torch.empty(M, H, dtype=bf)))
+
+
+def within(t: torch.Tensor, shape: tuple, first: int = 0) -> torch.Tensor:
+    """A bf16 view of `shape` over t's storage from element `first` (t bf16)."""
+    return t.reshape(-1)[first:first + shape[0] * shape[1]].view(shape)
+
+
+def overlay(a: dict, key: str, shape: tuple, first: int = 0) -> torch.Tensor:
+    """Move a[key] (bf16) to the front of a larger buffer (same values) and return a contiguous bf16 view of `shape`
+    over that buffer from element `first`: it overlaps a[key] and may run past its end."""
+    t = a[key]
+    pool = torch.cat([t.reshape(-1), torch.randn(4096, generator=torch.Generator().manual_seed(5)).bfloat16()])
+    a[key] = pool[:t.numel()].view(t.shape)
+    return pool[first:first + shape[0] * shape[1]].view(shape)
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda a: a.update(x=a["x"].float()), "x must be torch.bfloat16"),
     (lambda a: a.update(w_gate_up=a["w_gate_up"][:-1]), "expected 2I"),
@@ -171,14 +202,110 @@ def test_mlp_in_place_residual():
     (lambda a: a.update(eps=EPS), "give rstd or eps with norm_weight, not both"),
     (lambda a: a.update(rstd=None, eps=0.0), "eps=0.0 must be > 0"),
     (lambda a: a.update(norm_weight=None, rstd=None, eps=EPS), "eps given without norm_weight"),
+    # checked before the gate/up launch (they used to be checked after it had written act)
+    (lambda a: a.update(out=poison(torch.empty(M, H + 1, dtype=torch.bfloat16))), r"out has shape \(3, 65\)"),
+    (lambda a: a.update(out=poison(torch.empty(M, H))), "out must be torch.bfloat16, got torch.float32"),
+    (lambda a: a.update(plans=(plan_gemv(I, H, kind="gate_up"), plan_gemv(H + 16, I, kind="residual"))),
+     r"plan is for N=80, K=96; down \(H, I\) is N=64, K=96"),
+    (lambda a: a.update(workspace=GemvWorkspace.create(I, "cpu"), x=torch.randn(M, 128).bfloat16(),
+                        w_gate_up=torch.randn(2 * I, 128).bfloat16(), w_down=torch.randn(128, I).bfloat16(),
+                        residual=torch.randn(M, 128).bfloat16(), out=poison(torch.empty(M, 128, dtype=torch.bfloat16)),
+                        norm_weight=None, rstd=None),
+     "residual GEMV: workspace made for N <= 96, got N=128"),
+    # not tensors / not 2-D / bad eps: typed errors naming the argument (were IndexError, TypeError, a wrong message)
+    (lambda a: a.update(x=a["x"][:, 0].contiguous()), r"x must be \[M, H\], got shape \(3,\)"),
+    (lambda a: a.update(x=a["x"].float().numpy()), "x must be a torch.Tensor, got ndarray"),
+    (lambda a: a.update(w_down=a["w_down"].tolist()), "w_down must be a torch.Tensor, got list"),
+    (lambda a: a.update(residual=np.ones((M, H), np.float32)), "residual must be a torch.Tensor, got ndarray"),
+    (lambda a: a.update(rstd=None, eps="1e-5"), "eps='1e-5' must be > 0 and finite"),
+    (lambda a: a.update(rstd=None, eps=True), "eps=True must be > 0"),
+    (lambda a: a.update(rstd=None, eps=float("nan")), "eps=nan must be > 0"),
+    # outputs whose rows share memory
+    (lambda a: a.update(out=poison(torch.empty(1, H, dtype=torch.bfloat16)).expand(M, H)), r"out's rows overlap"),
+    (lambda a: a.update(act=poison(torch.empty(1, I, dtype=torch.bfloat16)).expand(M, I)), r"act's rows overlap"),
+    # aliasing the kernels cannot handle: both tensors named
+    (lambda a: a.update(act=overlay(a, "residual", (M, I))),
+     "act overlaps residual: the gate/up launch writes act before the down launch reads residual"),
+    (lambda a: a.update(act=overlay(a, "x", (M, I), H)),
+     "act overlaps x: the gate/up launch reads x while it writes act"),
+    (lambda a: a.update(act=within(a["w_down"], (M, I))), "act overlaps w_down"),
+    (lambda a: a.update(act=within(a["w_gate_up"], (M, I))), "act overlaps w_gate_up"),
+    (lambda a: a.update(out=overlay(a, "act", (M, H), I)), "out overlaps act: mlp reads act"),
+    (lambda a: a.update(out=overlay(a, "residual", (M, H), H)), "out overlaps residual without being the same view"),
+    (lambda a: a.update(out=overlay(a, "x", (M, H), 1)), "out overlaps x without being the same view"),
+    (lambda a: a.update(out=within(a["w_down"], (M, H))), "out overlaps w_down"),
 ])
 def test_mlp_bad_input_raises_typed_error(change, match):
-    x, wg, wu, wd, nw = make_inputs(3, 64, 96, 0, "cpu")
-    args = dict(x=x, w_gate_up=pack_gate_up(wg, wu), w_down=wd, residual=x.clone(), norm_weight=nw,
-                rstd=rstd_of(x))
+    """Each bad argument: a StepContractError naming it, raised before either launch, so act and out (poisoned) and
+    every input keep every byte."""
+    args = bad_args()
     change(args)
+    bufs = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: storage_bytes(v) for k, v in bufs.items()}
     with pytest.raises(StepContractError, match=match):
         mlp(args.pop("x"), args.pop("w_gate_up"), args.pop("w_down"), args.pop("residual"), **args)
+    for k, v in bufs.items():
+        assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
+
+
+def test_mlp_allowed_aliasing_matches_separate_buffers():
+    """The documented in-place forms: out = residual (a second view of its exact elements too), and out = x with a
+    separate residual (x is read by the gate/up launch only): bitwise the result into separate buffers."""
+    x, wg, wu, wd, nw = make_inputs(5, 64, 96, 12, "cpu")
+    res = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    wgu, rstd = pack_gate_up(wg, wu), rstd_of(x)
+    want = mlp(x, wgu, wd, res, norm_weight=nw, rstd=rstd)
+    r1 = res.clone()
+    check_bitwise("mlp", mlp(x, wgu, wd, r1, norm_weight=nw, rstd=rstd, out=r1.view(5, 64)[:]), want,
+                  output="out_same_view_as_residual")
+    x1 = x.clone()
+    assert mlp(x1, wgu, wd, res, norm_weight=nw, rstd=rstd, out=x1) is x1
+    check_bitwise("mlp", x1, want, output="out_is_x")
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(eps="1e-5"), "eps='1e-5' must be > 0 and finite"),
+    (dict(eps=False), "eps=False must be > 0"),
+    (dict(eps=float("inf")), "eps=inf must be > 0"),
+    (dict(out="x"), "act out must be a torch.Tensor, got str"),
+    (dict(out=poison(torch.empty(1, I, dtype=torch.bfloat16)).expand(M, I)), r"act out's rows overlap"),
+    (dict(x="x"), "x must be a torch.Tensor, got str"),
+    (dict(w_gate_up=np.zeros((2 * I, H), np.float32)), "w_gate_up must be a torch.Tensor, got ndarray"),
+])
+def test_gate_up_act_bad_input_raises_typed_error(change, match):
+    x, wg, wu, _, nw = make_inputs(M, H, I, 13, "cpu")
+    args = dict(x=x, w_gate_up=pack_gate_up(wg, wu), norm_weight=nw, eps=EPS,
+                out=poison(torch.empty(M, I, dtype=torch.bfloat16)))
+    args.update(change)
+    bufs = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: storage_bytes(v) for k, v in bufs.items()}
+    with pytest.raises(StepContractError, match=match):
+        gate_up_act(args.pop("x"), args.pop("w_gate_up"), **args)
+    for k, v in bufs.items():
+        assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
+
+
+def test_gate_up_act_refuses_out_overlapping_its_inputs():
+    """act out over x (its column tiles read all of x) or over the weights / rstd: refused naming both, nothing
+    written."""
+    x, wg, wu, _, nw = make_inputs(M, H, I, 14, "cpu")
+    wgu = pack_gate_up(wg, wu)
+    pool = torch.cat([x.reshape(-1), torch.randn(M * I, generator=torch.Generator().manual_seed(4)).bfloat16()])
+    xp = pool[:M * H].view(M, H)
+    rstd = rstd_of(x)
+    for out, kw, match in [
+        (pool[H:H + M * I].view(M, I), dict(norm_weight=nw, eps=EPS), "act out overlaps x"),
+        (within(wgu, (M, I)), dict(), "act out overlaps w_gate_up"),
+    ]:
+        before = storage_bytes(pool), storage_bytes(wgu)
+        with pytest.raises(StepContractError, match=match):
+            gate_up_act(xp, wgu, out=out, **kw)
+        assert torch.equal(storage_bytes(pool), before[0]) and torch.equal(storage_bytes(wgu), before[1]), match
+    rs = torch.cat([rstd, torch.randn(M * I)])          # out [M, I] bf16 laid over rstd's fp32 bytes
+    rs_before = storage_bytes(rs)
+    with pytest.raises(StepContractError, match="act out overlaps rstd"):
+        gate_up_act(xp, wgu, norm_weight=nw, rstd=rs[:M], out=rs.view(torch.bfloat16)[:M * I].view(M, I))
+    assert torch.equal(storage_bytes(rs), rs_before)
 
 
 # ------------------------------------------------------------------------------------------------- GPU

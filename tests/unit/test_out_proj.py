@@ -6,6 +6,7 @@ ragged N and K). GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise determinism 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
-from lowlat.kernels.out_proj import out_proj, residual_gemv
+from lowlat.kernels.out_proj import out_proj, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_accuracy, check_bitwise, oracle_cast, poison
 from lowlat.reference import out_proj as ref
 
@@ -168,6 +169,24 @@ def test_out_proj_workspace_reused_across_calls_is_deterministic(split):
         check_bitwise("out_proj", u, v, output=name)
 
 
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A copy of every byte of t's storage (the whole buffer a view lies in): equal before and after a refused call
+    means nothing was written anywhere in it."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage().clone())
+
+
+def assert_unwritten(buffers: dict, before: dict) -> None:
+    for name, t in buffers.items():
+        assert torch.equal(storage_bytes(t), before[name]), f"{name} was written by a refused call"
+
+
+def poisoned_outputs(m: int, n: int) -> dict:
+    """out / h_out [M, N] bf16 and rstd_out [M] fp32, NaN."""
+    bf = torch.bfloat16
+    return dict(out=poison(torch.empty(m, n, dtype=bf)), h_out=poison(torch.empty(m, n, dtype=bf)),
+                rstd_out=poison(torch.empty(m, dtype=torch.float32)))
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(attn=torch.randn(3, 64)), "attn must be torch.bfloat16"),
     (dict(wo=torch.randn(64, 32).bfloat16()), r"wo has shape \(64, 32\)"),
@@ -176,13 +195,157 @@ def test_out_proj_workspace_reused_across_calls_is_deterministic(split):
     (dict(attn=torch.randn(49, 64).bfloat16(), residual=torch.randn(49, 64).bfloat16()), "M=49"),
     (dict(plan=plan_gemv(64, 32)), r"plan is for N=64, K=32; wo is N=64, K=64"),
     (dict(eps=0.0), "eps=0.0"),
+    # not tensors: typed errors naming the argument, not AttributeError
+    (dict(attn=np.random.default_rng(0).standard_normal((3, 64), dtype=np.float32)),
+     "attn must be a torch.Tensor, got ndarray"),
+    (dict(wo=[[1.0] * 64] * 64), "wo must be a torch.Tensor, got list"),
+    (dict(residual=np.ones((3, 64), np.float32)), "residual must be a torch.Tensor, got ndarray"),
+    # eps that is not a finite float > 0: typed, naming the value (a string was a TypeError)
+    (dict(eps="x"), "eps='x' must be > 0 and finite"),
+    (dict(eps="1e-5"), "eps='1e-5' must be > 0 and finite"),
+    (dict(eps=True), "eps=True must be > 0"),
+    (dict(eps=float("nan")), "eps=nan must be > 0"),
+    (dict(eps=float("inf")), "eps=inf must be > 0"),
+    # outputs whose rows share memory (row stride 0: every row written to the same place)
+    (dict(out=poison(torch.empty(1, 64, dtype=torch.bfloat16)).expand(3, 64)), r"out's rows overlap \(row stride 0"),
+    (dict(h_out=poison(torch.empty(1, 64, dtype=torch.bfloat16)).expand(3, 64)), r"h_out's rows overlap"),
+    (dict(out=poison(torch.empty(2 * 64, dtype=torch.bfloat16)).as_strided((3, 64), (32, 1))),
+     r"out's rows overlap \(row stride 32 < N=64\)"),
 ])
 def test_out_proj_bad_input_raises_typed_error(bad, match):
+    """Each bad argument: a StepContractError naming it, and nothing written (outputs poisoned with NaN and the
+    inputs compared byte for byte before / after)."""
     attn, wo, x, nw = make_inputs(3, 64, 64, 0, "cpu")
-    args = dict(attn=attn, wo=wo, residual=x, mlp_norm=nw, eps=EPS)
+    args = dict(attn=attn, wo=wo, residual=x, mlp_norm=nw, eps=EPS, **poisoned_outputs(3, 64))
     args.update(bad)
+    bufs = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {k: storage_bytes(v) for k, v in bufs.items()}
     with pytest.raises(StepContractError, match=match):
-        out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"], plan=args.get("plan"))
+        out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"], out=args["out"],
+                 h_out=args["h_out"], rstd_out=args["rstd_out"], plan=args.get("plan"))
+    assert_unwritten(bufs, before)
+
+
+def test_out_proj_refuses_outputs_overlapping_inputs_and_writes_nothing():
+    """An output sharing bytes with an input (or another output) that the kernel reads while other programs write it:
+    refused naming both tensors, before anything is written. out over attn (K = N) gave x off by 5.5 (the column
+    tiles read attn rows other tiles had overwritten)."""
+    m, n = 3, 64
+    g = torch.Generator().manual_seed(11)
+    big = torch.randn(5 * m * n + n * n, generator=g).bfloat16()    # a buffer the inputs and outputs are views of
+    attn, wo, res, nw = make_inputs(m, n, n, 4, "cpu")
+    attn_b = big[:m * n].view(m, n)
+    attn_b.copy_(attn)
+    res_b = big[2 * m * n:3 * m * n].view(m, n)
+    res_b.copy_(res)
+    wo_b = big[4 * m * n:4 * m * n + n * n].view(n, n)
+    wo_b.copy_(wo)
+    spare = big[-m * n:].view(m, n)                                   # overlaps no input
+    rstd_in_res = res_b.view(-1)[:2 * m].view(torch.float32)          # rstd_out's 3 fp32 over residual's first bytes
+    cases = [
+        (dict(out=attn_b), "out overlaps attn: out_proj reads attn while it writes out"),
+        (dict(h_out=attn_b), "h_out overlaps attn"),
+        (dict(out=wo_b[:m]), "out overlaps wo"),
+        (dict(h_out=res_b), "h_out overlaps residual"),
+        (dict(rstd_out=rstd_in_res), "rstd_out overlaps residual"),
+        (dict(out=big[2 * m * n + n:3 * m * n + n].view(m, n)), "out overlaps residual without being the same view"),
+        (dict(out=spare, h_out=spare), "out overlaps h_out: both are outputs"),
+        (dict(h_out=spare, rstd_out=spare.reshape(-1)[:2 * m].view(torch.float32)), "h_out overlaps rstd_out"),
+    ]
+    for change, match in cases:
+        outs = poisoned_outputs(m, n)
+        outs.update(change)
+        before = storage_bytes(big)
+        with pytest.raises(StepContractError, match=match):
+            out_proj(attn_b, wo_b, res_b, nw, EPS, **outs)
+        assert torch.equal(storage_bytes(big), before), f"{match}: written"
+        for k, t in outs.items():
+            if t.untyped_storage().data_ptr() != big.untyped_storage().data_ptr():
+                assert bool(t.isnan().all()), f"{match}: {k} written"
+
+
+def test_residual_gemv_refuses_out_overlapping_inputs_and_writes_nothing():
+    """residual_gemv(out=a) (K = N) gave out off by 5.5; out over w, a shifted view of the residual, and out rows
+    sharing memory are refused too, naming the tensors, and nothing is written."""
+    m, n = 3, 128
+    attn, wo, res, _ = make_inputs(m, n, n, 6, "cpu")
+    plan = plan_gemv(n, n, kind="residual", block_k=32, split=2)
+    big = torch.cat([attn.reshape(-1), res.reshape(-1), res.reshape(-1)])   # a, residual, then room to shift
+    a_b, res_b = big[:m * n].view(m, n), big[m * n:2 * m * n].view(m, n)
+    for out, match in [
+        (a_b, "out overlaps a: residual_gemv reads a while it writes out"),
+        (big[m * n + 1:2 * m * n + 1].view(m, n), "out overlaps residual without being the same view"),
+        (big[m * n + n:2 * m * n + n].view(m, n), "out overlaps residual without being the same view"),
+        (wo[:m], "out overlaps w"),
+        (poison(torch.empty(1, n, dtype=torch.bfloat16)).expand(m, n), r"out's rows overlap \(row stride 0"),
+    ]:
+        before, wo_before = storage_bytes(big), storage_bytes(wo)
+        out_before = storage_bytes(out)
+        with pytest.raises(StepContractError, match=match):
+            residual_gemv(a_b, wo, res_b, out=out, plan=plan)
+        assert torch.equal(storage_bytes(big), before) and torch.equal(storage_bytes(wo), wo_before), match
+        assert torch.equal(storage_bytes(out), out_before), match
+
+
+def test_residual_gemv_in_place_forms_match_out_of_place():
+    """The allowed aliasing: out is the residual itself (`FusedModel`'s output projection: out=x), or another view
+    of exactly its elements (same data_ptr and strides; at one row the row stride is free): bitwise the out-of-place
+    result."""
+    for m, split in ((5, 3), (1, 2)):
+        attn, wo, res, _ = make_inputs(m, 96, 128, 8 + m, "cpu")
+        plan = plan_gemv(96, 128, kind="residual", block_k=32, split=split)
+        want = residual_gemv(attn, wo, res, plan=plan)
+        r1 = res.clone()
+        assert residual_gemv(attn, wo, r1, out=r1, plan=plan) is r1
+        check_bitwise("residual_gemv", r1, want, output=f"out_is_residual_m{m}")
+        r2 = res.clone()
+        residual_gemv(attn, wo, r2, out=r2.view(m, 96)[:], plan=plan)           # a second view, same layout
+        check_bitwise("residual_gemv", r2, want, output=f"out_same_view_m{m}")
+        if m == 1:      # one row: row strides differ, the same elements
+            wide = torch.empty(1, 200, dtype=torch.bfloat16)
+            wide[:, :96] = res
+            residual_gemv(attn, wo, wide[:, :96], out=wide.as_strided((1, 96), (7, 1)), plan=plan)
+            check_bitwise("residual_gemv", wide[:, :96], want, output="out_row_stride_free_m1")
+
+
+def test_residual_gemv_deferred_refuses_overlapping_partials_and_out_rows():
+    """residual_gemv_deferred writes the partials: over a, w or the residual (which the consumer reads after) they
+    are refused; so is a deferred out whose rows share memory. Nothing is written."""
+    m, n = 3, 64
+    attn, wo, res, _ = make_inputs(m, n, n, 9, "cpu")
+    plan = plan_gemv(n, n, kind="residual", block_k=16, split=2)
+    for over, match in [("a", "partials overlaps a: residual_gemv_deferred reads a while it writes the partials"),
+                        ("w", "partials overlaps w: residual_gemv_deferred reads w"),
+                        ("residual", "deferred partials overlap deferred residual"),
+                        (None, r"deferred out's rows overlap \(row stride 0")]:
+        args = dict(a=attn.clone(), w=wo.clone(), residual=res.clone())
+        parts = poison(torch.empty(2, m, n))
+        out = torch.randn(m, n).bfloat16()
+        if over is None:
+            out = torch.randn(1, n).bfloat16().expand(m, n)
+        else:       # the partials [2, M, N] fp32 laid over the tensor's own storage (padded to hold them)
+            t = args[over]
+            pool = torch.cat([t.reshape(-1), torch.randn(2 * m * n * 2, generator=torch.Generator().manual_seed(2))
+                              .bfloat16()])
+            args[over] = pool[:t.numel()].view(t.shape)
+            parts = pool[:4 * m * n].view(torch.float32).view(2, m, n)
+        before = {k: storage_bytes(v) for k, v in dict(args, parts=parts, out=out).items()}
+        with pytest.raises(StepContractError, match=match):
+            residual_gemv_deferred(args["a"], args["w"], args["residual"], out, partials=parts, plan=plan)
+        assert_unwritten(dict(args, parts=parts, out=out), before)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda a, w, r: residual_gemv(a.float().numpy(), w, r), "a must be a torch.Tensor, got ndarray"),
+    (lambda a, w, r: residual_gemv(a.tolist(), w, r), "a must be a torch.Tensor, got list"),
+    (lambda a, w, r: residual_gemv(a, w.tolist(), r), "w must be a torch.Tensor, got list"),
+    (lambda a, w, r: residual_gemv(a, w, r.tolist()), "residual must be a torch.Tensor, got list"),
+    (lambda a, w, r: residual_gemv_deferred(a.tolist(), w, r, torch.empty_like(r)), "a must be a torch.Tensor"),
+])
+def test_residual_gemv_non_tensor_arguments_raise_typed_error(call, match):
+    attn, wo, res, _ = make_inputs(3, 64, 64, 10, "cpu")
+    with pytest.raises(StepContractError, match=match):
+        call(attn, wo, res)
 
 
 # ------------------------------------------------------------------------------------------------- GPU
