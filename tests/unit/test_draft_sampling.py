@@ -931,6 +931,7 @@ NAN_CASES = {**{k: PARAMS[k] for k in ("greedy", "temperature", "top_k", "top_k_
              "mixed_rows": ([0.0, 0.8, 1.5, 0.9, 0.0], [0, 0, 3, 4, 2], [1.0, 1.0, 0.7, 0.6, 1.0])}
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy (interpreter) warns on the NaN / inf it is fed
 @pytest.mark.parametrize("source", ["weight", "hidden", "inf_weight"])
 @pytest.mark.parametrize("case", list(NAN_CASES))
 def test_non_finite_logits_follow_the_reference(case, source, device):
@@ -971,6 +972,7 @@ def test_non_finite_logits_follow_the_reference(case, source, device):
         assert_same_outputs(out, alone, rows=torch.tensor(good), what="[finite rows]")
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy (interpreter) warns on the NaN / inf it is fed
 @pytest.mark.parametrize("source", ["weight", "negative_nan", "inf_weight"])
 def test_non_finite_logits_greedy_launches_follow_the_reference(source, device):
     """The greedy-only launches with NaN / +inf logits: the persistent TMA launch (bf16, one-hot) and the
@@ -1008,6 +1010,7 @@ def test_non_finite_logits_greedy_launches_follow_the_reference(source, device):
         assert out.cut_value.isnan().all() and bool((out.cut_id == want).all()), what
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy (interpreter) warns on the NaN / inf it is fed
 def test_denormal_temperature_follows_the_reference(device):
     """temperature 1e-45 (a float32 denormal: valid, > 0) makes x = logits / T overflow to +-inf: the reference's
     q is NaN and its token 0 (top-k or not); the kernel's too, and the rows beside it are unaffected."""
