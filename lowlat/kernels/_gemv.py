@@ -810,8 +810,25 @@ def check_tensor(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, d
         raise StepContractError(f"{name} must be contiguous in its last dim (stride {t.stride()})")
 
 
+def gemv_workspace(workspace, max_n: int, device: torch.device) -> "GemvWorkspace":
+    """`workspace`, or a new `GemvWorkspace.create(max_n, device)` when it is None; raises StepContractError naming
+    it when it is something else (a launcher reads its buffers' attributes)."""
+    if workspace is None:
+        return GemvWorkspace.create(max_n, device)
+    if not isinstance(workspace, GemvWorkspace):
+        raise StepContractError(f"workspace must be a GemvWorkspace or None, got {type(workspace).__name__}")
+    return workspace
+
+
+def require_plan(plan) -> None:
+    """Raise StepContractError naming it unless `plan` is a GemvPlan (a launcher reads its fields)."""
+    if not isinstance(plan, GemvPlan):
+        raise StepContractError(f"plan must be a GemvPlan (`plan_gemv`) or None, got {type(plan).__name__}")
+
+
 def check_plan_for(plan: GemvPlan, n: int, k: int, what: str) -> None:
-    """Raise StepContractError unless `plan` was made for N = n, K = k."""
+    """Raise StepContractError unless `plan` is a GemvPlan made for N = n, K = k."""
+    require_plan(plan)
     if (plan.n, plan.k) != (n, k):
         raise StepContractError(f"plan is for N={plan.n}, K={plan.k}; {what} is N={n}, K={k}")
 

@@ -43,9 +43,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_eps,
-                                  check_rows_apart, check_tensor, gemv_loop, interpreting, key_id, launch_constexprs,
-                                  plan_gemv, prefetch_l2, preload_product, preload_weights, refuse_aliasing,
-                                  refuse_bn_by_width, require_tensors, row_blocks, rstd_of, valid_rows_tensor)
+                                  check_rows_apart, check_tensor, gemv_loop, gemv_workspace, interpreting, key_id,
+                                  launch_constexprs, plan_gemv, prefetch_l2, preload_product, preload_weights,
+                                  refuse_aliasing, refuse_bn_by_width, require_plan, require_tensors, row_blocks,
+                                  rstd_of, valid_rows_tensor)
 
 
 @triton.jit
@@ -179,8 +180,9 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     refuse_aliasing(dict(logits_out=logits_out, tokens_out=tokens_out),
                     dict(x=x, final_norm=final_norm, weight=weight, num_valid_rows=nvalid),
                     "lm_head reads {b} while it writes {a}")
-    ws = GemvWorkspace.create(MIN_BLOCK_N, dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, MIN_BLOCK_N, dev)
     plan = plan_gemv(v, h, kind="lm_head") if plan is None else plan
+    require_plan(plan)
     if (plan.n, plan.k, plan.split) != (v, h, 1):
         raise StepContractError(f"plan is for N={plan.n}, K={plan.k}, split={plan.split}; lm_head needs "
                                 f"N={v}, K={h}, split=1")

@@ -35,8 +35,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_eps, check_plan_for, check_rows_apart,
-                                  check_tensor, gemv_loop, interpreting, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
+                                  check_tensor, gemv_loop, gemv_workspace, interpreting, launch_constexprs, plan_gemv,
+                                  prefetch_l2, preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
                                   require_tensors, row_blocks, rstd_of, store_partial, store_split_ss, sum_partials,
                                   sum_split_ss, to_bf16)
 from lowlat.kernels.out_proj import (DeferredX, _prepare_residual_gemv, _reduce_deferred, check_deferred,
@@ -241,7 +241,7 @@ def _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, out, workspace, plan,
         check_writes_apart(deferred, {out_name: out})
     refuse_aliasing({out_name: out}, dict(x=x, w_gate_up=w_gate_up, norm_weight=norm_weight, rstd=rstd),
                     "the gate/up launch reads {b} while it writes {a}")
-    ws = GemvWorkspace.create(i, dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, i, dev)
     ws.check(i, "gate/up GEMV")
     plan = plan_gemv(i, h, kind="gate_up") if plan is None else plan
     check_plan_for(plan, i, h, "gate/up (I, H)")
@@ -322,7 +322,9 @@ def mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, residual
     if not w_down.is_contiguous():
         raise StepContractError("w_down must be contiguous")
     check_tensor("residual", residual, (m, hdim), torch.bfloat16, dev)
-    ws = GemvWorkspace.create(max(i, hdim), dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, max(i, hdim), dev)
+    if plans is not None and (not isinstance(plans, tuple) or len(plans) != 2):
+        raise StepContractError(f"plans must be a (gate/up, down) pair of GemvPlan or None, got {plans!r}")
     p_gu, p_down = plans if plans is not None else (plan_gemv(i, hx, kind="gate_up"),
                                                     plan_gemv(hdim, i, kind="residual"))
     act, launch_gate_up = _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, act, ws, p_gu, use_pdl, "act")

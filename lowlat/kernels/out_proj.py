@@ -46,8 +46,8 @@ from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_atten
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_eps, check_plan_for, check_rows_apart,
-                                  check_tensor, gemv_loop, interpreting, launch_constexprs, plan_gemv, prefetch_l2,
-                                  preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
+                                  check_tensor, gemv_loop, gemv_workspace, interpreting, launch_constexprs, plan_gemv,
+                                  prefetch_l2, preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
                                   require_tensors, row_blocks, rstd_of, store_partial, sum_partials, to_bf16)
 
 
@@ -469,7 +469,7 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
     refuse_aliasing(dict(out=out, h_out=h_out, rstd_out=rstd_out),
                     dict(attn=None if folded is not None else attn, wo=wo, residual=residual, mlp_norm=mlp_norm),
                     "out_proj reads {b} while it writes {a}", in_place=dict(out=("residual",)))
-    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, n, dev)
     plan = plan_gemv(n, k, kind="out_proj") if plan is None else plan
     check_plan_for(plan, n, k, "wo")
     _launch_residual_gemv(attn, wo, residual, out, plan, ws, norm_weight=mlp_norm, h=h_out, rstd=rstd_out,
@@ -533,7 +533,7 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     # a folded attention's out is written here: `check_fold_apart` refuses outputs over it
     refuse_aliasing(dict(out=out), dict(a=None if folded is not None else a, w=w, residual=residual),
                     "residual_gemv reads {b} while it writes {a}", in_place=dict(out=("residual",)))
-    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, n, dev)
     plan = plan_gemv(n, k, kind="residual") if plan is None else plan
     check_plan_for(plan, n, k, "w")
     _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, attn=folded, early_release=early_release)
@@ -593,7 +593,7 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
     # a folded attention's out is written here: `check_fold_apart` refuses the partials over it
     refuse_aliasing(dict(partials=partials), dict(a=None if folded is not None else a, w=w),
                     "residual_gemv_deferred reads {b} while it writes the {a}")
-    ws = GemvWorkspace.create(n, dev) if workspace is None else workspace
+    ws = gemv_workspace(workspace, n, dev)
     _launch_residual_gemv(a, w, residual, out, plan, ws, use_pdl=use_pdl, deferred=partials, attn=folded,
                           early_release=early_release)
     return d

@@ -136,6 +136,9 @@ def overlay(a: dict, key: str, shape: tuple, dtype: torch.dtype, first_byte: int
     (lambda a: a.update(eps=-1.0), "eps=-1.0"),
     (lambda a: a.update(plan=plan_gemv(128, 32, kind="lm_head")),
      "plan is for N=128, K=32, split=1; lm_head needs N=128, K=64"),
+    # a workspace / plan of another type: typed, naming it (were AttributeError)
+    (lambda a: a.update(workspace=torch.empty(4)), "workspace must be a GemvWorkspace or None, got Tensor"),
+    (lambda a: a.update(plan="lm_head"), r"plan must be a GemvPlan \(`plan_gemv`\) or None, got str"),
     # num_valid_rows that is not an int (int() used to turn True into 1, 2.7 and "2" into 2)
     (lambda a: a.update(num_valid_rows=True), r"num_valid_rows must be an int .*got True \(bool\)"),
     (lambda a: a.update(num_valid_rows=2.7), r"num_valid_rows must be an int .*got 2.7 \(float\)"),

@@ -207,6 +207,11 @@ def overlay(a: dict, key: str, shape: tuple, first: int = 0) -> torch.Tensor:
     (lambda a: a.update(out=poison(torch.empty(M, H))), "out must be torch.bfloat16, got torch.float32"),
     (lambda a: a.update(plans=(plan_gemv(I, H, kind="gate_up"), plan_gemv(H + 16, I, kind="residual"))),
      r"plan is for N=80, K=96; down \(H, I\) is N=64, K=96"),
+    # a workspace / plans of another type: typed, naming them (were AttributeError / ValueError)
+    (lambda a: a.update(workspace={}), "workspace must be a GemvWorkspace or None, got dict"),
+    (lambda a: a.update(plans=plan_gemv(I, H, kind="gate_up")), r"plans must be a \(gate/up, down\) pair of GemvPlan"),
+    (lambda a: a.update(plans=(plan_gemv(I, H, kind="gate_up"), None)),
+     r"plan must be a GemvPlan \(`plan_gemv`\) or None, got NoneType"),
     (lambda a: a.update(workspace=GemvWorkspace.create(I, "cpu"), x=torch.randn(M, 128).bfloat16(),
                         w_gate_up=torch.randn(2 * I, 128).bfloat16(), w_down=torch.randn(128, I).bfloat16(),
                         residual=torch.randn(M, 128).bfloat16(), out=poison(torch.empty(M, 128, dtype=torch.bfloat16)),

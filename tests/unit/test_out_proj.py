@@ -194,6 +194,8 @@ def poisoned_outputs(m: int, n: int) -> dict:
     (dict(mlp_norm=torch.randn(32).bfloat16()), r"mlp_norm has shape \(32,\)"),
     (dict(attn=torch.randn(49, 64).bfloat16(), residual=torch.randn(49, 64).bfloat16()), "M=49"),
     (dict(plan=plan_gemv(64, 32)), r"plan is for N=64, K=32; wo is N=64, K=64"),
+    (dict(plan=(64, 64)), r"plan must be a GemvPlan \(`plan_gemv`\) or None, got tuple"),
+    (dict(workspace="ws"), "workspace must be a GemvWorkspace or None, got str"),
     (dict(eps=0.0), "eps=0.0"),
     # not tensors: typed errors naming the argument, not AttributeError
     (dict(attn=np.random.default_rng(0).standard_normal((3, 64), dtype=np.float32)),
@@ -222,7 +224,7 @@ def test_out_proj_bad_input_raises_typed_error(bad, match):
     before = {k: storage_bytes(v) for k, v in bufs.items()}
     with pytest.raises(StepContractError, match=match):
         out_proj(args["attn"], args["wo"], args["residual"], args["mlp_norm"], args["eps"], out=args["out"],
-                 h_out=args["h_out"], rstd_out=args["rstd_out"], plan=args.get("plan"))
+                 h_out=args["h_out"], rstd_out=args["rstd_out"], plan=args.get("plan"), workspace=args.get("workspace"))
     assert_unwritten(bufs, before)
 
 
