@@ -37,6 +37,9 @@ MAX_EPOCH = (1 << 31) - 1
 CONFIRM_STAGE_BIT = 1 << 15
 MAX_STAGE = CONFIRM_STAGE_BIT - 1
 MAX_RANKS = 255
+#: largest deadline accepted at all (s, ~11.6 days; tests and serving alike): its ns, added to a clock
+#: reading (`%globaltimer` counts ns since 1970, ~1.8e18), must stay far inside int64
+MAX_ANY_DEADLINE_S = 1e6
 
 
 def deadline_from_watchdog(watchdog_s: float) -> float:
@@ -55,7 +58,9 @@ class Deadline:
 
     seconds: the bound on any single wait, measured from the waiter's first miss (s, > 0).
     serving: True for a serving configuration, which refuses seconds < 5 (MIN_SERVING_DEADLINE_S).
-    Raises `UnsupportedConfigError` (field "deadline_s") naming the value when it is refused.
+    Raises `UnsupportedConfigError` (field "deadline_s") naming the value when it is refused: not a
+    positive finite number (bools too), or above MAX_ANY_DEADLINE_S (its ns would not fit the int64
+    clock arithmetic of the waits).
     """
 
     seconds: float = MAX_DEADLINE_S
@@ -63,8 +68,11 @@ class Deadline:
 
     def __post_init__(self) -> None:
         s = self.seconds
-        if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+        if isinstance(s, bool) or not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
             raise UnsupportedConfigError("deadline_s", s, "must be a positive finite number of seconds")
+        if s > MAX_ANY_DEADLINE_S:
+            raise UnsupportedConfigError("deadline_s", s, f"must be at most {MAX_ANY_DEADLINE_S:g} s (its ns are "
+                                         "added to an int64 ns clock)")
         if self.serving and s < MIN_SERVING_DEADLINE_S:
             raise UnsupportedConfigError(
                 "deadline_s", s, f"a serving configuration needs at least {MIN_SERVING_DEADLINE_S:g} s "
@@ -80,12 +88,19 @@ class Deadline:
 
     @classmethod
     def coerce(cls, value: "Deadline | float | None") -> "Deadline":
-        """A Deadline as is; a bare number of seconds as a test deadline (serving=False); None: 60 s."""
+        """A Deadline as is; a bare number of seconds as a test deadline (serving=False); None: 60 s.
+        A bool, or a value float() does not take, raises `UnsupportedConfigError` (field "deadline_s")."""
         if value is None:
             return cls()
         if isinstance(value, Deadline):
             return value
-        return cls(float(value), serving=False)
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise UnsupportedConfigError("deadline_s", value, "must be a Deadline or a number of seconds") from None
+        return cls(seconds, serving=False)
 
 
 def pack_abort(epoch: int, stage: int, origin: int, missing: int) -> int:

@@ -21,6 +21,7 @@ The environment variable LOWLAT_FAULT sets a process-wide default, e.g.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from dataclasses import dataclass
 
@@ -48,8 +49,9 @@ class Fault:
     """One injected fault.
 
     kind: what goes wrong; rank: the faulty rank (0..world-1); delay_s: the late arrival's delay (s,
-    kind LATE only); step: the epoch (1-based collective call number) it fires at, None = every call.
-    Raises `UnsupportedConfigError` naming the bad field.
+    kind LATE only; finite, >= 0); step: the epoch (1-based collective call number) it fires at,
+    None = every call. Raises `UnsupportedConfigError` naming the bad field and value (also from
+    `parse` / LOWLAT_FAULT, e.g. delay_ms=nan or delay_s=inf).
     """
 
     kind: FaultKind = FaultKind.NONE
@@ -62,6 +64,9 @@ class Fault:
             object.__setattr__(self, "kind", FaultKind(self.kind))
         if self.rank < 0:
             raise UnsupportedConfigError("fault.rank", self.rank, "must be >= 0")
+        if isinstance(self.delay_s, bool) or not isinstance(self.delay_s, (int, float)) \
+                or not math.isfinite(self.delay_s):
+            raise UnsupportedConfigError("fault.delay_s", self.delay_s, "must be a finite number of seconds")
         if self.delay_s < 0 or (self.kind == FaultKind.LATE and self.delay_s == 0):
             raise UnsupportedConfigError("fault.delay_s", self.delay_s, "a late fault needs a delay > 0 s")
         if self.step is not None and self.step < 1:
@@ -80,8 +85,14 @@ class Fault:
         return self.kind if self.fires(epoch) else FaultKind.NONE
 
     def check_world(self, world: int) -> None:
+        """Raise `UnsupportedConfigError` when this fault cannot fire as meant in a group of `world`
+        ranks: its rank is not in the group, or a never / exit fault with world size 1 (no peer waits
+        for the faulty rank, so the step would return with its output unwritten and no error)."""
         if self.active and self.rank >= world:
             raise UnsupportedConfigError("fault.rank", self.rank, f"must be < world size {world}")
+        if world == 1 and self.kind in (FaultKind.NEVER, FaultKind.EXIT):
+            raise UnsupportedConfigError("fault.kind", self.kind.name.lower(), "needs a peer to miss the faulty rank; "
+                                         "with world size 1 the step would return unwritten, not abort")
 
     @classmethod
     def parse(cls, text: str) -> "Fault":

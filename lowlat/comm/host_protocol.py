@@ -4,13 +4,24 @@ protocol with separate processes, crashes included.
 
 Processes form a `torch.distributed` gloo group over a TCPStore on 127.0.0.1 (loopback only);
 the gloo group carries set-up and rank agreement, and the data path is a shared-memory file that
-every rank maps (the stand-in for peer memory): per rank a receive buffer [2][N][max_rows][H] and a
+every rank maps (the stand-in for peer memory): per rank a receive buffer [2][N][max_rows][H], a
 control block laid out exactly as on the GPU (flags [2][N][T] and done flags tagged
-`epoch << 20 | tile`, abort word at 0). A rank copies each tile of its partial into slot
-[parity][rank] of every rank, then stores the tag into every rank's flag; each rank polls its own
-flags (one at a time, backing off with short sleeps), and sums slots in rank order 0..N-1 in fp32.
+`epoch << 20 | tile`, abort word at 0) and, host only, a step descriptor per [parity][src]
+(rows M, or REFUSED, and the caller's step id, or -1). A rank copies each tile of its partial into
+slot [parity][rank] of every rank, writes its descriptor into every rank, then stores the tag into
+every rank's flag; each rank polls its own flags (one at a time, backing off with short sleeps),
+checks every rank's descriptor against rank 0's once all tile-0 flags are in (a mismatch raises
+`StepContractError` on every rank, no wait), and sums slots in rank order 0..N-1 in fp32.
 Ordering relies on x86-64's total store order (data stores land before the flag store; loads are
 not reordered with loads); on weaker machines this module would need fences.
+
+Step alignment: the epoch is a per-rank call counter, so every rank must make the same sequence of
+calls. A call refused on one rank (bad partial, bad stage) still consumes its step there: it
+publishes a REFUSED descriptor, so every rank raises `StepContractError` for that step and the ranks
+stay aligned. A rank that makes an extra call (or skips one) shifts its epochs for good; pass
+`step_id` (the caller's own step number, the same on every rank) to have that detected (a typed
+error on every rank, every later step too); without it the results are silently wrong. Either way a
+misaligned group must be rebuilt.
 
 Deadline: `time.monotonic_ns()` from a rank's first miss; on expiry the rank writes the abort word
 into every rank's control block and raises `CollectiveTimeout`; a rank polling sees this epoch's
@@ -31,16 +42,26 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, Deadline, pack_abort, stage_label,
+from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, MAX_STAGE, Deadline, pack_abort, stage_label,
                                   timeout_from_word, unpack_abort)
 from lowlat.comm.fault import EXIT_CODE, Fault, FaultKind
 from lowlat.comm.ordered_reduce import check_group_shape, ctrl_len, flag_index, make_tag
-from lowlat.errors import CollectiveTimeout, StepContractError, UnsupportedConfigError
+from lowlat.errors import CollectiveTimeout, LowlatError, StepContractError, UnsupportedConfigError
 
 #: columns per tile of the host protocol
 HOST_BLOCK_H = 512
 #: polls before the poll loop starts sleeping, and the sleep (s)
 SPIN_POLLS, POLL_SLEEP_S = 200, 50e-6
+#: int64 per step descriptor ([rows, step_id]); rows REFUSED marks a call refused on that rank
+DESC_LEN, REFUSED, NO_STEP_ID = 2, -1, -1
+#: construction arguments every rank must agree on (checked by `from_process_group`)
+AGREED_FIELDS = ("world", "hidden", "dtype", "block_h", "max_rows", "confirm")
+
+
+def _step_error(rank: int, step: int, field: str, value: Any, peer: int, msg: str) -> StepContractError:
+    err = StepContractError(f"rank {rank}, step {step}: {msg}")
+    err.rank, err.step, err.field, err.value, err.peer = rank, step, field, value, peer
+    return err
 
 
 class HostGroup:
@@ -67,21 +88,23 @@ class HostGroup:
         self.confirm, self.block_h = confirm, block_h
         self.n_tiles = -(-hidden // block_h)
         self.stage_names = {0: "all_reduce"} if stage_names is None else stage_names
-        n_data, n_ctrl = self.layout(world, hidden, max_rows, dtype, block_h)
-        raw = torch.from_file(path, shared=True, size=n_data + n_ctrl, dtype=torch.uint8)
+        n_data, n_ctrl, n_desc = self.layout(world, hidden, max_rows, dtype, block_h)
+        raw = torch.from_file(path, shared=True, size=n_data + n_ctrl + n_desc, dtype=torch.uint8)
         exact = world * 2 * world * max_rows * hidden
+        self.path = path
         self.data = raw[:n_data].view(dtype)[:exact].view(world, 2, world, max_rows, hidden)
-        self.ctrl = raw[n_data:].view(torch.int64).view(world, -1).numpy()   # shared, no copy
+        self.ctrl = raw[n_data:n_data + n_ctrl].view(torch.int64).view(world, -1).numpy()   # shared, no copy
+        self.desc = raw[n_data + n_ctrl:].view(torch.int64).view(world, 2, world, DESC_LEN).numpy()
         self.epoch = 0
 
     @staticmethod
     def layout(world: int, hidden: int, max_rows: int, dtype: torch.dtype,
-               block_h: int = HOST_BLOCK_H) -> tuple[int, int]:
-        """(data bytes, control bytes) of the shared file."""
+               block_h: int = HOST_BLOCK_H) -> tuple[int, int, int]:
+        """(data bytes, control bytes, step-descriptor bytes) of the shared file."""
         elem = torch.empty((), dtype=dtype).element_size()
         n_data = world * 2 * world * max_rows * hidden * elem
         n_data = -(-n_data // 128) * 128
-        return n_data, world * ctrl_len(world, -(-hidden // block_h)) * 8
+        return n_data, world * ctrl_len(world, -(-hidden // block_h)) * 8, world * 2 * world * DESC_LEN * 8
 
     @classmethod
     def create_file(cls, world: int, hidden: int, max_rows: int = 48, dtype: torch.dtype = torch.bfloat16,
@@ -95,19 +118,58 @@ class HostGroup:
 
     @classmethod
     def from_process_group(cls, hidden: int, group: dist.ProcessGroup | None = None, **kw: Any) -> "HostGroup":
-        """Collective over the (gloo) group: rank 0 creates the file, every rank maps it, rank 0
-        unlinks it once all have (nothing is left behind, even if a process dies later)."""
+        """Collective over the (gloo) group: every rank's (world, hidden, dtype, block_h, max_rows,
+        confirm) are gathered and compared with rank 0's; rank 0 creates the file, every rank maps
+        it, every rank unlinks it once all have (nothing is left behind, even if a process dies later).
+
+        Raises, on every rank: `UnsupportedConfigError` naming the first rank and field that differ
+        from rank 0's (before anything is created); when the set-up fails on some rank (a bad
+        argument, a LOWLAT_FAULT only it has, the file), that rank raises its own error and every
+        other rank `UnsupportedConfigError` naming that rank, field and value. Every step is a gloo
+        collective, so no rank waits for a rank that already gave up (bounded by the gloo timeout
+        only when a rank dies mid-set-up). A process killed between rank 0's file creation and the
+        gather leaves the file (`lowlat_comm_*` in /dev/shm) behind."""
         rank, world = dist.get_rank(group), dist.get_world_size(group)
+        src0 = dist.get_global_rank(group, 0) if group else 0
         probe = dict(max_rows=kw.get("max_rows", 48), dtype=kw.get("dtype", torch.bfloat16),
                      block_h=kw.get("block_h", HOST_BLOCK_H))
-        box = [cls.create_file(world, hidden, **probe) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        mine = dict(world=world, hidden=hidden, dtype=str(probe["dtype"]), block_h=probe["block_h"],
+                    max_rows=probe["max_rows"], confirm=kw.get("confirm", True))
+        every: list = [None] * world
+        dist.all_gather_object(every, mine, group=group)
+        for r, theirs in enumerate(every):
+            for field in AGREED_FIELDS:
+                if theirs[field] != every[0][field]:
+                    raise UnsupportedConfigError(
+                        field, theirs[field], f"rank {r} builds the HostGroup with {field}={theirs[field]!r}, "
+                        f"rank 0 with {every[0][field]!r} (seen on rank {rank}); every rank must pass the same")
+        box: list = [None]
+        if rank == 0:
+            try:
+                box = [cls.create_file(world, hidden, **probe)]
+            except Exception as e:  # noqa: BLE001 - every rank raises below
+                box = [_setup_failure(e)]
+        dist.broadcast_object_list(box, src=src0, group=group)
+        if isinstance(box[0], dict):
+            raise _setup_error(rank, 0, box[0])
+        path, g, err = box[0], None, None
         try:
-            g = cls(rank, world, box[0], hidden, **kw)
-            dist.barrier(group)
-        finally:
-            if rank == 0:       # also when set-up failed somewhere: never leave the file behind
-                os.unlink(box[0])
+            try:
+                g = cls(rank, world, path, hidden, **kw)
+            except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised below
+                err = e
+            status: list = [None] * world
+            dist.all_gather_object(status, None if err is None else _setup_failure(err), group=group)
+        finally:   # every rank mapped it (or set-up failed): never leave the file behind
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if err is not None:
+            raise err
+        bad = next((r for r, s in enumerate(status) if s is not None), None)
+        if bad is not None:
+            raise _setup_error(rank, bad, status[bad])
         return g
 
     # ------------------------------------------------------------------------------------------
@@ -141,27 +203,79 @@ class HostGroup:
             if polls > SPIN_POLLS:
                 time.sleep(POLL_SLEEP_S)
 
+    def _publish_refusal(self, epoch: int, step_id: int) -> None:
+        """A refused call still takes part in its step: REFUSED descriptor + every tile's flag (no
+        data), so every peer raises `StepContractError` for this step at once instead of timing out."""
+        par, r = epoch % 2, self.rank
+        for p in range(self.world):
+            self.desc[p, par, r] = (REFUSED, step_id)
+        for t in range(self.n_tiles):
+            for p in range(self.world):
+                self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t)
+
+    def _check_descriptors(self, epoch: int, m: int, step_id: int) -> None:
+        """Every rank's descriptor of this step against rank 0's (call once all tile-0 flags are in):
+        every rank reads the same descriptors, so every rank raises the same error."""
+        d = self.desc[self.rank, epoch % 2]
+        for src in range(self.world):
+            if int(d[src, 0]) == REFUSED:
+                raise _step_error(self.rank, epoch, "partial", REFUSED, src,
+                                  f"rank {src} refused its call of this step (see its error); the step is "
+                                  "aborted on every rank")
+        for field, col in (("rows", 0), ("step_id", 1)):
+            ref = int(d[0, col])
+            for src in range(1, self.world):
+                if int(d[src, col]) != ref:
+                    v = int(d[src, col])
+                    raise _step_error(
+                        self.rank, epoch, field, v, src,
+                        f"rank {src} passed {field}={v}, rank 0 {field}={ref} (-1: none) to the same "
+                        f"collective call; the step is aborted on every rank"
+                        + ("; the ranks' call sequences differ: rebuild the group" if field == "step_id" else ""))
+
     def all_reduce(self, partial: torch.Tensor, *, stage: int = 0, delay_s: float = 0.0,
-                   fault: Fault | None = None) -> torch.Tensor:
+                   fault: Fault | None = None, step_id: int | None = None) -> torch.Tensor:
         """This rank's part of the rank-ordered all-reduce.
 
-        partial: [M, H] (group dtype, CPU), this rank's partial. delay_s: wait before pushing (to
-        randomise arrival order). fault: overrides the group's fault for this call.
+        partial: [M, H] (group dtype, CPU), this rank's partial; M must be the same on every rank.
+        stage: id of the call in error messages (0..MAX_STAGE). delay_s: wait before pushing (to
+        randomise arrival order). fault: overrides the group's fault for this call. step_id: the
+        caller's step number (>= 0, the same on every rank for the same call; optional): a rank
+        whose call sequence drifted (an extra or a missing call) is then detected.
         Returns [M, H] = ordered_sum(partials of ranks 0..N-1), identical on every rank.
         Raises `CollectiveTimeout` (every surviving rank) when a wait misses the deadline;
-        `StepContractError` on a bad partial. An `exit` fault ends this process (EXIT_CODE).
+        `StepContractError` on a bad partial or stage (this rank, `UnsupportedConfigError` for the
+        stage) and then on every other rank for the same step (the refused call consumes its step,
+        so the ranks stay aligned), and on every rank when the ranks' M or step_id differ.
+        An `exit` fault ends this process (EXIT_CODE).
+        Every rank must make the same sequence of calls (see the module docstring).
         """
-        if partial.dim() != 2 or partial.shape[1] != self.hidden or partial.dtype != self.dtype:
-            raise StepContractError(f"partial must be [M, {self.hidden}] {self.dtype}, got "
-                                    f"{tuple(partial.shape)} {partial.dtype}")
-        m = partial.shape[0]
-        if not 1 <= m <= self.max_rows:
-            raise StepContractError(f"rows M={m} must be in 1..max_rows={self.max_rows}")
-        fault = self.fault if fault is None else fault
-        self.epoch += 1
+        self.epoch += 1          # first: a refused call consumes its step, as on every other rank
         epoch, par, r = self.epoch, self.epoch % 2, self.rank
         if epoch > MAX_EPOCH:
             raise UnsupportedConfigError("epoch", epoch, "exhausted")
+        if step_id is None:
+            sid = NO_STEP_ID
+        elif isinstance(step_id, bool) or not isinstance(step_id, int) or not 0 <= step_id < 1 << 62:
+            self._publish_refusal(epoch, NO_STEP_ID)
+            raise UnsupportedConfigError("step_id", step_id, f"must be an int in 0..2**62 (rank {r}, step {epoch})")
+        else:
+            sid = step_id
+        if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
+            self._publish_refusal(epoch, sid)
+            raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE} (rank {r}, step {epoch})")
+        if not isinstance(partial, torch.Tensor) or partial.dim() != 2 or partial.shape[1] != self.hidden \
+                or partial.dtype != self.dtype or partial.device.type != "cpu":
+            self._publish_refusal(epoch, sid)
+            got = (f"{tuple(partial.shape)} {partial.dtype} on {partial.device}" if isinstance(partial, torch.Tensor)
+                   else type(partial).__name__)
+            raise _step_error(r, epoch, "partial", got, r, f"partial must be [M, {self.hidden}] {self.dtype} "
+                              f"on the CPU, got {got}")
+        m = partial.shape[0]
+        if not 1 <= m <= self.max_rows:
+            self._publish_refusal(epoch, sid)
+            raise _step_error(r, epoch, "rows", m, r, f"rows M={m} must be in 1..max_rows={self.max_rows}")
+        fault = self.fault if fault is None else fault
         kind = fault.kind_at(epoch) if fault.rank == r else FaultKind.NONE
         if kind == FaultKind.LATE:
             delay_s = max(delay_s, fault.delay_s)
@@ -175,6 +289,9 @@ class HostGroup:
                     os._exit(EXIT_CODE)
                 for p in range(self.world):
                     self.data[p, par, r, :m, cols].copy_(partial[:, cols])
+                if t == 0:      # before the first flag: a peer that sees it sees this too (TSO)
+                    for p in range(self.world):
+                        self.desc[p, par, r] = (m, sid)
                 tag = make_tag(epoch - 1 if kind == FaultKind.WRONG_EPOCH else epoch, t)
                 for p in range(self.world):
                     self.ctrl[self._flag(p, par, r, t)] = tag
@@ -184,6 +301,8 @@ class HostGroup:
         for t, cols in enumerate(tiles):
             for src in range(self.world):
                 self._wait(self._flag(r, par, src, t)[1], make_tag(epoch, t), epoch, stage, src, clock)
+            if t == 0:
+                self._check_descriptors(epoch, m, sid)
             acc = self.data[r, par, 0, :m, cols].float()
             for src in range(1, self.world):
                 acc = acc + self.data[r, par, src, :m, cols].float()
@@ -196,6 +315,20 @@ class HostGroup:
                 self._wait(self._flag(r, par, src, 0, done=True)[1], done, epoch, stage | CONFIRM_STAGE_BIT,
                            src, clock)
         return out
+
+
+def _setup_failure(e: BaseException) -> dict:
+    """A picklable summary of a set-up error (exceptions with custom __init__ do not pickle)."""
+    if isinstance(e, UnsupportedConfigError):
+        value = e.value if isinstance(e.value, (int, float, str, type(None))) else repr(e.value)
+        return {"field": e.field, "value": value, "why": e.why, "type": type(e).__name__}
+    return {"field": "setup", "value": str(e), "why": "", "type": type(e).__name__}
+
+
+def _setup_error(rank: int, bad: int, f: dict) -> LowlatError:
+    why = f"{f['type']} on rank {bad}" + (f": {f['why']}" if f["why"] else "")
+    return UnsupportedConfigError(f["field"], f["value"], f"HostGroup set-up failed ({why}), so it failed on every "
+                                  f"rank (this is rank {rank})")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,9 +12,12 @@
               allocates its buffers / graphs per width; the built widths are agreed the same way.
               `Built.summary()` says what was built, in how long and how much memory it took.
     Run       `Built.plan_rows(mode, rows)` decides host-side, from host values only, whether a step is
-              covered (the same inputs give the same answer on every rank); `Built.agree_plan` checks
-              that every rank planned alike (any difference: every rank falls back); `Built.run`
-              runs a covered step; anything else goes to the general (reference) forward.
+              covered (the same inputs give the same answer on every rank); each rank then checks
+              the step contract against its own KV pool, and `Built.agree_step` agrees plan AND
+              validity in one gather: a step invalid on any rank raises `RankStepContractError` on
+              every rank (none enters the fused step), differing plans fall back on every rank;
+              `Built.run` runs a covered step; anything else goes to the general (reference) forward.
+              A guard or spec lookup that raises on a rank is a reason, agreed like any other.
 
 This follows SGLang's NVIDIA megakernel contract (sglang 0.5.23,
 `sglang/kernels/plugin_kernels/nvidia/spec.py`, `sglang/srt/kernel_plugins/nvidia/binding.py`;
@@ -36,7 +39,7 @@ import torch
 
 from lowlat import numerics
 from lowlat.config import ModelConfig
-from lowlat.errors import LowlatError, UnsupportedConfigError
+from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 from lowlat.step import MAX_ROWS, StepBatch
 from lowlat.weights import ModelWeights
 
@@ -81,6 +84,20 @@ SPEC_MODULE = "lowlat.runtime.contract"
 
 #: Step modes a built step covers (SGLang's ForwardMode DECODE and TARGET_VERIFY).
 COVERED_MODES = ("decode", "target_verify")
+
+
+class RankStepContractError(StepContractError):
+    """A step breaks the step contract on at least one TP rank; raised on EVERY rank before any of
+    them enters the fused step. problems_by_rank: {rank (or "every rank"): the rank's reason}."""
+
+    def __init__(self, problems_by_rank: Mapping[Any, str]) -> None:
+        self.problems_by_rank = dict(problems_by_rank)
+        listing = "; ".join(f"{r}: {p}" if isinstance(r, str) else f"rank {r}: {p}"
+                            for r, p in self.problems_by_rank.items())
+        super().__init__(f"the step breaks the step contract, so no rank runs it: {listing}")
+
+    def __reduce__(self):   # picklable, so it can cross process boundaries
+        return (RankStepContractError, (self.problems_by_rank,))
 
 
 class ContractRefusal(LowlatError, ValueError):
@@ -305,8 +322,8 @@ def find_spec(architectures: Sequence[str] | None, isa: str | None,
               registry: Mapping[str, str] | None = None) -> tuple[LowlatSpec | None, str]:
     """The compatible spec and "", or None and every reason (SGLang's `find_spec` rules).
 
-    A path that does not import, is not a LowlatSpec, has another API version or does not list
-    `isa` is a reason, not an exception, so every rank reports it alike.
+    A path that does not import, is not a LowlatSpec, has another API version, does not list
+    `isa` or raises while being checked is a reason, not an exception, so every rank reports it alike.
     """
     if isa is None:
         return None, "no CUDA GPU is visible"
@@ -322,15 +339,18 @@ def find_spec(architectures: Sequence[str] | None, isa: str | None,
         except Exception as e:  # noqa: BLE001 - a broken plugin is a reason on every rank, not a crash
             why.append(f"{path} does not import: {type(e).__name__}: {e}")
             continue
-        if not isinstance(spec, LowlatSpec):
-            why.append(f"{path} is not a LowlatSpec")
-        elif spec.api_version != API_VERSION:
-            why.append(f"{path} uses megakernel API version {spec.api_version}; lowlat requires "
-                       f"version {API_VERSION}")
-        elif isa not in spec.isas:
-            why.append(f"{path} supports {sorted(spec.isas)}, not {isa}")
-        else:
-            return spec, ""
+        try:
+            if not isinstance(spec, LowlatSpec):
+                why.append(f"{path} is not a LowlatSpec")
+            elif spec.api_version != API_VERSION:
+                why.append(f"{path} uses megakernel API version {spec.api_version}; lowlat requires "
+                           f"version {API_VERSION}")
+            elif isa not in spec.isas:
+                why.append(f"{path} supports {sorted(spec.isas)}, not {isa}")
+            else:
+                return spec, ""
+        except Exception as e:  # noqa: BLE001 - e.g. isas=None: a broken spec is a reason, not a crash
+            why.append(f"{path} cannot be checked: {type(e).__name__}: {e}")
     return None, "; ".join(why) or (
         f"no spec is registered for {list(architectures or ())} (registered: {sorted(registry)})")
 
@@ -339,9 +359,14 @@ def find_spec_on_every_rank(architectures: Sequence[str] | None, isa: str | None
                             registry: Mapping[str, str] | None = None) -> tuple[LowlatSpec | None, list[str]]:
     """`find_spec` on every rank, then agreed: the spec every rank found and [], or None and the
     reasons (each rank's, named, when the ranks found different things), identical on every rank.
-    Ranks branch together on the answer, so none builds (or enters a collective) alone."""
-    spec, why = find_spec(architectures, isa, registry)
-    found = ("found", spec.name, spec.api_version) if spec is not None else ("refused", why)
+    Ranks branch together on the answer, so none builds (or enters a collective) alone. A lookup
+    that raises on a rank (a broken registry, say) is that rank's reason, agreed like any other."""
+    try:
+        spec, why = find_spec(architectures, isa, registry)
+        found = ("found", str(spec.name), int(spec.api_version)) if spec is not None else ("refused", why)
+    except Exception as e:  # noqa: BLE001 - a rank-local crash would leave the others in the agreement
+        spec, why = None, f"finding the spec raised {type(e).__name__}: {e}"
+        found = ("refused", why)
     if world_size(group) == 1:
         return (spec, []) if spec is not None else (None, [why])
     from lowlat.comm.agreement import RankDisagreement, agree
@@ -403,6 +428,19 @@ def agree_reasons(reasons: Sequence[str], group: Any) -> list[str]:
         out += [f"rank {r}: eligible" for r, rs in items if not rs]
         return out or [f"the ranks' guard verdicts differ: {e}"]
     return [f"every rank: {reason}" for reason in agreed]
+
+
+def guard_reasons(spec: LowlatSpec, cfg: ModelConfig, weights: ModelWeights, hw: DeviceFacts, *,
+                  tp_size: int = 1, hf: Mapping[str, Any] | None = None) -> list[str]:
+    """`spec.guard(...)` as a list of str; a guard that raises (a plugin bug, an odd config on one
+    rank) or returns something other than reasons is a reason itself, never a crash, so the verdicts
+    can still be agreed on every rank."""
+    try:
+        return [str(r) for r in spec.guard(cfg, weights, hw, tp_size=tp_size, hf=hf)]
+    except Exception as e:  # noqa: BLE001 - a rank that crashed here would leave the others in the agreement
+        name = getattr(spec, "name", type(spec).__name__)
+        log.error("the guard of %s raised %s: %s", name, type(e).__name__, e)
+        return [f"the guard of {name} raised {type(e).__name__}: {e}"]
 
 
 # ---------------------------------------------------------------------------- build + run
@@ -509,15 +547,35 @@ class Built:
 
     def agree_plan(self, planned: PlannedStep | None) -> PlannedStep | None:
         """`planned` if every rank planned the same step, else None on every rank (all fall back)."""
+        return self.agree_step(planned, None)
+
+    def agree_step(self, planned: PlannedStep | None, problem: str | None) -> PlannedStep | None:
+        """Agree, in one gather, on every rank's plan and on whether its step is valid (`problem`:
+        None, or why this rank's step breaks the step contract, checked BEFORE any collective).
+
+        Any rank's problem: `RankStepContractError` on every rank, naming each rank's problem (no
+        rank enters the fused step; the step is refused, as a single rank refuses an invalid step).
+        Else `planned` if every rank planned the same step, or None on every rank (all fall back).
+        Alone (no group), `problem` raises StepContractError(problem) here."""
         if world_size(self.group) == 1:
+            if problem is not None:
+                raise StepContractError(problem)
             return planned
+        from lowlat.comm.agreement import RankDisagreement, agree
+
         key = None if planned is None else (planned.mode, planned.rows)
         try:
-            agree_across_ranks(key, self.group, what="planned steps")
-        except ContractRefusal as e:
-            self.disagreements += 1
-            log.warning("step falls back on every rank: %s", e.reasons[0])
-            return None
+            agree((key, problem), self.group, name="planned steps")
+            by_rank = None if problem is None else {"every rank": problem}
+        except RankDisagreement as e:
+            by_rank = {r: p for r, (_, p) in sorted(e.values_by_rank.items()) if p is not None}
+            if not by_rank:
+                self.disagreements += 1
+                plans = "; ".join(f"rank {r}: {k!r}" for r, (k, _) in sorted(e.values_by_rank.items()))
+                log.warning("step falls back on every rank: the ranks' planned steps differ: %s", plans)
+                return None
+        if by_rank:
+            raise RankStepContractError(by_rank)
         return planned
 
     def run(self, step: StepBatch, kv: Any) -> torch.Tensor:
@@ -528,14 +586,16 @@ class Built:
 def build(spec: LowlatSpec, cfg: ModelConfig, weights: ModelWeights, *, device: str | torch.device,
           widths: Sequence[int], tokens_per_request: int = 1, deadline_s: float = 60.0,
           runner_factory: RunnerFactory | None = None, group: Any = None, hardware: DeviceFacts | None = None,
-          tp_size: int = 1, hf: Mapping[str, Any] | None = None, runner_kwargs: Mapping[str, Any] | None = None) -> Built:
+          tp_size: int = 1, hf: Mapping[str, Any] | None = None,
+          runner_kwargs: Mapping[str, Any] | None = None) -> Built:
     """Guard on every rank, agree, build the runner, agree on the built widths.
 
     widths: step rows to build (ascending); tokens_per_request: 1, or k+1 under speculation;
     deadline_s: every cross-GPU wait's deadline; group: the TP group's CPU (gloo) process group, or
     None alone; hardware: the GPU facts (default: probed from `device`).
     Raises ContractRefusal on every rank (each rank's reasons named) when any rank is ineligible
-    or the ranks built different widths.
+    (a guard that raises counts as ineligible: `guard_reasons`), its runner factory raised, or the
+    ranks built different widths.
     """
     if not 1 <= tokens_per_request <= spec.max_rows:
         raise ContractRefusal([f"tokens_per_request={tokens_per_request} outside 1..{spec.max_rows}"])
@@ -543,7 +603,7 @@ def build(spec: LowlatSpec, cfg: ModelConfig, weights: ModelWeights, *, device: 
         raise ContractRefusal([f"deadline_s={deadline_s} must be a positive number of seconds"])
     dev = torch.device(device)
     hw = hardware if hardware is not None else device_facts(dev)
-    reasons = agree_reasons(spec.guard(cfg, weights, hw, tp_size=tp_size, hf=hf), group)
+    reasons = agree_reasons(guard_reasons(spec, cfg, weights, hw, tp_size=tp_size, hf=hf), group)
     if reasons:
         raise ContractRefusal(reasons)
     want = tuple(w for w in widths if 1 <= w <= spec.max_rows and w % tokens_per_request == 0)
@@ -605,20 +665,31 @@ class ContractBackend:
     counts: dict[str, int] = field(default_factory=lambda: {"fused": 0, "fallback": 0})
     name: str = "fused"
 
-    def plan(self, step: StepBatch) -> PlannedStep | None:
+    def plan(self, step: StepBatch, pool: Any = None) -> PlannedStep | None:
+        """This rank plans the step, validates it against `pool` (when `validate` and a pool is given,
+        and the step is planned fused here), then the plan and the validity are agreed over the group
+        (`Built.agree_step`): the agreed plan, or None (every rank falls back); a step invalid on any
+        rank raises RankStepContractError on every rank before any rank enters the fused step."""
         if self.built is None:
             return None
         planned = self.built.plan_rows(step_mode(step, self.built.tokens_per_request), step.num_rows)
-        return self.built.agree_plan(planned)
+        problem = None
+        if planned is not None and self.validate and pool is not None and world_size(self.built.group) == 1:
+            step.validate(vocab_size=self.built.cfg.vocab_size, num_slots=pool.k_caches[0].shape[0],
+                          max_rows=self.built.spec.max_rows)       # alone: the step's own error
+        elif planned is not None and self.validate and pool is not None:
+            try:
+                step.validate(vocab_size=self.built.cfg.vocab_size, num_slots=pool.k_caches[0].shape[0],
+                              max_rows=self.built.spec.max_rows)
+            except Exception as e:  # noqa: BLE001 - a rank-local error is agreed, never raised alone
+                problem = str(e) if isinstance(e, StepContractError) else f"{type(e).__name__}: {e}"
+        return self.built.agree_step(planned, problem)
 
     def forward(self, step: StepBatch, pool: Any) -> torch.Tensor:
-        planned = self.plan(step)
+        planned = self.plan(step, pool)
         if planned is None:
             self.counts["fallback"] += 1
             return self.fallback.forward(step, pool)
-        if self.validate:
-            step.validate(vocab_size=self.built.cfg.vocab_size, num_slots=pool.k_caches[0].shape[0],
-                          max_rows=self.built.spec.max_rows)
         self.counts["fused"] += 1
         return self.built.run(step, pool)
 

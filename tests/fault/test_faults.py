@@ -52,6 +52,11 @@ def test_deadline_follows_sglang_rule_and_refuses_short_serving_deadlines():
     with pytest.raises(UnsupportedConfigError, match="watchdog_timeout"):
         deadline_from_watchdog(float("nan"))
     assert Deadline.coerce(0.2) == Deadline(0.2, serving=False) and Deadline.coerce(None).seconds == 60.0
+    # bounded: a deadline's ns are added to an int64 ns clock (1e300 s overflowed, 1e10 s wrapped int64)
+    assert Deadline(1e6, serving=False).ns == 10**15
+    for bad in (1e300, 1e10, 1e6 + 1, float("inf"), True, "soon", [1]):
+        with pytest.raises(UnsupportedConfigError, match="deadline_s"):
+            Deadline.coerce(bad)
 
 
 def test_abort_word_names_epoch_stage_origin_and_missing_peer():
@@ -80,6 +85,25 @@ def test_lowlat_fault_env_parsing(monkeypatch):
             Fault.parse(bad)
     with pytest.raises(UnsupportedConfigError, match="fault.rank"):
         EmulatedGroup(2, 576, max_rows=1, fault=Fault(FaultKind.NEVER, 2))
+    for bad in ("late:rank=1,delay_ms=nan", "late:rank=1,delay_s=inf", "late:rank=1,delay_ms=-inf"):
+        with pytest.raises(UnsupportedConfigError, match="fault.delay_s"):
+            Fault.parse(bad)
+    with pytest.raises(UnsupportedConfigError, match="fault.delay_s=True"):
+        Fault(FaultKind.LATE, 1, delay_s=True)
+
+
+@pytest.mark.parametrize("kind", ["never", "exit"])
+def test_a_fault_nobody_can_miss_is_refused_in_a_group_of_one(kind, device):
+    """world 1: no peer waits for the faulty rank, so a never / exit fault would return an unwritten
+    output without error. The group refuses it, at construction and per call."""
+    fault = Fault(FaultKind[kind.upper()], 0)
+    with pytest.raises(UnsupportedConfigError, match=f"fault.kind='{kind}'"):
+        EmulatedGroup(1, 576, max_rows=1, device=device, fault=fault)
+    g = EmulatedGroup(1, 576, max_rows=1, device=device)
+    out = poison(torch.empty(1, 1, 576, dtype=torch.bfloat16, device=device))
+    with pytest.raises(UnsupportedConfigError, match=f"fault.kind='{kind}'"):
+        g.all_reduce(make_partials(1, 1, 576, seed=0, device=device), out, fault=fault)
+    assert g.epoch == 0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from lowlat.comm.host_protocol import HostGroup, run_ranks
 from lowlat.comm.ordered_reduce import plan_tiles
 from lowlat.comm.testing import (assert_bits_equal, digest, make_partials, reference,
                                  scaled_partial_epilogue_kernel)
-from lowlat.errors import StepContractError
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.numerics import poison
 
 pytestmark = pytest.mark.multi_gpu
@@ -95,7 +95,12 @@ def test_host_protocol_rejects_bad_partial(tmp_path):
         g.all_reduce(torch.ones(5, 600, dtype=torch.bfloat16))
     with pytest.raises(StepContractError, match=r"\[M, 600\]"):
         g.all_reduce(torch.ones(2, 601, dtype=torch.bfloat16))
-    assert g.epoch == 0, "a refused call must not consume an epoch"
+    with pytest.raises(UnsupportedConfigError, match="stage=70000"):
+        g.all_reduce(torch.ones(2, 600, dtype=torch.bfloat16), stage=70000)
+    with pytest.raises(StepContractError, match="on the CPU, got list"):
+        g.all_reduce([[1.0] * 600])
+    # a refused call consumes its step (the peers' same call raises too): the ranks stay aligned
+    assert g.epoch == 4, "a refused call must consume its epoch, as it does on the peers"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ it built, the step it planned -- is agreed over the group (lowlat.comm.agreement
 difference refuses (build) or falls back (step) on EVERY rank, naming each rank's value; a rank never
 enters a collective alone. The fused runner here performs an all-reduce each step, so a rank that
 went fused alone would hang in it (and the gloo timeout / run_ranks' kill would fail the test).
+Rank-local faults (a step invalid on one rank, a guard or spec lookup raising on one rank) are
+agreed the same way: every rank gets the same typed error or refusal, naming the rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.distributed as dist
 
 from lowlat.comm.host_protocol import run_ranks
 from lowlat.config import ModelConfig
+from lowlat.errors import StepContractError
 from lowlat.runtime import contract
 from lowlat.step import StepBatch
 from lowlat.weights import random_model_weights
@@ -34,17 +37,19 @@ HF = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=96
           num_attention_heads=6, num_key_value_heads=3, head_dim=64, intermediate_size=192, vocab_size=64,
           tie_word_embeddings=True)
 SPEC = dataclasses.replace(contract.LLAMA, name="lowlat-test-tp3", tp_sizes=frozenset({WORLD}))
-REGISTRY = {"LlamaForCausalLM": "lowlat_test_rank_specs:SPEC"}
+MODULE = "lowlat_test_rank_specs"
+REGISTRY = {"LlamaForCausalLM": f"{MODULE}:SPEC"}
 
 
-def _install_specs(present: bool) -> None:
-    """The spec module as this rank sees it: present, or missing (a broken install on one rank)."""
+def _install_specs(present: bool, spec: contract.LowlatSpec = SPEC) -> None:
+    """The spec module as this rank sees it: present (holding `spec`), or missing (a broken install
+    on one rank)."""
     if present:
-        mod = types.ModuleType("lowlat_test_rank_specs")
-        mod.SPEC = SPEC
-        sys.modules["lowlat_test_rank_specs"] = mod
+        mod = types.ModuleType(MODULE)
+        mod.SPEC = spec
+        sys.modules[MODULE] = mod
     else:
-        sys.modules.pop("lowlat_test_rank_specs", None)
+        sys.modules.pop(MODULE, None)
 
 
 class CollectiveRunner:
@@ -69,14 +74,21 @@ class NoCollectiveFallback:
         return torch.full((step.num_rows, 64), -1.0)
 
 
-def _engine(rank, *, hardware=H200, present=True, drop_width=None):
-    _install_specs(present)
+def _engine(rank, *, hardware=H200, present=True, drop_width=None, spec=SPEC, num_slots=64, registry=REGISTRY):
+    _install_specs(present, spec)
     cfg = ModelConfig.from_hf(HF)
     w = random_model_weights(cfg, seed=0)
     factory = lambda *a, **k: CollectiveRunner(*a, drop_width=drop_width, **k)  # noqa: E731
-    return contract.fused_engine(cfg, w, device="cpu", num_slots=64, max_reqs=4, max_ctx=32, widths=(1, 2, 4),
-                                 hardware=hardware, runner_factory=factory, group=dist.group.WORLD,
-                                 registry=REGISTRY)
+    return contract.fused_engine(cfg, w, device="cpu", num_slots=num_slots, max_reqs=4, max_ctx=32,
+                                 widths=(1, 2, 4), hardware=hardware, runner_factory=factory,
+                                 group=dist.group.WORLD, registry=registry)
+
+
+def _step(rows, first_slot):
+    slots = torch.arange(first_slot, first_slot + rows, dtype=torch.int32)
+    return StepBatch(input_ids=torch.zeros(rows, dtype=torch.int64), positions=torch.zeros(rows, dtype=torch.int64),
+                     out_cache_loc=slots, req_indices=torch.arange(rows, dtype=torch.int32),
+                     seq_lens=torch.ones(rows, dtype=torch.int32), page_table=slots[:, None], num_valid_rows=rows)
 
 
 # ------------------------------------------------------------------------------ rank functions
@@ -104,15 +116,52 @@ def _steps(rank, world):
     backend.fallback, backend.validate = NoCollectiveFallback(), False
     paths, values = [], []
     for rows in (2, 3 if rank == 1 else 2, 2):
-        step = StepBatch(input_ids=torch.zeros(rows, dtype=torch.int64), positions=torch.zeros(rows, dtype=torch.int64),
-                         out_cache_loc=torch.arange(1, rows + 1, dtype=torch.int32),
-                         req_indices=torch.arange(rows, dtype=torch.int32), seq_lens=torch.ones(rows, dtype=torch.int32),
-                         page_table=torch.arange(1, rows + 1, dtype=torch.int32)[:, None], num_valid_rows=rows)
         before = dict(backend.counts)
-        out = backend.forward(step, eng.pool)
+        out = backend.forward(_step(rows, 1), eng.pool)
         paths.append("fused" if backend.counts["fused"] > before["fused"] else "fallback")
         values.append(float(out[0, 0]))
     return paths, values, backend.built.runner.entered, backend.built.disagreements
+
+
+@dataclasses.dataclass(frozen=True)
+class RaisingGuardSpec(contract.LowlatSpec):
+    """A plugin whose guard raises on rank 1 (a plugin bug, or an odd config seen by one rank)."""
+
+    def guard(self, cfg, weights, hw, *, tp_size=1, hf=None):
+        if dist.get_rank() == 1:
+            raise KeyError("rope_scaling")
+        return super().guard(cfg, weights, hw, tp_size=tp_size, hf=hf)
+
+
+def _step_invalid_on_one_rank(rank, world):
+    """Rank 1's KV pool has 8 slots, the others 64: a step writing slot 10 is valid on ranks 0 and 2
+    only. Steps (validated): slot 1 (valid everywhere), slot 10, slot 1 again."""
+    eng = _engine(rank, num_slots=8 if rank == 1 else 64)
+    backend = eng.backend
+    backend.fallback = NoCollectiveFallback()
+    assert backend.built is not None, backend.refusal
+    log = []
+    for first in (1, 10, 1):
+        try:
+            out = backend.forward(_step(2, first), eng.pool)
+            log.append(("ok", float(out[0, 0])))
+        except StepContractError as e:
+            log.append((type(e).__name__, getattr(e, "problems_by_rank", None), str(e)))
+    return log, backend.built.runner.entered, dict(backend.counts)
+
+
+def _guard_raises_on_one_rank(rank, world):
+    eng = _engine(rank, spec=RaisingGuardSpec(name="raising", architecture="LlamaForCausalLM",
+                                              tp_sizes=frozenset({WORLD})))
+    return eng.backend.built is None, eng.backend.refusal
+
+
+def _lookup_raises_on_one_rank(rank, world):
+    """Rank 1's registry is broken: a path that is not a string (find_spec itself raises), and a spec
+    whose `isas` is None (checking it raises)."""
+    first = _engine(rank, registry={"LlamaForCausalLM": 42} if rank == 1 else REGISTRY)
+    second = _engine(rank, spec=dataclasses.replace(SPEC, isas=None) if rank == 1 else SPEC)
+    return [(e.backend.built is None, e.backend.refusal) for e in (first, second)]
 
 
 def _all_ok(outcomes):
@@ -156,3 +205,37 @@ def test_a_step_planned_differently_falls_back_on_every_rank():
         assert paths == ["fused", "fallback", "fused"]
         assert vals == [6.0, -1.0, 6.0]          # 1 + 2 + 3: every rank was in each all-reduce
         assert entered == 2 and disagreements == 1
+
+
+# ------------------------------------------------------------------------------ rank-local faults
+# A step that breaks the step contract on one rank only, a guard or a spec lookup that raises on one
+# rank: each is agreed before anyone enters a collective (every rank: the same typed error or refusal).
+def test_a_step_invalid_on_one_rank_raises_on_every_rank_before_the_collective():
+    values = _all_ok(run_ranks(_step_invalid_on_one_rank, WORLD, timeout_s=TIMEOUT_S))
+    for log, entered, counts in values:
+        assert log[0] == ("ok", 6.0) and log[2] == ("ok", 6.0)      # 1 + 2 + 3: every rank all-reduced
+        kind, problems, msg = log[1]
+        assert kind == "RankStepContractError"
+        assert list(problems) == [1] and "out_cache_loc[0]=10" in problems[1]
+        assert "rank 1: out_cache_loc[0]=10" in msg
+        assert entered == 2 and counts == {"fused": 2, "fallback": 0}
+    assert all(v[0] == values[0][0] for v in values)
+
+
+def test_a_guard_that_raises_on_one_rank_refuses_on_every_rank_naming_it():
+    values = _all_ok(run_ranks(_guard_raises_on_one_rank, WORLD, timeout_s=TIMEOUT_S))
+    assert all(v == values[0] for v in values)
+    refused, reasons = values[0]
+    assert refused and reasons == ["rank 1: the guard of raising raised KeyError: 'rope_scaling'",
+                                   "rank 0: eligible", "rank 2: eligible"]
+
+
+def test_a_spec_lookup_that_raises_on_one_rank_refuses_on_every_rank_naming_it():
+    values = _all_ok(run_ranks(_lookup_raises_on_one_rank, WORLD, timeout_s=TIMEOUT_S))
+    assert all(v == values[0] for v in values)
+    (refused1, reasons1), (refused2, reasons2) = values[0]
+    assert refused1 and reasons1[0] == "rank 0: found lowlat-test-tp3"
+    assert reasons1[2] == "rank 2: found lowlat-test-tp3"
+    assert reasons1[1].startswith("rank 1: finding the spec raised AttributeError")
+    assert refused2 and reasons2[1].startswith(f"rank 1: {MODULE}:SPEC cannot be checked: TypeError")
+    assert reasons2[0] == "rank 0: found lowlat-test-tp3"
