@@ -12,6 +12,49 @@ import sys
 import time
 
 
+def _int_at_least(lo: int):
+    """argparse type: an int >= lo (a bad value is a usage error naming it, before any model loads)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {lo}")
+        return v
+    return parse
+
+
+def _float_in(lo: float, hi: float, *, lo_open: bool, hi_open: bool):
+    """argparse type: a float in the interval lo..hi (open or closed at each end; NaN never passes)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        ok_lo = v > lo if lo_open else v >= lo
+        ok_hi = v < hi if hi_open else v <= hi
+        if not (ok_lo and ok_hi):
+            raise argparse.ArgumentTypeError(
+                f"{v} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+        return v
+    return parse
+
+
+def _device_name(text: str) -> str:
+    """argparse type: auto | cpu | cuda | cuda:N."""
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose auto, cpu, cuda or cuda:N")
+
+
+def _workers(text: str) -> str:
+    """argparse type: pytest-xdist workers, "auto" or an int >= 0."""
+    if text == "auto" or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose auto or a number of workers >= 0")
+
+
 def _pick_device(name: str) -> str:
     import torch
 
@@ -23,10 +66,18 @@ def _pick_device(name: str) -> str:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
+    from lowlat.errors import UnsupportedConfigError
     from lowlat.gguf_loader import load_gguf_model, load_tokenizer
     from lowlat.runtime.engine import SamplingParams, make_engine
 
     device = _pick_device(args.device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UnsupportedConfigError("device", args.device, "no CUDA device is available here")
+    if not args.prompt and not args.chat:
+        raise UnsupportedConfigError("prompt", args.prompt, "is empty: a request needs at least one prompt token")
+    # refuse bad sampling values before the model loads
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
     cfg, weights = load_gguf_model(args.gguf)
     tok = load_tokenizer(args.gguf)
@@ -38,8 +89,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                        add_generation_prompt=True)
     ids = tok(text).input_ids
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                            max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     out: list[int] = []
     printed = 0
     sys.stdout.write(args.prompt if not args.chat else "")
@@ -80,6 +129,12 @@ def cmd_signoff(args: argparse.Namespace) -> int:
         if args.quick or args.pytest_args:
             raise SystemExit("lowlat signoff: --quality-only runs no test suite; drop --quick and the pytest "
                              f"arguments {args.pytest_args}")
+    if args.quality or args.quality_only:       # refuse bad quality settings before the suites run (hours)
+        from lowlat.eval.signoff import check_quality_args
+
+        check_quality_args(limit=args.quality_limit, alpha=args.alpha, temperature=args.quality_temperature,
+                           k=args.k, draft_layers=args.draft_layers, drafter=args.drafter)
+    if args.quality_only:
         code = 0
     else:
         code = run_signoff(out_dir=args.out, quick=args.quick, workers=args.workers, extra=args.pytest_args)
@@ -104,12 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate from the real SmolLM2-135M-Instruct, streaming tokens")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=32)
     g.add_argument("--backend", default="reference", choices=["reference", "fused"])
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--device", default="auto", type=_device_name, help="auto | cpu | cuda | cuda:N")
+    g.add_argument("--temperature", type=_float_in(0, float("inf"), lo_open=False, hi_open=True), default=0.0,
+                   help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-p", type=_float_in(0, 1, lo_open=True, hi_open=False), default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--ignore-eos", action="store_true")
@@ -119,23 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("signoff", help="run every test suite this machine's hardware allows; write a report")
     s.add_argument("--out", default="signoff-report")
     s.add_argument("--quick", action="store_true", help="leave out tests marked slow")
-    s.add_argument("--workers", default="auto", help="pytest-xdist workers (0 = in-process)")
+    s.add_argument("--workers", default="auto", type=_workers, help="pytest-xdist workers (0 = in-process)")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     q = s.add_argument_group("task quality (lm-eval tasks: reference plain vs fused + speculative decoding)")
     which = q.add_mutually_exclusive_group()
     which.add_argument("--quality", action="store_true", help="also run the task-quality sign-off (lowlat/eval)")
     which.add_argument("--quality-only", action="store_true",
                        help="run only the task-quality sign-off (no test suites; the report goes to OUT/quality)")
-    q.add_argument("--quality-limit", type=int, default=200, help="items per task")
+    q.add_argument("--quality-limit", type=_int_at_least(1), default=200, help="items per task")
     q.add_argument("--quality-backends", nargs=2, default=None, metavar=("BASELINE", "CANDIDATE"),
                    help="default: reference fused (fused falls back to reference without a GPU)")
     q.add_argument("--quality-tasks", nargs="+", default=None)
     q.add_argument("--quality-seed", type=int, default=1234)
-    q.add_argument("--quality-temperature", type=float, default=0.8)
+    q.add_argument("--quality-temperature", type=_float_in(0, float("inf"), lo_open=False, hi_open=True),
+                   default=0.8)
     q.add_argument("--drafter", default="layers", choices=["layers", "ngram"])
-    q.add_argument("--draft-layers", type=int, default=None)
-    q.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default 5)")
-    q.add_argument("--alpha", type=float, default=0.01, help="family-wise false-failure rate of the paired tests")
+    q.add_argument("--draft-layers", type=_int_at_least(1), default=None)
+    q.add_argument("--k", type=_int_at_least(1), default=None, help="draft tokens per verify step (default 5)")
+    q.add_argument("--alpha", type=_float_in(0, 1, lo_open=True, hi_open=True), default=0.01,
+                   help="family-wise false-failure rate of the paired tests")
     s.set_defaults(func=cmd_signoff)
 
     for register in _EXTRA_COMMANDS:
@@ -157,8 +215,16 @@ _EXTRA_COMMANDS.append(_register_bench)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a value lowlat refuses on purpose (a `LowlatError`: bad sampling values, an empty or
+    too long prompt, ...) is printed as `lowlat COMMAND: error: ...` with exit code 2, not a traceback."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from lowlat.errors import LowlatError
+
+    try:
+        return args.func(args)
+    except LowlatError as e:
+        print(f"lowlat {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

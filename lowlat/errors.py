@@ -19,6 +19,11 @@ class StepContractError(LowlatError, ValueError):
     """A step's tensors break the step contract (dtype, shape, range); nothing was written."""
 
 
+class KVCacheError(LowlatError, RuntimeError):
+    """The KV-cache pool refused an operation: no free slot or request row, a request row that is not
+    allocated (e.g. freed twice), or a count / length outside its range. The pool is unchanged."""
+
+
 class WeightsNotFoundError(LowlatError, FileNotFoundError):
     """Model weights are missing or unreadable; the message says how to install them."""
 

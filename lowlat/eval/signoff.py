@@ -19,9 +19,9 @@ Pass rules (all must hold):
      A task fails when p < alpha / m, where m = the number of such tests in the sign-off (Bonferroni):
      if the configurations are equally accurate, the whole sign-off falsely fails with probability
      <= alpha (default 0.01). A seeded paired bootstrap gives the (1 - alpha/m) interval of the accuracy
-     difference that the report prints next to the p-value.
+     difference that the report prints next to the p-value. A task with no paired item fails (no evidence).
   2. greedy speculative outputs == greedy plain outputs on backend b, item for item (E vs B; A vs B when
-     a == b): speculative decoding must not change a single greedy token.
+     a == b): speculative decoding must not change a single greedy token (and there is at least one item).
 Speed (reported, not gated): acceptance length (tokens per verify step), P50/P90 per-token latency,
 interactivity (1 / P90 per-token latency, tokens/s/user), TTFT (mean, P90), output tokens/s -- from the
 decode log of each generating run -- with plots (matplotlib, Agg).
@@ -102,6 +102,39 @@ def _per_item(samples: list[dict], metric: str) -> dict[int, float]:
     return {int(s["doc_id"]): float(s[metric]) for s in samples}
 
 
+def check_quality_args(*, limit: int | None, alpha: float, temperature: float, k: int | None,
+                       draft_layers: int | None, drafter: str, batch_size: int = 8, max_length: int = 2048) -> None:
+    """Refuse a sign-off configuration before any run (a run takes minutes to hours): limit None or an int
+    >= 1 (lm-eval would read 0 < limit < 1 as a fraction and 0 as no item: a vacuous pass), alpha in (0, 1)
+    (alpha 0 passes every test), a temperature `SamplingParams` takes, k None or an int in 1..min(MAX_ROWS - 1,
+    DRAFT_OFFSET_STRIDE - 1), draft_layers None or an int >= 1, drafter "layers" | "ngram", batch_size >= 1,
+    max_length >= 2. Raises UnsupportedConfigError naming the field."""
+    from lowlat.errors import UnsupportedConfigError
+    from lowlat.runtime.drafters import DRAFT_OFFSET_STRIDE
+    from lowlat.runtime.engine import SamplingParams
+    from lowlat.step import MAX_ROWS
+
+    def is_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if limit is not None and not (is_int(limit) and limit >= 1):
+        raise UnsupportedConfigError("limit", limit, "items per task must be an int >= 1 (or None: every item)")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise UnsupportedConfigError("alpha", alpha, "the family-wise false-failure rate must be in (0, 1)")
+    SamplingParams(temperature=temperature)
+    k_hi = min(MAX_ROWS - 1, DRAFT_OFFSET_STRIDE - 1)
+    if k is not None and not (is_int(k) and 1 <= k <= k_hi):
+        raise UnsupportedConfigError("k", k, f"draft tokens per verify step must be an int in 1..{k_hi}")
+    if draft_layers is not None and not (is_int(draft_layers) and draft_layers >= 1):
+        raise UnsupportedConfigError("draft_layers", draft_layers, "must be an int >= 1 (and < the model's layers)")
+    if drafter not in ("layers", "ngram"):
+        raise UnsupportedConfigError("drafter", drafter, "choose 'layers' or 'ngram'")
+    if not (is_int(batch_size) and batch_size >= 1):
+        raise UnsupportedConfigError("batch_size", batch_size, "must be an int >= 1")
+    if not (is_int(max_length) and max_length >= 2):
+        raise UnsupportedConfigError("max_length", max_length, "must be an int >= 2")
+
+
 def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
                         backends: Sequence[str] | None = None, seed: int = 1234,
                         progress: bool | Callable[[str], None] = True,
@@ -124,7 +157,8 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
         drafter, draft_layers, k   the speculative configuration (defaults: lowlat/runtime/drafters.py)
         alpha        family-wise false-failure rate of the paired tests (Bonferroni over all tests)
         engines      optional prebuilt engines by backend name (tests); tokenizer likewise
-    Returns the report dict; report["passed"] is the verdict.
+    Returns the report dict; report["passed"] is the verdict (a paired test or a greedy-equality check over
+    no item fails). Raises UnsupportedConfigError (`check_quality_args`) before any run.
     """
     import lm_eval
     import torch
@@ -136,6 +170,8 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
     from lowlat.runtime.engine import make_engine
     from lowlat.runtime.speculative import summarize
 
+    check_quality_args(limit=limit, alpha=alpha, temperature=temperature, k=k, draft_layers=draft_layers,
+                       drafter=drafter, batch_size=batch_size, max_length=max_length)
     say = (print if progress is True else progress) if progress else (lambda _m: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +202,11 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
                                         max_reqs=batch_size + 1, max_ctx=max_length + 8, **extra)
         return engines[name]
 
+    n_layers = engine_for(a_backend).cfg.num_layers
+    if draft_layers is not None and draft_layers >= n_layers:     # before run A, not after it
+        from lowlat.errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError("draft_layers", draft_layers, f"must be in 1..{n_layers - 1}")
     tm = task_manager()
     runs_spec = [("A", "ref_plain_greedy", a_backend, "plain", 0.0, tasks),
                  ("B", "cand_spec_greedy", b_backend, "speculative", 0.0, tasks)]
@@ -220,7 +261,7 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
                           "score_baseline": sum(xa) / len(xa) if xa else None,
                           "score_candidate": sum(xb) / len(xb) if xb else None, **mc,
                           "alpha_per_test": per_test_alpha, "bootstrap_ci": ci,
-                          "passed": mc["p_value"] >= per_test_alpha})
+                          "passed": bool(ids) and mc["p_value"] >= per_test_alpha})    # no item: no evidence
     # ---- greedy equality on backend b
     plain_key = "E" if "E" in runs else "A"
     equality = []
@@ -230,7 +271,7 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
         equality.append({"task": t, "plain_run": plain_key, "spec_run": "B", "items": len(gp),
                          "mismatches": len(diff), "first_mismatch": (
                              {"doc_id": diff[0], "plain": gp[diff[0]], "speculative": gs.get(diff[0])} if diff else None),
-                         "passed": not diff})
+                         "passed": bool(gp) and not diff})
     passed = all(x["passed"] for x in tests) and all(x["passed"] for x in equality)
     import lm_eval as _le
 

@@ -121,8 +121,9 @@ def rows_step(engine: Engine, chunks: Sequence[tuple[int, int, Sequence[int]]]) 
     start .. start+len-1. Slots missing for those positions are allocated (`KVCachePool.extend`);
     positions already allocated keep their slot, so a row rewrites the slot an earlier draft row wrote.
     seq_lens[b] = start + len (the step's view of the request). Rows are padded to the engine's next
-    captured width. Raises StepContractError (before allocating) when the rows exceed max_rows or a
-    start position leaves a hole.
+    captured width. Raises StepContractError (before allocating) when the rows exceed max_rows or the
+    widest captured width, or a start position leaves a hole; KVCacheError / StepContractError from
+    `KVCachePool.extend` (slots run out, max_ctx) with every slot this call allocated freed again.
     """
     rows = sum(len(t) for _, _, t in chunks)
     if rows > engine.max_rows:
@@ -132,17 +133,24 @@ def rows_step(engine: Engine, chunks: Sequence[tuple[int, int, Sequence[int]]]) 
         if start > pool.seq_lens[idx]:
             raise StepContractError(f"request {idx}: start position {start} leaves a hole after "
                                     f"seq_len={pool.seq_lens[idx]}")
-    ids, pos, loc, req_idx, seq = [], [], [], [], []
-    for b, (idx, start, tokens) in enumerate(chunks):
-        end = start + len(tokens)
-        if end > pool.seq_lens[idx]:
-            pool.extend(idx, end - pool.seq_lens[idx])
-        ids += list(tokens)
-        pos += range(start, end)
-        loc += pool.req_to_token[idx, start:end].tolist()
-        req_idx += [b] * len(tokens)
-        seq.append(end)
     width = pad_width(rows, engine.widths)
+    ids, pos, loc, req_idx, seq = [], [], [], [], []
+    held = {idx: pool.seq_lens[idx] for idx, _, _ in chunks}
+    try:
+        for b, (idx, start, tokens) in enumerate(chunks):
+            end = start + len(tokens)
+            if end > pool.seq_lens[idx]:
+                pool.extend(idx, end - pool.seq_lens[idx])
+            ids += list(tokens)
+            pos += range(start, end)
+            loc += pool.req_to_token[idx, start:end].tolist()
+            req_idx += [b] * len(tokens)
+            seq.append(end)
+    except Exception:
+        for idx, n in held.items():          # a refused step (e.g. the KV cache full) allocates nothing
+            if pool.seq_lens[idx] > n:
+                pool.truncate(idx, n)
+        raise
     pad = width - rows
     dev = engine.device
     pool_rows = torch.tensor([c[0] for c in chunks], dtype=torch.long, device=dev)

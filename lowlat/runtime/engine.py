@@ -7,6 +7,8 @@ one row per running request, padded with dummy rows up to the next captured widt
 
 from __future__ import annotations
 
+import numbers
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -14,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from lowlat.config import ModelConfig
-from lowlat.errors import StepContractError
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.reference import sampling
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.kv_cache import KVCachePool
@@ -41,10 +43,27 @@ class ReferenceBackend:
         return self.model.forward(step, pool.k_caches, pool.v_caches)
 
 
+#: Smallest temperature > 0 a request may ask for: below it logits / T overflows float32 for ordinary
+#: logits (T = 1e-38 gave NaN probabilities: a plain decode raised in torch.multinomial, a speculative one
+#: emitted token 0). Use temperature 0 for greedy decoding.
+MIN_TEMPERATURE = 1e-5
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 @dataclass
 class SamplingParams:
-    """temperature 0 = greedy. top_k <= 0 and top_p = 1 disable filtering. seed makes sampling
-    reproducible per request."""
+    """Sampling parameters of one request.
+
+    temperature     0 = greedy, else a finite number >= MIN_TEMPERATURE (float or int)
+    top_k           int; <= 0 (or >= V) keeps every token
+    top_p           number in (0, 1]; 1 keeps every token
+    seed            int in int64's range: the request's torch generator (plain sampling) and Philox key
+                    (speculative decoding), so sampling is reproducible per request
+    max_new_tokens  int >= 1
+    ignore_eos      bool
+    Raises UnsupportedConfigError (a ValueError) naming the first bad field: a value out of range, a bool
+    or float where an int is needed, a non-number (bools are refused for numbers too).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -54,12 +73,32 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 <= self.temperature < float("inf"):          # NaN fails too
-            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise UnsupportedConfigError(name, v, "must be a number")
+            return float(v)
+
+        def integer(name: str, lo: int, hi: int, why: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise UnsupportedConfigError(name, v, "must be an int")
+            if not lo <= v <= hi:
+                raise UnsupportedConfigError(name, v, why)
+
+        t = number("temperature")
+        if not 0 <= t < float("inf"):          # NaN fails too
+            raise UnsupportedConfigError("temperature", self.temperature, "must be a finite number >= 0")
+        if 0 < t < MIN_TEMPERATURE:
+            raise UnsupportedConfigError("temperature", self.temperature,
+                                         f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g}: logits / T overflows")
+        if not 0 < number("top_p") <= 1:
+            raise UnsupportedConfigError("top_p", self.top_p, "must be in (0, 1]")
+        integer("top_k", *_INT64, "must fit in int64 (<= 0 keeps every token)")
+        integer("seed", *_INT64, f"must be in int64's range {list(_INT64)}")
+        integer("max_new_tokens", 1, _INT64[1], "must be >= 1")
+        if not isinstance(self.ignore_eos, bool):
+            raise UnsupportedConfigError("ignore_eos", self.ignore_eos, "must be a bool")
 
 
 @dataclass
@@ -147,16 +186,35 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> Request:
+        """Allocate a request row for prompt_ids (a non-empty sequence of int token ids in [0, V): Python,
+        numpy or 0-d torch integers; a 1-D integer tensor works too) with `params` (default greedy).
+
+        Raises StepContractError for an empty prompt, a token id that is not an int (float, bool) or outside
+        [0, V), or prompt + max_new_tokens beyond max_ctx; KVCacheError when no request row is free.
+        Nothing is allocated when it raises.
+        """
         params = params or SamplingParams()
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if not isinstance(params, SamplingParams):
+            raise StepContractError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt_ids, (str, bytes)) or (isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 1):
+            raise StepContractError(f"prompt_ids must be a sequence of token ids, got {prompt_ids!r:.80}")
+        ids = list(prompt_ids)
+        if not ids:
+            raise StepContractError("prompt_ids is empty: a request needs at least one prompt token")
+        for i, t in enumerate(ids):
+            try:
+                if isinstance(t, bool) or (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                    raise TypeError
+                ids[i] = operator.index(t)
+            except TypeError:
+                raise StepContractError(f"prompt_ids[{i}]={t!r} is not an int token id") from None
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise StepContractError(f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")
-        if len(prompt_ids) + params.max_new_tokens > self.pool.max_ctx:
-            raise StepContractError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) "
+        if len(ids) + params.max_new_tokens > self.pool.max_ctx:
+            raise StepContractError(f"prompt ({len(ids)}) + max_new_tokens ({params.max_new_tokens}) "
                                     f"exceeds max_ctx={self.pool.max_ctx}")
-        req = Request(list(prompt_ids), params, req_pool_idx=self.pool.alloc_request())
+        req = Request(ids, params, req_pool_idx=self.pool.alloc_request())
         req.generator = torch.Generator().manual_seed(params.seed)
         return req
 
@@ -183,11 +241,17 @@ class Engine:
 
         on_token(request_index, token_id) is called as each token is chosen (streaming).
         Returns the finished requests (output_ids, ttft_s, token_times). Their KV slots are freed.
+        Raises StepContractError / UnsupportedConfigError for bad prompts or params (as `add_request`), or
+        a params list whose length differs from the prompts'; every request row and slot is freed then too.
         """
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        if len(params) != len(prompts):
+            raise StepContractError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        reqs: list[Request] = []
         try:
+            for p, sp in zip(prompts, params):       # a refused prompt frees the rows of those before it
+                reqs.append(self.add_request(p, sp))
             t0 = time.perf_counter()
             for i, req in enumerate(reqs):
                 last = self.prefill(req)

@@ -8,10 +8,12 @@ A step's page table is `req_to_token[req_pool_indices]` (lowlat/step.py).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from lowlat.config import ModelConfig
-from lowlat.errors import StepContractError
+from lowlat.errors import KVCacheError, StepContractError
 
 
 class KVCachePool:
@@ -34,10 +36,19 @@ class KVCachePool:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
+    def _held(self, req: object) -> int:
+        """req as an allocated request row; KVCacheError otherwise (a bool, a freed or unknown row)."""
+        idx = _index(req)
+        if idx is None or idx not in self.seq_lens:
+            raise KVCacheError(f"request row {req!r} is not allocated (allocated: {sorted(self.seq_lens)}); "
+                               "was it freed already?")
+        return idx
+
     def alloc_request(self) -> int:
-        """A free row of req_to_token. Raises RuntimeError when all max_reqs rows are in use."""
+        """A free row of req_to_token (its sequence empty). Raises KVCacheError (a RuntimeError) when all
+        max_reqs rows are in use."""
         if not self._free_reqs:
-            raise RuntimeError(f"all {self.max_reqs} request rows are in use")
+            raise KVCacheError(f"all {self.max_reqs} request rows are in use")
         idx = self._free_reqs.pop()
         self.seq_lens[idx] = 0
         return idx
@@ -45,13 +56,17 @@ class KVCachePool:
     def extend(self, req: int, n: int) -> torch.Tensor:
         """Give request `req` slots for its next n positions; returns them as [n] int32.
 
-        Raises StepContractError past max_ctx and RuntimeError when slots run out (nothing allocated).
+        Raises StepContractError past max_ctx; KVCacheError (a RuntimeError) when slots run out, for an
+        unallocated request row and for n not an int >= 0. Nothing is allocated when it raises.
         """
-        start = self.seq_lens[req]
+        req = self._held(req)
+        start, n_in, n = self.seq_lens[req], n, _index(n)
+        if n is None or n < 0:
+            raise KVCacheError(f"request {req}: n={n_in!r} positions must be an int >= 0")
         if start + n > self.max_ctx:
             raise StepContractError(f"request {req}: position {start + n - 1} beyond max_ctx={self.max_ctx}")
         if n > len(self._free_slots):
-            raise RuntimeError(f"KV cache full: {n} slots wanted, {len(self._free_slots)} free")
+            raise KVCacheError(f"KV cache full: {n} slots wanted, {len(self._free_slots)} free")
         slots = torch.tensor([self._free_slots.pop() for _ in range(n)], dtype=torch.int32)
         self.req_to_token[req, start:start + n] = slots.to(self.req_to_token.device)
         self.seq_lens[req] = start + n
@@ -59,16 +74,31 @@ class KVCachePool:
 
     def truncate(self, req: int, new_len: int) -> None:
         """Drop positions >= new_len of request `req` (speculative rollback); their slots are freed.
-        Entries of earlier positions are untouched."""
-        old = self.seq_lens[req]
-        if not 0 <= new_len <= old:
-            raise ValueError(f"new_len={new_len} must be in 0..{old}")
+        Entries of earlier positions are untouched. Raises KVCacheError (nothing changed) for an
+        unallocated request row or new_len not an int in 0..seq_len."""
+        req = self._held(req)
+        old, asked, new_len = self.seq_lens[req], new_len, _index(new_len)
+        if new_len is None or not 0 <= new_len <= old:
+            raise KVCacheError(f"request {req}: new_len={asked!r} must be an int in 0..{old}")
         freed = self.req_to_token[req, new_len:old].tolist()
         self._free_slots.extend(reversed(freed))
         self.req_to_token[req, new_len:old] = 0
         self.seq_lens[req] = new_len
 
     def free_request(self, req: int) -> None:
+        """Free request row `req` and every slot it holds. Raises KVCacheError (nothing changed) when the
+        row is not allocated, e.g. freed twice."""
+        req = self._held(req)
         self.truncate(req, 0)
         del self.seq_lens[req]
         self._free_reqs.append(req)
+
+
+def _index(x: object) -> int | None:
+    """x as a Python int when it is an integer (int, numpy / 0-d torch integer), else None (bools too)."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() or x.is_floating_point())):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None

@@ -36,8 +36,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.reference import sampling
-from lowlat.runtime.drafters import DEFAULT_K, DraftProposal, Drafter, SpecState, rows_step
+from lowlat.runtime.drafters import DEFAULT_K, DRAFT_OFFSET_STRIDE, DraftProposal, Drafter, SpecState, rows_step
 from lowlat.runtime.engine import Engine, Request, SamplingParams
 
 @dataclass
@@ -160,6 +161,29 @@ def accept_drafts(rows: Sequence[torch.Tensor], drafts: Sequence[Sequence[int]],
     return out
 
 
+def _check_proposal(prop: DraftProposal, states: Sequence[SpecState], vocab_size: int, name: str) -> None:
+    """Refuse a drafter's proposal that breaks `DraftProposal`'s contract, before any KV slot is allocated:
+    one entry per request, at most max_draft int token ids in [0, V) each, and probs None or a floating
+    [n_b, V] tensor. Raises StepContractError naming the drafter, the request and the value (shapes only:
+    q's values stay on the device)."""
+    if len(prop.tokens) != len(states) or len(prop.probs) != len(states):
+        raise StepContractError(f"drafter {name} returned {len(prop.tokens)} token lists and {len(prop.probs)} "
+                                f"probs for {len(states)} requests")
+    for b, s in enumerate(states):
+        toks, q = prop.tokens[b], prop.probs[b]
+        if len(toks) > s.max_draft:
+            raise StepContractError(f"drafter {name} proposed {len(toks)} tokens for request {b}, max {s.max_draft}")
+        for j, t in enumerate(toks):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+                raise StepContractError(f"drafter {name}: request {b} draft {j} = {t!r} is not a token id in "
+                                        f"[0, {vocab_size})")
+        if q is not None and toks and (not isinstance(q, torch.Tensor) or not q.is_floating_point()
+                                       or tuple(q.shape) != (len(toks), vocab_size)):
+            got = f"{tuple(q.shape)} {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
+            raise StepContractError(f"drafter {name}: request {b}'s probs must be [n_b, V] = [{len(toks)}, "
+                                    f"{vocab_size}] floating, got {got}")
+
+
 class SpeculativeDecoder:
     """Draft -> verify -> accept -> rollback on an `Engine` (any backend with forward(step, pool)).
 
@@ -172,13 +196,17 @@ class SpeculativeDecoder:
                   (num_drafts excludes them; their KV slots are rolled back). The fused backend covers
                   only uniform verify steps (SGLang's target_verify), so this keeps every verify step on
                   it. Default: on when the engine's fused backend was built for k+1 tokens per request.
-    Raises ValueError for k < 1 or k+1 > max_rows.
+    Raises UnsupportedConfigError (a ValueError) unless k is an int in 1..min(max_rows - 1,
+    DRAFT_OFFSET_STRIDE - 1) (the draft sampler's Philox offsets of consecutive steps would overlap past it).
     """
 
     def __init__(self, engine: Engine, drafter: Drafter | None = None, *, k: int = DEFAULT_K,
                  uniform_verify: bool | None = None) -> None:
-        if drafter is not None and not 1 <= k < engine.max_rows:
-            raise ValueError(f"k={k} must be in 1..{engine.max_rows - 1} (k+1 rows per request)")
+        if drafter is not None:
+            hi = min(engine.max_rows - 1, DRAFT_OFFSET_STRIDE - 1)   # Philox offsets of two steps must not overlap
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= hi:
+                raise UnsupportedConfigError("k", k, f"must be an int in 1..{hi} (k+1 rows per request <= max_rows="
+                                             f"{engine.max_rows}; k < DRAFT_OFFSET_STRIDE={DRAFT_OFFSET_STRIDE})")
         self.engine, self.drafter, self.k = engine, drafter, (k if drafter else 0)
         if uniform_verify is None:      # a fused backend built for k+1-row verify steps covers only those
             built = getattr(engine.backend, "built", None)
@@ -205,7 +233,7 @@ class SpeculativeDecoder:
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+            raise StepContractError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         reqs: list[Request] = []
         try:
             for p, sp in zip(prompts, params):
@@ -250,36 +278,34 @@ class SpeculativeDecoder:
             remaining = s.params.max_new_tokens - len(s.req.output_ids)
             s.max_draft = max(0, min(self.k, remaining - 1))
         start = [pool.seq_lens[s.pool_idx] for s in states]       # position of each pending token
-        if self.drafter is not None and any(s.max_draft for s in states):
-            prop = self.drafter.propose(eng, states)
-        else:
-            prop = DraftProposal([[] for _ in states], [None] * len(states))
-        for b, s in enumerate(states):          # a drafter may not propose more than it was allowed
-            if len(prop.tokens[b]) > s.max_draft:
-                raise RuntimeError(f"drafter {self.drafter.name} proposed {len(prop.tokens[b])} tokens, "
-                                   f"max {s.max_draft}")
-        widths = [len(prop.tokens[b]) + 1 for b in range(len(states))]
-        if self.uniform_verify and all(start[b] + self.k + 1 <= pool.max_ctx for b in range(len(states))):
-            widths = [self.k + 1] * len(states)
-        chunks = [(s.pool_idx, start[b], ([s.pending] + prop.tokens[b] + [s.pending] * self.k)[: widths[b]])
-                  for b, s in enumerate(states)]
-        step = rows_step(eng, chunks)
-        try:
+        try:        # draft, verify, accept: on any error nothing the step allocated stays allocated
+            if self.drafter is not None and any(s.max_draft for s in states):
+                prop = self.drafter.propose(eng, states)
+            else:
+                prop = DraftProposal([[] for _ in states], [None] * len(states))
+            _check_proposal(prop, states, eng.cfg.vocab_size, getattr(self.drafter, "name", "?"))
+            widths = [len(prop.tokens[b]) + 1 for b in range(len(states))]
+            if self.uniform_verify and all(start[b] + self.k + 1 <= pool.max_ctx for b in range(len(states))):
+                widths = [self.k + 1] * len(states)
+            chunks = [(s.pool_idx, start[b], ([s.pending] + prop.tokens[b] + [s.pending] * self.k)[: widths[b]])
+                      for b, s in enumerate(states)]
+            step = rows_step(eng, chunks)
             logits = eng.backend.forward(step, pool)[: step.num_valid_rows]
+            row, rows = 0, []
+            for b in range(len(states)):
+                rows.append(logits[row: row + len(prop.tokens[b]) + 1])
+                row += widths[b]
+            if self.drafter is None:
+                emitted = [[int(sampling.sample(rows[b], s.params.temperature, s.params.top_k, s.params.top_p,
+                                                s.req.generator)[0])] for b, s in enumerate(states)]
+            else:
+                emitted = accept_drafts(rows, prop.tokens, prop.probs, [s.params for s in states],
+                                        [s.params.seed for s in states], [s.rng_offset for s in states])
         except Exception:
-            for b, s in enumerate(states):      # nothing of a failed step stays allocated
-                pool.truncate(s.pool_idx, start[b])
+            for b, s in enumerate(states):
+                if pool.seq_lens.get(s.pool_idx, 0) > start[b]:
+                    pool.truncate(s.pool_idx, start[b])
             raise
-        row, rows = 0, []
-        for b in range(len(states)):
-            rows.append(logits[row: row + len(prop.tokens[b]) + 1])
-            row += widths[b]
-        if self.drafter is None:
-            emitted = [[int(sampling.sample(rows[b], s.params.temperature, s.params.top_k, s.params.top_p,
-                                            s.req.generator)[0])] for b, s in enumerate(states)]
-        else:
-            emitted = accept_drafts(rows, prop.tokens, prop.probs, [s.params for s in states],
-                                    [s.params.seed for s in states], [s.rng_offset for s in states])
         for b, s in enumerate(states):
             s.rng_offset += 1
             # keep pending + accepted drafts (their K/V are the target's, from this verify step)

@@ -129,3 +129,53 @@ def test_full_quality_signoff_on_gpu(tmp_path):
     rep = run_quality_signoff(out, limit=int(os.environ.get("LOWLAT_SIGNOFF_LIMIT", "200")), seed=1234)
     bad = [t for t in rep["paired_tests"] if not t["passed"]] + [e for e in rep["greedy_equality"] if not e["passed"]]
     assert rep["passed"], f"quality sign-off failed: {bad}"
+
+
+def _tiny_reference_engine():
+    from lowlat.runtime.engine import reference_engine
+    from lowlat.testing import tiny_config
+    from lowlat.weights import random_model_weights
+    cfg = tiny_config(num_layers=2, vocab_size=256)
+    return reference_engine(cfg, random_model_weights(cfg, seed=1), num_slots=64, max_reqs=2, max_ctx=32)
+
+
+@needs_eval
+@pytest.mark.parametrize("kw,field", [
+    ({"limit": 0}, "limit"), ({"limit": 0.5}, "limit"), ({"limit": -1}, "limit"), ({"alpha": 0.0}, "alpha"),
+    ({"alpha": 1.0}, "alpha"), ({"temperature": float("nan")}, "temperature"), ({"temperature": -1}, "temperature"),
+    ({"k": 0}, "k"), ({"k": 64}, "k"), ({"draft_layers": 0}, "draft_layers"), ({"draft_layers": 2}, "draft_layers"),
+    ({"drafter": "medusa"}, "drafter")])
+def test_quality_signoff_refuses_bad_settings_before_any_run(tmp_path, monkeypatch, kw, field):
+    """Before: limit 0 ran no item and passed (lm-eval reads limit < 1 as a fraction), alpha 0 passed every
+    paired test, and a bad k / draft_layers / temperature failed only after run A (minutes to hours)."""
+    import lm_eval
+
+    from lowlat.errors import UnsupportedConfigError
+    from lowlat.eval.signoff import run_quality_signoff
+
+    runs = []
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **_: runs.append(1) or {})
+    args = dict(limit=1, backends=("reference", "reference"), seed=3, progress=lambda s: None,
+                tasks=["lowlat_arc_easy"], drafter="layers", draft_layers=1, batch_size=1, max_length=16,
+                engines={"reference": _tiny_reference_engine()}, tokenizer=object())
+    with pytest.raises(UnsupportedConfigError, match=f"field {field}="):
+        run_quality_signoff(tmp_path / "q", **{**args, **kw})
+    assert runs == [] and not (tmp_path / "q" / "quality_signoff.json").exists()
+
+
+@needs_eval
+def test_a_paired_test_over_no_item_fails_the_signoff(tmp_path, monkeypatch, smollm2_tokenizer):
+    """A task whose runs share no item (an empty sample list) used to pass: McNemar's p is 1 with no
+    discordant item. No item is no evidence: the test fails, and so does the sign-off."""
+    import lm_eval
+
+    from lowlat.eval.signoff import run_quality_signoff
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: {
+        "samples": {t: [] for t in kw["tasks"]}, "results": {t: {} for t in kw["tasks"]}})
+    rep = run_quality_signoff(tmp_path, limit=1, backends=("reference", "reference"), seed=3,
+                              progress=lambda s: None, tasks=["lowlat_arc_easy"], drafter="ngram", batch_size=1,
+                              max_length=16, engines={"reference": _tiny_reference_engine()},
+                              tokenizer=smollm2_tokenizer)
+    assert [(t["task"], t["n"], t["passed"]) for t in rep["paired_tests"]] == [("lowlat_arc_easy", 0, False)]
+    assert rep["passed"] is False

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from lowlat.numerics import check_accuracy, check_bitwise
 from lowlat.runtime.engine import ReferenceBackend, SamplingParams, pad_width, reference_engine
+from lowlat.runtime.kv_cache import KVCachePool
 from lowlat.testing import tiny_config
 from lowlat.weights import random_model_weights
 
@@ -103,3 +104,70 @@ def test_pad_width_and_refusals():
 
 def test_reference_backend_is_the_engine_default():
     assert isinstance(_engine().backend, ReferenceBackend)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("top_k", 2.5), ("top_k", None), ("seed", 1.5), ("seed", "7"), ("seed", 2 ** 64), ("max_new_tokens", 2.5),
+    ("max_new_tokens", True), ("temperature", True), ("temperature", "1"), ("temperature", 1e-38),
+    ("top_p", True), ("ignore_eos", "no")])
+def test_sampling_params_refuse_wrong_types_and_tiny_temperature_naming_the_field(field, value):
+    """Before: top_k 2.5 / seed 1.5 failed deep in a step (TypeError, RuntimeError), max_new_tokens 2.5 / True
+    and temperature True were silently used, and temperature 1e-38 made logits / T overflow to NaN
+    probabilities (a speculative run then emitted token 0)."""
+    from lowlat.errors import UnsupportedConfigError
+    kw = {"temperature": 1.0, field: value}
+    with pytest.raises(UnsupportedConfigError, match=f"{field}="):
+        SamplingParams(**kw)
+    SamplingParams(temperature=1e-5, top_k=-1, seed=-(2 ** 63), max_new_tokens=1)       # the edges pass
+
+
+def test_generate_refusing_a_prompt_leaves_no_request_row_and_params_must_match_prompts():
+    """A refused later prompt used to leak the request rows of the prompts before it (allocated before the
+    try); a params list shorter than the prompts silently dropped prompts (zip); float / bool token ids were
+    truncated / taken as 1."""
+    from lowlat.errors import StepContractError
+    eng = _engine()
+    free_reqs, free_slots = len(eng.pool._free_reqs), eng.pool.free_slots
+    with pytest.raises(StepContractError, match="token id 999"):
+        eng.generate([[1, 2], [3, 4], [999]])
+    with pytest.raises(StepContractError, match="1 SamplingParams for 3 prompts"):
+        eng.generate([[1, 2], [3, 4], [5]], [SamplingParams(max_new_tokens=2)])
+    for bad in ([1.7, 2], [True, 2], "ab", []):
+        with pytest.raises(StepContractError, match="prompt_ids"):
+            eng.generate([[1, 2], bad], SamplingParams(max_new_tokens=2))
+    assert (len(eng.pool._free_reqs), eng.pool.free_slots, eng.pool.seq_lens) == (free_reqs, free_slots, {})
+    sp = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    as_tensor = eng.generate([torch.tensor([1, 2, 3])], sp)[0]
+    assert as_tensor.prompt_ids == [1, 2, 3] and all(type(t) is int for t in as_tensor.prompt_ids)
+    assert as_tensor.output_ids == eng.generate([[1, 2, 3]], sp)[0].output_ids
+
+
+def test_kv_pool_misuse_raises_kv_cache_error_and_changes_nothing():
+    """Freeing a request twice / an unknown row raised KeyError; extend with n < 0 silently shrank seq_len
+    (leaking the slot of the dropped position); a float new_len raised TypeError."""
+    from lowlat.errors import KVCacheError
+    pool = _engine().pool
+    req = pool.alloc_request()
+    pool.extend(req, 5)
+
+    def state():
+        return (dict(pool.seq_lens), pool.free_slots, list(pool._free_reqs), pool.req_to_token.clone())
+
+    before = state()
+    for call, match in ((lambda: pool.extend(req, -1), "n=-1"), (lambda: pool.extend(req, 1.0), "n=1.0"),
+                        (lambda: pool.truncate(req, 2.5), "new_len=2.5"), (lambda: pool.truncate(req, 6), "new_len=6"),
+                        (lambda: pool.truncate(7, 0), "row 7 is not allocated"),
+                        (lambda: pool.extend(True, 1), "row True is not allocated")):
+        with pytest.raises(KVCacheError, match=match):
+            call()
+        after = state()
+        assert after[:3] == before[:3] and torch.equal(after[3], before[3])
+    pool.free_request(req)
+    with pytest.raises(KVCacheError, match="freed already"):
+        pool.free_request(req)
+    assert pool._free_reqs.count(req) == 1 and pool.free_slots == pool.num_slots - 1
+    small = KVCachePool(CFG, num_slots=4, max_reqs=1, max_ctx=16)
+    with pytest.raises(RuntimeError, match="KV cache full"):              # KVCacheError is a RuntimeError
+        small.extend(small.alloc_request(), 4)
+    with pytest.raises(KVCacheError, match="all 1 request rows"):
+        small.alloc_request()

@@ -67,3 +67,36 @@ def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp
     assert len(calls) == 1
     with pytest.raises(SystemExit):                   # argparse: --quality and --quality-only exclude each other
         build_parser().parse_args(["signoff", "--quality", "--quality-only"])
+
+
+def test_cli_refuses_bad_values_before_loading_the_model_or_running_suites(monkeypatch, capsys):
+    """Before: `lowlat generate --max-new-tokens 0` (or a NaN temperature, top-p 0, device "bogus", an empty
+    prompt) loaded the model for ~10 s and died with a traceback; `lowlat signoff --quality --k 70` (or
+    --quality-limit 0, --alpha 0: a vacuous pass) ran the whole test suite first."""
+    import lowlat.gguf_loader as loader
+    import lowlat.signoff as suites
+    from lowlat.cli import main
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loader, "load_gguf_model", no_load)
+    monkeypatch.setattr(loader, "load_tokenizer", no_load)
+    ran = []
+    monkeypatch.setattr(suites, "run_signoff", lambda **kw: ran.append(kw) or 0)
+    usage = [["generate", "--prompt", "x", "--max-new-tokens", "0"], ["generate", "--prompt", "x", "--top-p", "0"],
+             ["generate", "--prompt", "x", "--temperature", "nan"], ["generate", "--prompt", "x", "--device", "bogus"],
+             ["signoff", "--quality", "--quality-limit", "0"], ["signoff", "--quality", "--alpha", "0"],
+             ["signoff", "--quality", "--k", "0"], ["signoff", "--workers", "many"]]
+    for argv in usage:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2, argv
+    refused = {("generate", "--prompt", "x", "--temperature", "1e-30"): "temperature=1e-30",
+               ("generate", "--prompt", ""): "prompt=''",
+               ("signoff", "--quality", "--k", "70"): "k=70"}
+    for argv, what in refused.items():
+        capsys.readouterr()
+        assert main(list(argv)) == 2, argv
+        assert f"lowlat {argv[0]}: error: unsupported config field {what}" in capsys.readouterr().err
+    assert ran == []

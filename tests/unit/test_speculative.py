@@ -164,3 +164,78 @@ def test_bad_arguments_raise_named_errors(engine, prompts):
     finally:
         engine.pool.free_request(req.req_pool_idx)
     assert engine.pool.free_slots == engine.pool.num_slots - 1
+
+
+def _tiny_engine(num_slots=512):
+    from lowlat.testing import tiny_config
+    from lowlat.weights import random_model_weights
+    cfg = tiny_config(num_layers=2, vocab_size=256)
+    return reference_engine(cfg, random_model_weights(cfg, seed=1), num_slots=num_slots, max_reqs=8, max_ctx=128)
+
+
+def test_k_must_be_an_int_below_max_rows_and_the_draft_offset_stride():
+    """k=2.5 used to fail later with a TypeError, k=True was taken as 1, and with an engine of more than 64
+    rows k >= DRAFT_OFFSET_STRIDE=64 was accepted: the Philox offsets of draft position j of step s and of
+    position j - 64 of step s + 1 coincide, so their draws repeat."""
+    from lowlat.errors import UnsupportedConfigError
+    eng = _tiny_engine()
+    for k in (2.5, True, 0, 48):
+        with pytest.raises(UnsupportedConfigError, match=f"k={k}"):
+            SpeculativeDecoder(eng, NgramDrafter(), k=k)
+    eng.max_rows, eng.widths = 256, (256,)
+    assert SpeculativeDecoder(eng, NgramDrafter(), k=63).k == 63
+    with pytest.raises(UnsupportedConfigError, match="k=64.*DRAFT_OFFSET_STRIDE"):
+        SpeculativeDecoder(eng, NgramDrafter(), k=64)
+
+
+class _BadDrafter:
+    """Writes KV for its draft positions (as LayerSkipDrafter does), then returns a broken proposal."""
+
+    name = "bad"
+
+    def __init__(self, tokens, probs=None):
+        self.tokens, self.probs = tokens, probs
+
+    def propose(self, engine, states):
+        rows_step(engine, [(s.pool_idx, engine.pool.seq_lens[s.pool_idx], [s.pending] * 2) for s in states])
+        return DraftProposal([list(self.tokens) for _ in states], [self.probs] * len(states))
+
+
+@pytest.mark.parametrize("tokens,probs,match", [
+    ([999], None, "draft 0 = 999"), ([1.5], None, "draft 0 = 1.5"), ([True], None, "draft 0 = True"),
+    ([1, 2, 3, 4], None, "proposed 4 tokens"), ([1, 2], torch.ones(2, 10), r"probs must be \[n_b, V\]")])
+def test_a_broken_drafter_proposal_is_refused_with_nothing_left_allocated(tokens, probs, match):
+    """Out-of-vocabulary drafts failed in the verify step, float / bool drafts were verified as token 1, a
+    probs tensor of the wrong shape raised an untyped RuntimeError; and the drafter's KV writes (slots past
+    the pending token) stayed allocated when the iteration failed."""
+    eng = _tiny_engine()
+    dec = SpeculativeDecoder(eng, _BadDrafter(tokens, probs), k=3)
+    req = eng.add_request([1, 2, 3], SamplingParams(temperature=1.0, max_new_tokens=8))
+    try:
+        eng.prefill(req)
+        st = SpecState(req=req, pending=4, history=[1, 2, 3, 4])
+        req.output_ids.append(4)
+        req.token_times.append(time.perf_counter())
+        free = eng.pool.free_slots
+        with pytest.raises(StepContractError, match=match):
+            dec._iteration([(0, st)], None, None)
+        assert eng.pool.seq_lens[req.req_pool_idx] == 3 and eng.pool.free_slots == free
+        assert st.rng_offset == 0 and req.output_ids == [4]
+    finally:
+        eng.pool.free_request(req.req_pool_idx)
+
+
+def test_rows_step_that_runs_out_of_slots_allocates_nothing():
+    """rows_step extended request after request: when the KV cache ran out at the second, the first kept
+    its new slots (the doc promised nothing allocated on a refusal)."""
+    from lowlat.errors import KVCacheError
+    eng = _tiny_engine(num_slots=8)
+    a, b = (eng.add_request([1], SamplingParams(max_new_tokens=1)) for _ in range(2))
+    try:
+        with pytest.raises(KVCacheError, match="KV cache full"):
+            rows_step(eng, [(a.req_pool_idx, 0, [1, 2, 3]), (b.req_pool_idx, 0, [1, 2, 3, 4, 5])])
+        assert eng.pool.seq_lens == {a.req_pool_idx: 0, b.req_pool_idx: 0} and eng.pool.free_slots == 7
+        assert not eng.pool.req_to_token.any()
+    finally:
+        for r in (a, b):
+            eng.pool.free_request(r.req_pool_idx)
