@@ -17,7 +17,8 @@ Model arguments (all optional):
                  requests draw the same random numbers: paired comparisons)
     device       "auto" (cuda when present), "cpu", "cuda"
     compute_dtype  "bfloat16" (default) or "float32" (reference backend only)
-    batch_size   requests decoded together (generate_until) and scored together (loglikelihood)
+    batch_size   requests decoded together (generate_until) and scored together (loglikelihood): an int >= 1,
+                 its digits, or "auto" (8); anything else raises UnsupportedConfigError
     max_length   longest scored sequence in tokens (default 2048); longer contexts keep their last tokens
 
 loglikelihood packs the (context, continuation) token sequences of several requests into prefill steps of
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from lowlat.errors import UnsupportedConfigError
 from lowlat.runtime.speculative import SpecResult
 
 
@@ -77,7 +79,13 @@ class LowlatLM(LM):
         self.backend_name, self.mode = backend, mode
         self.temperature = None if temperature in (None, "", "None") else float(temperature)
         self.top_k, self.top_p, self.seed = int(top_k), float(top_p), int(seed)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        if isinstance(batch_size, str) and (batch_size == "auto" or batch_size.startswith("auto:")):
+            batch_size = 8              # lm-eval's automatic batch size: lowlat decodes 8 requests together
+        elif isinstance(batch_size, str) and batch_size.isdigit():
+            batch_size = int(batch_size)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UnsupportedConfigError("batch_size", batch_size, "must be an int >= 1, its digits, or 'auto'")
+        self.batch_size = batch_size
         self.max_length = int(max_length)
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self._device = torch.device(dev)

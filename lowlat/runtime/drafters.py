@@ -48,7 +48,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from lowlat.errors import StepContractError
+from lowlat.errors import KVCacheError, StepContractError
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.engine import Engine, SamplingParams, pad_width
 from lowlat.step import StepBatch
@@ -130,6 +130,8 @@ def rows_step(engine: Engine, chunks: Sequence[tuple[int, int, Sequence[int]]]) 
         raise StepContractError(f"{rows} rows exceed max_rows={engine.max_rows}")
     pool = engine.pool
     for idx, start, _ in chunks:
+        if idx not in pool.seq_lens:
+            raise KVCacheError(f"request row {idx!r} is not allocated (allocated: {sorted(pool.seq_lens)})")
         if start > pool.seq_lens[idx]:
             raise StepContractError(f"request {idx}: start position {start} leaves a hole after "
                                     f"seq_len={pool.seq_lens[idx]}")

@@ -13,15 +13,17 @@ import operator
 import torch
 
 from lowlat.config import ModelConfig
-from lowlat.errors import KVCacheError, StepContractError
+from lowlat.errors import KVCacheError, StepContractError, UnsupportedConfigError
 
 
 class KVCachePool:
     def __init__(self, cfg: ModelConfig, *, num_slots: int, max_reqs: int, max_ctx: int,
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  num_layers: int | None = None) -> None:
-        if num_slots < 2:
-            raise ValueError(f"num_slots={num_slots} must be >= 2 (slot 0 is the dummy slot)")
+        for name, value, lo in (("num_slots", num_slots, 2), ("max_reqs", max_reqs, 1), ("max_ctx", max_ctx, 1)):
+            if _index(value) is None or value < lo:
+                raise UnsupportedConfigError(name, value, f"must be an int >= {lo}"
+                                             + (" (slot 0 is the dummy slot)" if name == "num_slots" else ""))
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
         layers = cfg.num_layers if num_layers is None else num_layers
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]

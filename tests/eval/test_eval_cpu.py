@@ -149,3 +149,13 @@ def test_small_subset_of_every_task_through_simple_evaluate(smollm2_tokenizer, e
         assert all(metric.split(",")[0] in s for s in samples)
     assert res["results"]["lowlat_lambada"]["perplexity,none"] > 1.0
     assert len(lm.decode_log.texts) == LIMIT
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", 0, -3, 2.5, True, None])
+def test_lowlat_lm_refuses_a_bad_batch_size_naming_it(bad):
+    """batch_size 'abc' silently became 8 before; lm-eval's 'auto' (and 'auto:N') still means 8."""
+    from lowlat.errors import UnsupportedConfigError
+    from lowlat.eval.lm_model import LowlatLM
+
+    with pytest.raises(UnsupportedConfigError, match="batch_size="):
+        LowlatLM(batch_size=bad, engine=object(), tokenizer=object())

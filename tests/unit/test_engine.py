@@ -145,7 +145,7 @@ def test_generate_refusing_a_prompt_leaves_no_request_row_and_params_must_match_
 def test_kv_pool_misuse_raises_kv_cache_error_and_changes_nothing():
     """Freeing a request twice / an unknown row raised KeyError; extend with n < 0 silently shrank seq_len
     (leaking the slot of the dropped position); a float new_len raised TypeError."""
-    from lowlat.errors import KVCacheError
+    from lowlat.errors import KVCacheError, UnsupportedConfigError
     pool = _engine().pool
     req = pool.alloc_request()
     pool.extend(req, 5)
@@ -171,3 +171,8 @@ def test_kv_pool_misuse_raises_kv_cache_error_and_changes_nothing():
         small.extend(small.alloc_request(), 4)
     with pytest.raises(KVCacheError, match="all 1 request rows"):
         small.alloc_request()
+    for kw, field in ((dict(num_slots=1), "num_slots=1"), (dict(max_reqs=0), "max_reqs=0"),
+                      (dict(max_ctx=0), "max_ctx=0"), (dict(max_ctx=2.5), "max_ctx=2.5"),
+                      (dict(max_reqs=True), "max_reqs=True")):
+        with pytest.raises(UnsupportedConfigError, match=field):
+            KVCachePool(CFG, **{**dict(num_slots=4, max_reqs=1, max_ctx=16), **kw})

@@ -236,6 +236,9 @@ def test_rows_step_that_runs_out_of_slots_allocates_nothing():
             rows_step(eng, [(a.req_pool_idx, 0, [1, 2, 3]), (b.req_pool_idx, 0, [1, 2, 3, 4, 5])])
         assert eng.pool.seq_lens == {a.req_pool_idx: 0, b.req_pool_idx: 0} and eng.pool.free_slots == 7
         assert not eng.pool.req_to_token.any()
+        with pytest.raises(KVCacheError, match="row 3 is not allocated"):          # was a KeyError
+            rows_step(eng, [(a.req_pool_idx, 0, [1]), (3, 0, [1])])
+        assert eng.pool.seq_lens == {a.req_pool_idx: 0, b.req_pool_idx: 0}
     finally:
         for r in (a, b):
             eng.pool.free_request(r.req_pool_idx)
