@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import sys
 import traceback
@@ -997,20 +998,58 @@ def bench_moe_layer(rows_list, ctx: int, device, bw, rec: _Recorder, budget: Bud
 
 
 # ------------------------------------------------------------------------------------------ driver
+def check_args(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot run (one line naming the offending value), or None. Host-only, before any
+    device work, so a bad value is refused at once (and on a machine without a GPU too) instead of after
+    the copy-bandwidth measurement, or as per-entry errors of a run that exits 0."""
+    from lowlat.config import PRESET_NAMES
+    from lowlat.step import MAX_ROWS
+
+    sections = [s.strip() for s in (args.sections or "").split(",") if s.strip()]
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad or not sections:
+        return f"--sections {args.sections!r}: unknown sections {bad}; known: {list(SECTIONS)}" if bad else \
+            f"--sections {args.sections!r} names no section; known: {list(SECTIONS)}"
+    for item in (args.rows or "").split(","):
+        try:
+            r = int(item)
+        except ValueError:
+            r = 0
+        if not 1 <= r <= MAX_ROWS:
+            return f"--rows: {item.strip()!r} is not a row count in 1..{MAX_ROWS}"
+    models = [m.strip() for m in (args.models or "").split(",") if m.strip()]
+    unknown = [m for m in models if m not in PRESET_NAMES]
+    if unknown or not models:
+        return f"--models {args.models!r}: unknown presets {unknown}; known: {list(PRESET_NAMES)}"
+    if args.ctx < 1:
+        return f"--ctx {args.ctx}: cached tokens per request must be at least 1"
+    for flag, v in (("--budget-s", args.budget_s), ("--tune-budget-s", args.tune_budget_s)):
+        if not math.isfinite(v) or v <= 0:
+            return f"{flag} {v}: must be a finite number of seconds > 0"
+    try:
+        _parse_shapes(args.tune_shapes)
+        _parse_rows(args.tune_wide_rows)
+    except SystemExit as e:
+        return str(e)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    """`lowlat bench`: 0 after the run (failed entries are in the JSON's "errors"); 2 when an argument is
+    refused (`check_args`, printed with the offending value) or no CUDA GPU is visible."""
     import torch
     import triton
 
+    why = check_args(args)
+    if why is not None:
+        print(f"lowlat bench: error: {why}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("lowlat bench needs a CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    bad = [s for s in sections if s not in SECTIONS]
-    if bad:
-        print(f"unknown sections {bad}; known: {SECTIONS}", file=sys.stderr)
-        return 2
     rows_list = [int(r) for r in args.rows.split(",")]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     meta = dict(

@@ -1,4 +1,4 @@
-"""Command line: `lowlat generate`, `lowlat signoff` (and subcommands other modules register).
+"""Command line: `lowlat generate`, `lowlat signoff`, `lowlat bench` (lowlat/bench.py registers it).
 
     lowlat generate --prompt "The capital of France is" [--backend reference|fused] [--max-new-tokens 32]
     lowlat signoff [--out signoff-report] [--quick] [--quality | --quality-only] [--quality-limit N]
@@ -127,8 +127,10 @@ def cmd_signoff(args: argparse.Namespace) -> int:
 
     if args.quality_only:
         if args.quick or args.pytest_args:
-            raise SystemExit("lowlat signoff: --quality-only runs no test suite; drop --quick and the pytest "
-                             f"arguments {args.pytest_args}")
+            from lowlat.errors import UnsupportedConfigError
+
+            raise UnsupportedConfigError("quality_only", True, "--quality-only runs no test suite; drop --quick "
+                                         f"and the pytest arguments {args.pytest_args}")
     if args.quality or args.quality_only:       # refuse bad quality settings before the suites run (hours)
         from lowlat.eval.signoff import check_quality_args
 

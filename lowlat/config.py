@@ -9,6 +9,7 @@ name. Anything this project does not implement raises `UnsupportedConfigError` n
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -110,7 +111,12 @@ class ModelConfig:
     # ------------------------------------------------------------------ readers
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], name: str | None = None) -> "ModelConfig":
-        """Build from an HF `config.json` dict; raises `UnsupportedConfigError` naming the field."""
+        """Build from an HF `config.json` dict, with HF transformers' meaning of every field it reads.
+
+        Raises `UnsupportedConfigError(field, value, why)` for a feature lowlat does not implement, a
+        required field that is missing or null, or a value of the wrong type or range (an integer field
+        holding 2.5 or "abc", a flag holding "false", a NaN rope_theta): never KeyError / TypeError.
+        """
         archs = hf.get("architectures") or []
         model_type = hf.get("model_type", "")
         arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(model_type, "")
@@ -120,65 +126,95 @@ class ModelConfig:
         _refuse_unsupported_fields(hf)
 
         rope = dict(hf.get("rope_parameters") or {})
-        rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        rope_theta = _float(hf, "rope_theta") if hf.get("rope_theta") is not None else \
+            _float(rope, "rope_theta", 10000.0)
         scaling_dict = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        for where, d in (("", hf), ("rope_parameters.", rope), ("rope_scaling.", scaling_dict or {})):
+            factor = d.get("partial_rotary_factor")
+            if factor is not None and factor != 1:
+                raise UnsupportedConfigError(f"{where}partial_rotary_factor", factor,
+                                             "partial RoPE (only part of head_dim rotated) is not implemented")
         rope_scaling = _read_rope_scaling(scaling_dict)
 
-        hidden = int(hf["hidden_size"])
-        heads = int(hf["num_attention_heads"])
-        head_dim = int(hf.get("head_dim") or hidden // heads)
-        num_experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
+        hidden = _int(hf, "hidden_size")
+        heads = _int(hf, "num_attention_heads")
+        head_dim = _int(hf, "head_dim", 0) or (hidden // heads if heads > 0 else 0)
+        num_experts = _int(hf, "num_experts", 0) or _int(hf, "num_local_experts", 0)
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
         return cls(
             name=name or hf.get("_name_or_path") or arch,
             architecture=arch,
             hidden_size=hidden,
-            num_layers=int(hf["num_hidden_layers"]),
+            num_layers=_int(hf, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads", heads)),
+            num_kv_heads=_int(hf, "num_key_value_heads", heads),      # null means MHA, as in HF
             head_dim=head_dim,
-            intermediate_size=int(hf.get("intermediate_size", 0)),
-            vocab_size=int(hf["vocab_size"]),
+            intermediate_size=_int(hf, "intermediate_size", 0),
+            vocab_size=_int(hf, "vocab_size"),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            qkv_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            rms_eps=_float(hf, "rms_norm_eps", 1e-6),
+            qkv_bias=_qkv_bias(hf, arch),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+            tie_word_embeddings=_flag(hf, "tie_word_embeddings", False),
+            max_position_embeddings=_int(hf, "max_position_embeddings", 8192),
             num_experts=num_experts,
-            top_k=int(hf.get("num_experts_per_tok", 0) or 0) if num_experts else 0,
-            moe_intermediate_size=int(hf.get("moe_intermediate_size", hf.get("intermediate_size", 0)))
+            top_k=_int(hf, "num_experts_per_tok", 0) if num_experts else 0,
+            moe_intermediate_size=(_int(hf, "moe_intermediate_size", 0) or _int(hf, "intermediate_size", 0))
             if num_experts else 0,
-            shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size", 0) or 0),
-            # Mixtral always renormalises its top-k; Qwen MoE says so in norm_topk_prob.
-            norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+            shared_expert_intermediate_size=_int(hf, "shared_expert_intermediate_size", 0),
+            # Mixtral always renormalises its top-k (HF ignores the field); Qwen3-MoE says so in
+            # norm_topk_prob, whose HF default is False.
+            norm_topk_prob=True if arch == "MixtralForCausalLM" else _flag(hf, "norm_topk_prob", False),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
 
     @classmethod
     def from_gguf_metadata(cls, fields: Mapping[str, Any], name: str | None = None) -> "ModelConfig":
-        """Build from GGUF key/values (`gguf.GGUFReader(...).fields[k].contents()`), llama architecture."""
+        """Build from GGUF key/values (`gguf.GGUFReader(...).fields[k].contents()`), llama architecture.
+
+        head_dim is `llama.attention.key_length` (else hidden / heads). Raises `UnsupportedConfigError`
+        naming the key for a required key missing, experts (`llama.expert_count`), RoPE scaling metadata,
+        a rotary dimension other than head_dim (partial RoPE) or value heads of another size.
+        """
         arch = fields.get("general.architecture")
         if arch != "llama":
             raise UnsupportedConfigError("general.architecture", arch, "only llama GGUF files are read")
         p = "llama."
-        hidden = int(fields[p + "embedding_length"])
-        heads = int(fields[p + "attention.head_count"])
+
+        def req(key: str) -> Any:
+            if fields.get(p + key) is None:
+                raise UnsupportedConfigError(p + key, None, "a required GGUF key is missing")
+            return fields[p + key]
+
+        experts = int(fields.get(p + "expert_count") or 0)
+        if experts:
+            raise UnsupportedConfigError(p + "expert_count", experts, "MoE GGUF files are not read (dense only)")
+        scaling = fields.get(p + "rope.scaling.type")
+        if scaling not in (None, "", "none"):
+            raise UnsupportedConfigError(p + "rope.scaling.type", scaling, "RoPE scaling is not read from GGUF")
+        hidden = int(req("embedding_length"))
+        heads = int(req("attention.head_count"))
+        head_dim = int(fields.get(p + "attention.key_length") or (hidden // heads if heads > 0 else 0))
+        for key in ("attention.value_length", "rope.dimension_count"):
+            v = fields.get(p + key)
+            if v is not None and int(v) != head_dim:
+                raise UnsupportedConfigError(p + key, int(v), f"must equal head_dim={head_dim} (partial RoPE or "
+                                             "value heads of another size are not implemented)")
         has_output = bool(fields.get("_has_output_weight", False))
         eos = fields.get("tokenizer.ggml.eos_token_id")
         return cls(
             name=name or str(fields.get("general.name", "llama")),
             architecture="LlamaForCausalLM",
             hidden_size=hidden,
-            num_layers=int(fields[p + "block_count"]),
+            num_layers=int(req("block_count")),
             num_heads=heads,
             num_kv_heads=int(fields.get(p + "attention.head_count_kv", heads)),
-            head_dim=int(fields.get(p + "rope.dimension_count", hidden // heads)),
-            intermediate_size=int(fields[p + "feed_forward_length"]),
-            vocab_size=int(fields[p + "vocab_size"]),
+            head_dim=head_dim,
+            intermediate_size=int(req("feed_forward_length")),
+            vocab_size=int(req("vocab_size")),
             rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
             rms_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             tie_word_embeddings=not has_output,
@@ -195,6 +231,58 @@ _ARCH_BY_MODEL_TYPE = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
 }
+
+
+_REQUIRED = object()
+
+
+def _int(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
+    """hf[key] as an int; a missing or null field is `default` (UnsupportedConfigError when required).
+    Integral floats (2048.0) are accepted; bools, strings and fractions are refused."""
+    v = hf.get(key)
+    if v is None:
+        if default is _REQUIRED:
+            raise UnsupportedConfigError(key, v, "a required field is missing or null")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v:
+        raise UnsupportedConfigError(key, v, "must be an integer")
+    return int(v)
+
+
+def _float(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> float:
+    """hf[key] as a finite float >= 0 (rope_theta > 0); a missing or null field is `default`."""
+    v = hf.get(key)
+    if v is None:
+        if default is _REQUIRED:
+            raise UnsupportedConfigError(key, v, "a required field is missing or null")
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+            key == "rope_theta" and v == 0):
+        raise UnsupportedConfigError(key, v, "must be a finite number" + (" > 0" if key == "rope_theta" else " >= 0"))
+    return float(v)
+
+
+def _flag(hf: Mapping[str, Any], key: str, default: bool) -> bool:
+    """hf[key] as a bool (JSON true / false); null or missing is `default`; "false", 0.5, ... are refused."""
+    v = hf.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool) and v not in (0, 1):
+        raise UnsupportedConfigError(key, v, "must be true or false")
+    return bool(v)
+
+
+def _qkv_bias(hf: Mapping[str, Any], arch: str) -> bool:
+    """Q/K/V biases as HF builds them: Qwen2 always has them (attention_bias is ignored), Mixtral never;
+    Llama / Qwen3 / Qwen3-MoE take `attention_bias`, which also gives o_proj a bias: not implemented."""
+    if arch == "Qwen2ForCausalLM":
+        return True
+    if arch == "MixtralForCausalLM":
+        return False
+    if _flag(hf, "attention_bias", False):
+        raise UnsupportedConfigError("attention_bias", True, f"{arch} then also has an o_proj bias, which "
+                                     "lowlat's attention does not implement")
+    return False
 
 
 def _refuse_unsupported_fields(hf: Mapping[str, Any]) -> None:
@@ -226,6 +314,10 @@ def _read_rope_scaling(scaling: Mapping[str, Any] | None) -> RopeScaling | None:
         return None
     if kind != "llama3":
         raise UnsupportedConfigError("rope_scaling.rope_type", kind, "only 'llama3' scaling is implemented")
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        v = scaling.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise UnsupportedConfigError(f"rope_scaling.{key}", v, "llama3 scaling needs a finite number > 0")
     return RopeScaling(
         factor=float(scaling["factor"]),
         low_freq_factor=float(scaling["low_freq_factor"]),

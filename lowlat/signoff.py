@@ -12,6 +12,7 @@ every numerics check). Returns 0 only when nothing failed.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,11 +28,11 @@ def hardware() -> dict:
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.cuda.is_available(),
             "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0, "gpu_names": []}
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
+    try:        # the installed version, without importing triton: an import here, before the test session's
+        # conftest sets TRITON_INTERPRET on a machine without a GPU, left triton without its interpreter
+        # (`--workers 0` runs the tests in this process): 21 kernel tests failed
+        info["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         info["triton"] = None
     for i in range(info["gpus"]):
         p = torch.cuda.get_device_properties(i)

@@ -19,6 +19,7 @@ This is the shape SGLang's FA3 backend holds (`page_table` + `cache_seqlens`), s
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,10 @@ class StepBatch:
     def validate(self, *, vocab_size: int, num_slots: int, max_rows: int | None = None) -> None:
         """Check every contract fact; raise `StepContractError` naming the first offending value.
 
-        Host-side (syncs on the tensors): call before any write, never inside a captured graph.
+        vocab_size: V (input_ids in 0..V-1); num_slots: KV slots S of the pool (slot 0 the dummy slot, never
+        part of a valid row's context); max_rows: the most rows M a step may have (None: unchecked).
+        num_valid_rows must be an int in 1..M (bool / float refused). Host-side (syncs on the tensors):
+        call before any write, never inside a captured graph.
         """
         m = self.num_rows
         for name in _TENSOR_FIELDS:
@@ -77,9 +81,9 @@ class StepBatch:
             raise StepContractError("a step needs at least one row (M=0)")
         if max_rows is not None and m > max_rows:
             raise StepContractError(f"M={m} rows exceeds max_rows={max_rows}")
-        if not 0 < self.num_valid_rows <= m:
+        n = _count(self.num_valid_rows)
+        if not 0 < n <= m:
             raise StepContractError(f"num_valid_rows={self.num_valid_rows} must be in 1..M={m}")
-        n = self.num_valid_rows
         ids, pos = self.input_ids[:n].cpu(), self.positions[:n].cpu()
         req, loc = self.req_indices[:n].cpu().long(), self.out_cache_loc[:n].cpu().long()
         seq = self.seq_lens.cpu().long()
@@ -109,6 +113,13 @@ class StepBatch:
         cols = torch.arange(c)[None, :] < seq[:, None]
         used = self.page_table.cpu()[cols].long()
         _in_range("page_table", used, 0, num_slots)
+        live = torch.zeros(b, dtype=torch.bool)
+        live[req] = True                    # requests a valid row reads
+        dummy = (self.page_table.cpu() == 0) & cols & live[:, None]
+        if dummy.any():
+            r, p = (int(x) for x in dummy.nonzero()[0])
+            raise StepContractError(f"page_table[{r}, {p}]=0 is the dummy slot (padding rows write it), inside "
+                                    f"request {r}'s seq_len={int(seq[r])}: a valid row would attend to it")
         pad_loc = self.out_cache_loc[n:].cpu()
         if (pad_loc != 0).any():
             i = n + _first(pad_loc != 0)
@@ -120,6 +131,16 @@ _DTYPES = {
     "input_ids": torch.int64, "positions": torch.int64, "out_cache_loc": torch.int32,
     "req_indices": torch.int32, "seq_lens": torch.int32, "page_table": torch.int32,
 }
+
+
+def _count(value: object) -> int:
+    """num_valid_rows as an int: a Python / NumPy int or an integer 0-d tensor; bool, float, str refused."""
+    if isinstance(value, bool):
+        raise StepContractError(f"num_valid_rows must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise StepContractError(f"num_valid_rows must be an int, got {type(value).__name__} {value!r}") from None
 
 
 def _first(mask: torch.Tensor) -> int:

@@ -154,7 +154,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowlat.errors import StepContractError
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import cuda_props, overlap
 from lowlat.kernels._attn_common import to_bf16  # noqa: F401  (fp32 -> bf16, RNE; integer ops when interpreting)
 
@@ -578,13 +578,20 @@ def plans_from_json(doc) -> dict[tuple[str, int, int], dict]:
 
 
 def tuned_table() -> dict[tuple[str, int, int], dict]:
-    """TUNED_PLANS, or the JSON table named by $LOWLAT_GEMV_PLANS (read once per path)."""
+    """TUNED_PLANS, or the JSON table named by $LOWLAT_GEMV_PLANS (read once per path).
+
+    Raises `UnsupportedConfigError` (field LOWLAT_GEMV_PLANS, the path) when the file cannot be read or
+    is not a plan table (`plans_from_json`'s format)."""
     path = os.environ.get(_ENV_TABLE, "")
     if not path:
         return TUNED_PLANS
     if path not in _env_cache:
-        with open(path) as f:
-            _env_cache[path] = plans_from_json(json.load(f))
+        try:
+            with open(path) as f:
+                _env_cache[path] = plans_from_json(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UnsupportedConfigError(_ENV_TABLE, path, f"not a readable GEMV plan table (the tuner's JSON: a "
+                                         f"list of {{kind, n, k, plan}}): {type(e).__name__}: {e}") from None
     return _env_cache[path]
 
 

@@ -271,13 +271,17 @@ def coverage_reasons(cfg: ModelConfig) -> list[str]:
 
 
 def hf_dict_of(cfg: ModelConfig) -> dict[str, Any]:
-    """The HF config fields the guard reads, from a ModelConfig (our engine has no config.json)."""
+    """The HF config fields the guard reads, from a ModelConfig (our engine has no config.json).
+
+    Q/K/V biases are left out: the fused step reads them whatever the architecture, and HF's
+    `attention_bias` would also mean an o_proj bias for Llama / Qwen3 (which `ModelConfig.from_hf`
+    refuses), while a ModelConfig's qkv_bias is the Q/K/V biases alone."""
     d: dict[str, Any] = dict(
         architectures=[cfg.architecture], hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size, rope_theta=cfg.rope_theta,
         rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tie_word_embeddings,
-        max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.qkv_bias)
+        max_position_embeddings=cfg.max_position_embeddings)
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
         d["rope_scaling"] = dict(rope_type="llama3", factor=s.factor, low_freq_factor=s.low_freq_factor,

@@ -45,9 +45,19 @@ def hf_dict(hf_config: Any) -> dict[str, Any]:
 
 
 def _param(obj: Any, path: str) -> torch.Tensor:
+    """The tensor at dotted `path` ("model.layers.3.mlp.down_proj.weight"); SGLangModelLayoutError naming
+    the path when a part is missing, an index is out of range (fewer layers than the config's) or the
+    object there is not a tensor."""
     cur = obj
     for part in path.split("."):
-        cur = cur[int(part)] if part.isdigit() else getattr(cur, part, None)
+        if part.isdigit():
+            try:
+                cur = cur[int(part)]
+            except (IndexError, KeyError, TypeError):
+                n = len(cur) if hasattr(cur, "__len__") else "no"
+                raise SGLangModelLayoutError(f"the model has no {path} (index {part} of {n} entries)") from None
+        else:
+            cur = getattr(cur, part, None)
         if cur is None:
             raise SGLangModelLayoutError(f"the model has no {path} (missing at {part!r})")
     if not isinstance(cur, torch.Tensor):
@@ -62,12 +72,25 @@ def _shape(t: torch.Tensor, want: tuple[int, ...], path: str) -> torch.Tensor:
     return t
 
 
+def _absent(obj: Any, path: str, why: str) -> None:
+    """Refuse a parameter the fused step would silently leave out (a bias, a norm) when the model has it."""
+    cur = obj
+    for part in path.split("."):
+        cur = cur[int(part)] if part.isdigit() else getattr(cur, part, None)
+        if cur is None:
+            return
+    raise SGLangModelLayoutError(f"model.{path} exists ({why}); the fused step would leave it out")
+
+
 def weights_from_sglang_model(model: torch.nn.Module, cfg: ModelConfig) -> ModelWeights:
     """lowlat's ModelWeights as views of an SGLang Llama / Qwen2 / Qwen3 model's parameters (TP 1).
 
     SGLang fuses Q/K/V into `qkv_proj` [(Hq + 2 Hkv) D, H] and gate/up into `gate_up_proj` [2 I, H];
     both are split by views, nothing is copied. The vocab rows SGLang pads the embedding / LM head
-    with (VocabParallelEmbedding) are sliced off. Raises SGLangModelLayoutError naming the path.
+    with (VocabParallelEmbedding) are sliced off. Raises SGLangModelLayoutError naming the path: a
+    parameter missing or of another shape, fewer or more decoder layers than cfg.num_layers, or a
+    parameter the fused step does not read (a Q/K/V bias the config does not declare, an o_proj /
+    MLP bias, a QK norm on a model without one), which would otherwise be dropped silently.
     """
     h, d, v = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
     q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
@@ -78,6 +101,10 @@ def weights_from_sglang_model(model: torch.nn.Module, cfg: ModelConfig) -> Model
         raise SGLangModelLayoutError(f"model.model.embed_tokens.weight has shape {tuple(embed_full.shape)}, "
                                      f"expected at least ({v}, {h})")
     embed = embed_full[:v]
+    decoder = getattr(getattr(model, "model", None), "layers", None)
+    if hasattr(decoder, "__len__") and len(decoder) != cfg.num_layers:
+        raise SGLangModelLayoutError(f"model.model.layers has {len(decoder)} layers, the config "
+                                     f"num_hidden_layers={cfg.num_layers}")
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
@@ -94,9 +121,16 @@ def weights_from_sglang_model(model: torch.nn.Module, cfg: ModelConfig) -> Model
         if cfg.qkv_bias:
             b = _shape(_param(model, f"{p}.self_attn.qkv_proj.bias"), (q + 2 * kv,), f"{p}.self_attn.qkv_proj.bias")
             lw.bq, lw.bk, lw.bv = b[:q], b[q:q + kv], b[q + kv:]
+        else:
+            _absent(model, f"{p}.self_attn.qkv_proj.bias", "the config declares no Q/K/V bias")
         if cfg.qk_norm:
             lw.q_norm = _shape(_param(model, f"{p}.self_attn.q_norm.weight"), (d,), f"{p}.self_attn.q_norm.weight")
             lw.k_norm = _shape(_param(model, f"{p}.self_attn.k_norm.weight"), (d,), f"{p}.self_attn.k_norm.weight")
+        else:
+            for norm in ("q_norm", "k_norm"):
+                _absent(model, f"{p}.self_attn.{norm}.weight", f"{cfg.architecture} has no per-head QK norm")
+        for lin in ("self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            _absent(model, f"{p}.{lin}.bias", "lowlat implements no bias there")
         layers.append(lw)
     final_norm = _shape(_param(model, "model.norm.weight"), (h,), "model.norm.weight")
     lm_module = getattr(model, "lm_head", None)
@@ -133,6 +167,15 @@ def _mode(forward_batch: Any) -> str | None:
     if fm.is_target_verify():
         return "target_verify"
     return None
+
+
+def _tree_topk(spec_info: Any) -> int:
+    """The verify tree's branching: SpecInput.tree_topk where the input has it (EAGLE: its topk; NGRAM: -1,
+    an irregular tree), else `topk` (DFLASH: 1, a chain); 1 (a chain) for an input naming neither."""
+    topk = getattr(spec_info, "tree_topk", None)
+    if topk is None:
+        topk = getattr(spec_info, "topk", None)
+    return 1 if topk is None else int(topk)
 
 
 class SGLangBuilt:
@@ -196,7 +239,7 @@ class SGLangBuilt:
         if mode == "target_verify":
             if rows != bs * self.core.tokens_per_request:
                 return None
-            if (getattr(forward_batch.spec_info, "topk", 1) or 1) != 1:
+            if _tree_topk(forward_batch.spec_info) != 1:
                 return None         # tree verify: rows do not attend causally to the earlier drafts
         planned = self.core.agree_plan(self.core.plan_rows(mode, rows))
         return None if planned is None else Step(mode=planned.mode, rows=planned.rows)

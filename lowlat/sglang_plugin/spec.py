@@ -61,7 +61,11 @@ def config_disable_reasons(spec: LowlatSpec, cfg: Any, hf_config: Any) -> list[s
         kv_cache_dtype=getattr(cfg, "kv_cache_dtype", None), quantization=getattr(cfg, "quantization", None),
         check_tp_sizes=False)
     topk = getattr(cfg, "speculative_eagle_topk", None)
-    if getattr(cfg, "speculative_algorithm", None) is not None and topk not in (None, 1):
+    algorithm = getattr(cfg, "speculative_algorithm", None)
+    if algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() == "NGRAM":
+        reasons.append("--speculative-algorithm NGRAM: its verify is an irregular draft tree (tree_topk -1); "
+                       "the fused step verifies one chain of drafts per request")
+    elif algorithm is not None and topk not in (None, 1):
         reasons.append(f"--speculative-eagle-topk {topk}: tree verify; the fused step verifies one chain "
                        "of drafts per request (topk 1)")
     return reasons
@@ -69,15 +73,27 @@ def config_disable_reasons(spec: LowlatSpec, cfg: Any, hf_config: Any) -> list[s
 
 def model_disable_reasons(spec: LowlatSpec, model: Any, hf_config: Any, *,
                           hardware: DeviceFacts | None = None) -> list[str]:
-    """After weights load, per rank: the parameter layout and dtype the plugin reads, and the GPU
-    (ISA, SMs) the weights sit on."""
+    """After weights load, per rank: the HF config's own limits (head_dim, hidden size, quantized
+    checkpoint, ...: SGLang checks a draft model only here, never through config_disable_reasons), the
+    parameter layout and dtype the plugin reads, and the GPU (ISA, SMs) the weights sit on.
+
+    Returns the reasons (strings), [] when eligible. Never raises: SGLang gathers every rank's reasons
+    right after, so an exception on one rank would leave its peers waiting in that gather; anything
+    raised here (a malformed config, an unexpected model object) is this rank's reason instead."""
     try:
-        cfg = ModelConfig.from_hf(_readable(hf_dict(hf_config)))
+        hf = hf_dict(hf_config)
+        reasons = spec.config_reasons(hf, check_tp_sizes=False, tp_size=1)
+        if reasons:
+            return reasons          # the config alone refuses: its layout is not worth reading
+        cfg = ModelConfig.from_hf(_readable(hf))
         weights = weights_from_sglang_model(model, cfg)
+        hw = hardware if hardware is not None else contract.device_facts(weights.embed.device)
+        return spec.weights_reasons(cfg, weights) + spec.hardware_reasons(hw)
     except (UnsupportedConfigError, SGLangModelLayoutError) as e:
         return [str(e)]
-    hw = hardware if hardware is not None else contract.device_facts(weights.embed.device)
-    return spec.weights_reasons(cfg, weights) + spec.hardware_reasons(hw)
+    except Exception as e:  # noqa: BLE001 - a rank-local crash would hang the peers in SGLang's gather
+        log.error("%s: model_disable_reasons raised %s: %s", spec.name, type(e).__name__, e)
+        return [f"{spec.name} cannot check the loaded model: {type(e).__name__}: {e}"]
 
 
 def _readable(hf: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +129,8 @@ def build_for_sglang(model: Any, hf_config: Any, context: Any, *, spec: LowlatSp
         weights = weights_from_sglang_model(model, cfg)
     except (UnsupportedConfigError, SGLangModelLayoutError) as e:
         return _refused(spec, [str(e)])
+    except Exception as e:  # noqa: BLE001 - refuse on this rank (no widths), never crash it alone
+        return _refused(spec, [f"reading the loaded model raised {type(e).__name__}: {e}"])
     if runner_factory is None:
         # SGLang captures its own decode graphs around forward: the runner must not capture inside.
         # It must not validate either: padded rows write the dummy slot 0, and captures forbid syncs.

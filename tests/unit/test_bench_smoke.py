@@ -17,3 +17,34 @@ def test_bench_smoke_mode_runs(script, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rows", "1,abc"], "--rows: 'abc' is not a row count in 1..48"),
+    (["--rows", "8,64"], "--rows: '64' is not a row count in 1..48"),
+    (["--models", "SmolLM2-135M,Nope"], "unknown presets ['Nope']"),
+    (["--sections", "step,foo"], "unknown sections ['foo']"),
+    (["--sections", ","], "names no section"),
+    (["--ctx", "0"], "--ctx 0"),
+    (["--budget-s", "nan"], "--budget-s nan"),
+    (["--tune-shapes", "lm_head"], "--tune-shapes: 'lm_head' is not KIND:NxK"),
+])
+def test_lowlat_bench_refuses_a_bad_argument_before_any_device_work(args, message, capsys):
+    """A bad value is refused at once, naming it, with exit 2 (on the CPU too): before, the GPU check came first,
+    and on a GPU `--rows abc` crashed after the bandwidth measurement while `--models Nope` ran to exit 0."""
+    from lowlat.cli import main
+
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "needs a CUDA GPU" not in err
+
+
+def test_lowlat_bench_on_the_cpu_says_it_needs_a_gpu(capsys):
+    import torch
+
+    from lowlat.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the bench would run")
+    assert main(["bench", "--sections", "step", "--models", "SmolLM2-135M", "--rows", "1,8"]) == 2
+    assert "lowlat bench needs a CUDA GPU" in capsys.readouterr().err

@@ -67,3 +67,86 @@ def test_gguf_metadata_reader_matches_the_preset(smollm2):
     for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
               "vocab_size", "rope_theta", "tie_word_embeddings"):
         assert getattr(cfg, f) == getattr(p, f), f
+
+
+def _tiny_hf(**changes):
+    hf = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=256, vocab_size=256)
+    hf.update(changes)
+    return hf
+
+
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)
+
+
+@pytest.mark.parametrize("change,attr,value", [
+    # Qwen2 always has Q/K/V biases in HF (attention_bias is not read); Mixtral never has them
+    (dict(architectures=["Qwen2ForCausalLM"], attention_bias=False), "qkv_bias", True),
+    (dict(architectures=["MixtralForCausalLM"], attention_bias=True, num_local_experts=8,
+          num_experts_per_tok=2), "qkv_bias", False),
+    # Qwen3-MoE's HF default is no renormalisation; Mixtral always renormalises
+    (dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", **MOE), "norm_topk_prob", False),
+    (dict(architectures=["MixtralForCausalLM"], norm_topk_prob=False, num_local_experts=8, num_experts_per_tok=2),
+     "norm_topk_prob", True),
+    # a null num_experts does not hide Mixtral's num_local_experts; a null KV-head count means MHA, as in HF
+    (dict(architectures=["MixtralForCausalLM"], num_experts=None, num_local_experts=8, num_experts_per_tok=2),
+     "num_experts", 8),
+    (dict(num_key_value_heads=None), "num_kv_heads", 4),
+], ids=["qwen2-bias-always", "mixtral-no-bias", "qwen3moe-no-renorm-default", "mixtral-renorm-always",
+        "mixtral-null-num-experts", "null-kv-heads"])
+def test_hf_fields_are_read_with_transformers_meaning(change, attr, value):
+    assert getattr(ModelConfig.from_hf(_tiny_hf(**change)), attr) == value
+
+
+@pytest.mark.parametrize("change,field", [
+    # HF gives o_proj a bias too with attention_bias on Llama / Qwen3: lowlat implements none
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    (dict(rope_parameters={"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.25}),
+     "rope_parameters.partial_rotary_factor"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope_scaling.low_freq_factor"),
+    (dict(hidden_size=128.5), "hidden_size"),
+    (dict(num_attention_heads="4"), "num_attention_heads"),
+    (dict(vocab_size=None), "vocab_size"),
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings"),
+    (dict(rope_theta=float("nan")), "rope_theta"),
+    (dict(rope_theta=0), "rope_theta"),
+    (dict(rms_norm_eps=-1e-6), "rms_norm_eps"),
+])
+def test_malformed_or_unimplemented_hf_fields_raise_naming_the_field(change, field):
+    with pytest.raises(UnsupportedConfigError) as e:
+        ModelConfig.from_hf(_tiny_hf(**change))
+    assert e.value.field == field
+
+
+def test_a_missing_required_field_is_a_typed_error_not_a_key_error():
+    hf = _tiny_hf()
+    del hf["num_hidden_layers"]
+    with pytest.raises(UnsupportedConfigError, match="num_hidden_layers=None"):
+        ModelConfig.from_hf(hf)
+
+
+GGUF_FIELDS = {"general.architecture": "llama", "llama.embedding_length": 576, "llama.attention.head_count": 9,
+               "llama.attention.head_count_kv": 3, "llama.block_count": 2, "llama.feed_forward_length": 1536,
+               "llama.vocab_size": 49152, "llama.rope.dimension_count": 64}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"llama.expert_count": 8}, "llama.expert_count"),
+    ({"llama.rope.scaling.type": "linear"}, "llama.rope.scaling.type"),
+    ({"llama.rope.dimension_count": 32}, "llama.rope.dimension_count"),      # partial RoPE
+    ({"llama.attention.key_length": 128, "llama.rope.dimension_count": 128,
+      "llama.attention.value_length": 64}, "llama.attention.value_length"),
+    ({"llama.vocab_size": None}, "llama.vocab_size"),
+])
+def test_gguf_metadata_lowlat_cannot_run_raises_naming_the_key(change, field):
+    with pytest.raises(UnsupportedConfigError) as e:
+        ModelConfig.from_gguf_metadata({**GGUF_FIELDS, **change})
+    assert e.value.field == field
+
+
+def test_gguf_head_dim_is_the_key_length():
+    cfg = ModelConfig.from_gguf_metadata({**GGUF_FIELDS, "llama.attention.key_length": 128,
+                                          "llama.rope.dimension_count": 128})
+    assert cfg.head_dim == 128 and cfg.q_size == 9 * 128

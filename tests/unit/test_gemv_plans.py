@@ -16,7 +16,7 @@ import triton.language as tl
 
 from lowlat.bench import _GemvCase
 from lowlat.config import preset
-from lowlat.errors import StepContractError
+from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels import _gemv
 from lowlat.kernels._gemv import (MAX_SPLIT, GemvPlan, candidate_plans, default_plan, launch_constexprs, legacy_plan,
                                   plan_gemv, plans_from_json)
@@ -64,6 +64,15 @@ def test_tuned_table_and_json_override(tmp_path, monkeypatch):
     monkeypatch.delenv("LOWLAT_GEMV_PLANS")
     assert plan_gemv(576, 576, kind="residual") == plan_gemv(576, 576, kind="residual", table=_gemv.TUNED_PLANS)
     assert plan_gemv(576, 576, kind="residual", table={}) == base
+    # a missing or malformed table names the variable and the path (was FileNotFoundError / JSONDecodeError)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps([dict(kind="residual", n=576)]))
+    for p in (tmp_path / "missing.json", bad, wrong):
+        monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(p))
+        with pytest.raises(UnsupportedConfigError, match=f"LOWLAT_GEMV_PLANS='{p}'"):
+            plan_gemv(576, 576, kind="residual")
 
 
 def test_forced_fields_rederive_split_and_stay_valid():

@@ -9,6 +9,8 @@ exists).
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import logging
 import sys
@@ -114,6 +116,12 @@ def test_plan_covers_target_verify_widths_up_to_max_rows(tiny):
     assert built.plan(fb.input_ids, fb) is None                      # ragged verify
     fb = _fb(fakes.ForwardMode.TARGET_VERIFY, 6, 2, spec_info=types.SimpleNamespace(topk=4))
     assert built.plan(fb.input_ids, fb) is None                      # tree verify
+    # NGRAM's verify input has no `topk`, only tree_topk -1 (an irregular tree): never a chain
+    ngram = types.SimpleNamespace(tree_topk=-1, draft_token_num=3, custom_mask=torch.ones(1, dtype=torch.bool))
+    fb = _fb(fakes.ForwardMode.TARGET_VERIFY, 6, 2, spec_info=ngram)
+    assert built.plan(fb.input_ids, fb) is None
+    fb = _fb(fakes.ForwardMode.TARGET_VERIFY, 6, 2, spec_info=types.SimpleNamespace(tree_topk=1, topk=1))
+    assert built.plan(fb.input_ids, fb) == sgl_spec.Step(mode="target_verify", rows=6)
     fb = _fb(fakes.ForwardMode.DECODE, 4, 4)
     assert built.plan(fb.input_ids, fb) is None                      # 4 is not a built width
 
@@ -387,6 +395,10 @@ def test_fused_engine_refuses_what_the_guard_refuses(tiny):
     odd = ModelConfig.from_hf(dict(TINY, hidden_size=120))
     assert contract.LLAMA.guard(odd, None, H200) == [
         "config.hidden_size=120: the fused GEMVs take a multiple of 16"]
+    # a ModelConfig's qkv_bias is the Q/K/V biases alone (the fused step reads them): not HF's attention_bias,
+    # which for Llama also means an o_proj bias that ModelConfig.from_hf refuses
+    biased = dataclasses.replace(ModelConfig.from_hf(TINY), qkv_bias=True)
+    assert contract.LLAMA.guard(biased, None, H200) == []
 
 
 def test_moe_is_covered_only_with_the_moe_kernels(tiny, monkeypatch):

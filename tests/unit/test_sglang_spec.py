@@ -148,6 +148,9 @@ CONFIG_CASES = {
     "tree verify": (_llama(), {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4}, [
         "--speculative-eagle-topk 4: tree verify; the fused step verifies one chain of drafts per request "
         "(topk 1)"]),
+    "ngram verify": (_llama(), {"speculative_algorithm": "NGRAM", "speculative_eagle_topk": 1}, [
+        "--speculative-algorithm NGRAM: its verify is an irregular draft tree (tree_topk -1); the fused step "
+        "verifies one chain of drafts per request"]),
     "two at once": (_llama(sliding_window=4096), {"tp_size": 2}, [
         SLIDING, "tp_size 2 does not divide config.num_key_value_heads=3: each rank must hold whole KV heads"]),
 }
@@ -220,3 +223,57 @@ def test_model_disable_reasons_name_the_weight_layout_and_dtype(tiny):
     del sharded.model.layers[0].mlp.gate_up_proj
     assert ours.model_disable_reasons(contract.LLAMA, sharded, hf, hardware=H200) == [
         "the model has no model.layers.0.mlp.gate_up_proj.weight (missing at 'gate_up_proj')"]
+
+
+def test_model_disable_reasons_and_build_never_crash_on_a_model_with_fewer_layers(tiny):
+    """SGLang gathers every rank's reasons right after model_disable_reasons: a rank that raised there
+    (IndexError from model.layers[1]) would leave its peers waiting in the gather."""
+    cfg, w = tiny
+    model, hf = fakes.fake_sglang_model(cfg, w), transformers.LlamaConfig(**TINY)
+    del model.model.layers[1]
+    assert ours.model_disable_reasons(contract.LLAMA, model, hf, hardware=H200) == [
+        "model.model.layers has 1 layers, the config num_hidden_layers=2"]
+    spec = ours.make_megakernel_spec(contract.LLAMA, runner_factory=contract.reference_runner,
+                                     runner_kwargs={"validate": False}, hardware=H200)
+    built = spec.build(model, hf, sgl_spec.BuildContext(widths=(1, 2), tokens_per_request=1, deadline_s=30.0))
+    assert built.widths == () and "num_hidden_layers=2" in built.summary()
+    # anything else raised while reading the model is a reason too, never an exception
+    broken = fakes.fake_sglang_model(cfg, w)
+    del broken.model.layers
+    broken.model.__dict__["layers"] = types.SimpleNamespace()      # not indexable, no length
+    reasons = ours.model_disable_reasons(contract.LLAMA, broken, hf, hardware=H200)
+    assert len(reasons) == 1 and "model.layers.0" in reasons[0]
+    assert ours.model_disable_reasons(contract.LLAMA, model, object(), hardware=H200)[0].startswith(
+        "lowlat-fused-llama cannot check the loaded model: TypeError")
+
+
+@pytest.mark.parametrize("where,param,message", [
+    ("self_attn.qkv_proj", "bias", "the config declares no Q/K/V bias"),
+    ("self_attn.o_proj", "bias", "lowlat implements no bias there"),
+    ("mlp.down_proj", "bias", "lowlat implements no bias there"),
+    ("self_attn.q_norm", "weight", "LlamaForCausalLM has no per-head QK norm"),
+])
+def test_a_parameter_the_fused_step_would_drop_is_a_reason(tiny, where, param, message):
+    """A loaded Llama holding a bias (SGLang's llama.py adds Q/K/V and o_proj biases for attention_bias or
+    `bias` configs) or a QK norm the fused step does not read refuses; it is never silently left out."""
+    cfg, w = tiny
+    model = fakes.fake_sglang_model(cfg, w)
+    owner, (attr, *rest) = model.model.layers[1], where.split(".")
+    mod = getattr(owner, attr)
+    if rest and not hasattr(mod, rest[0]):
+        setattr(mod, rest[0], fakes._Linear(torch.ones(cfg.head_dim, dtype=torch.bfloat16)))
+    else:
+        lin = getattr(mod, rest[0])
+        lin.bias = torch.nn.Parameter(torch.zeros(lin.weight.shape[0], dtype=torch.bfloat16), requires_grad=False)
+    assert ours.model_disable_reasons(contract.LLAMA, model, transformers.LlamaConfig(**TINY), hardware=H200) == [
+        f"model.model.layers.1.{where}.{param} exists ({message}); the fused step would leave it out"]
+
+
+def test_model_disable_reasons_state_the_config_limits_sglang_checks_only_there_for_drafts(tiny):
+    """SGLang never calls config_disable_reasons for a draft model: model_disable_reasons must name what the
+    kernels cannot run (head_dim 80 here) before build, not leave it to a build that builds nothing."""
+    cfg, w = tiny
+    model = fakes.fake_sglang_model(cfg, w)
+    hf = transformers.LlamaConfig(**dict(TINY, head_dim=80))
+    assert ours.model_disable_reasons(contract.LLAMA, model, hf, hardware=H200) == [
+        "head_dim=80: the fused attention kernels are built for head_dim in [64, 128]"]

@@ -60,10 +60,14 @@ def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp
                                       "--drafter", "ngram"])
     assert args.func(args) == 1                       # the quality verdict (failed) is the exit code
     assert calls == [("quality", str(tmp_path / "quality"), 3, "ngram")]      # the report goes to OUT/quality
+    from lowlat.cli import main
+    from lowlat.errors import UnsupportedConfigError
+
     for extra in (["--quick"], ["--", "-k", "attention"]):
         args = build_parser().parse_args(["signoff", "--quality-only", *extra])
-        with pytest.raises(SystemExit, match="runs no test suite"):
+        with pytest.raises(UnsupportedConfigError, match="runs no test suite"):
             args.func(args)
+        assert main(["signoff", "--quality-only", *extra]) == 2          # a usage error, not exit 1
     assert len(calls) == 1
     with pytest.raises(SystemExit):                   # argparse: --quality and --quality-only exclude each other
         build_parser().parse_args(["signoff", "--quality", "--quality-only"])
@@ -100,3 +104,20 @@ def test_cli_refuses_bad_values_before_loading_the_model_or_running_suites(monke
         assert main(list(argv)) == 2, argv
         assert f"lowlat {argv[0]}: error: unsupported config field {what}" in capsys.readouterr().err
     assert ran == []
+
+
+def test_hardware_probe_does_not_import_triton():
+    """`lowlat signoff --workers 0` runs the suite in the process that probed the hardware: importing
+    triton there, before conftest sets TRITON_INTERPRET on a machine without a GPU, left triton without its
+    interpreter (21 kernel tests failed). The probe reads the installed version instead."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys; from lowlat.signoff import hardware; h = hardware(); "
+            "print(h['triton'], 'triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    version, imported = out.stdout.split()
+    assert imported == "False" and version[0].isdigit(), out.stdout

@@ -39,6 +39,13 @@ ERROR_CASES = [
      r"out_cache_loc rows \[1, 2\] all write KV slot"),
     ("req_indices", lambda s: s.req_indices.clone().index_fill_(0, torch.tensor([2]), 2), r"req_indices\[2\]=2"),
     ("num_valid_rows", lambda s: 0, "num_valid_rows=0"),
+    ("num_valid_rows", lambda s: 2.5, "num_valid_rows must be an int, got float 2.5"),
+    ("num_valid_rows", lambda s: True, "num_valid_rows must be an int, got bool True"),
+    ("num_valid_rows", lambda s: "4", "num_valid_rows must be an int, got str '4'"),
+    # a valid request's context holding the dummy slot 0 (which padding rows write) reads garbage
+    ("page_table", lambda s: s.page_table.clone().index_put_((torch.tensor([0]), torch.tensor([1])),
+                                                              torch.tensor([0], dtype=torch.int32)),
+     r"page_table\[0, 1\]=0 is the dummy slot"),
 ]
 
 
