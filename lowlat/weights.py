@@ -63,6 +63,50 @@ class ModelWeights:
         return self.map(lambda t: t.to(device=device, dtype=dtype))
 
 
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
+    """The shape `cfg` gives each LayerWeights field (the comments above), None for a field it leaves
+    empty (biases without qkv_bias, QK norms without qk_norm, the MLP form it does not use)."""
+    h, d, q, kv = cfg.hidden_size, cfg.head_dim, cfg.q_size, cfg.kv_size
+    shapes: dict[str, tuple[int, ...] | None] = {f.name: None for f in dataclasses.fields(LayerWeights)}
+    shapes.update(attn_norm=(h,), wq=(q, h), wk=(kv, h), wv=(kv, h), wo=(h, q), mlp_norm=(h,))
+    if cfg.qkv_bias:
+        shapes.update(bq=(q,), bk=(kv,), bv=(kv,))
+    if cfg.qk_norm:
+        shapes.update(q_norm=(d,), k_norm=(d,))
+    if cfg.is_moe:
+        e, ie = cfg.num_experts, cfg.moe_intermediate_size
+        shapes.update(router=(e, h), expert_gate=(e, ie, h), expert_up=(e, ie, h), expert_down=(e, h, ie))
+        if cfg.shared_expert_intermediate_size:
+            si = cfg.shared_expert_intermediate_size
+            shapes.update(shared_gate=(si, h), shared_up=(si, h), shared_down=(h, si))
+    else:
+        i = cfg.intermediate_size
+        shapes.update(w_gate=(i, h), w_up=(i, h), w_down=(h, i))
+    return shapes
+
+
+def shape_problems(cfg: ModelConfig, weights: ModelWeights) -> list[str]:
+    """Every tensor of `weights` whose shape is not the one `cfg` gives it, every tensor `cfg` needs
+    that is missing and every tensor it would leave unread, by name ("layers.3.wk"); [] when all match.
+    Layers beyond min(len(weights.layers), cfg.num_layers) are not looked at (count them apart)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    found: list[tuple[str, torch.Tensor | None, tuple[int, ...] | None]] = [
+        ("embed", weights.embed, (v, h)), ("final_norm", weights.final_norm, (h,)),
+        ("lm_head", weights.lm_head, (v, h))]
+    want = layer_shapes(cfg)
+    for i, lw in enumerate(weights.layers[: cfg.num_layers]):
+        found += [(f"layers.{i}.{name}", getattr(lw, name), shape) for name, shape in want.items()]
+    problems = []
+    for name, t, shape in found:
+        if shape is None and t is not None:
+            problems.append(f"{name} is set, but the config does not use it (it would be left unread)")
+        elif shape is not None and not isinstance(t, torch.Tensor):
+            problems.append(f"{name} is missing (the config needs {shape})")
+        elif shape is not None and tuple(t.shape) != shape:
+            problems.append(f"{name} has shape {tuple(t.shape)}, the config gives {shape}")
+    return problems
+
+
 def random_layer_weights(cfg: ModelConfig, *, generator: torch.Generator, dtype=torch.bfloat16,
                          device="cpu", num_experts: int | None = None) -> LayerWeights:
     """Random weights of one layer, scaled like a trained model (std 1/sqrt(fan_in)); never zeros."""

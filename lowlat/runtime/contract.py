@@ -41,7 +41,7 @@ from lowlat import numerics
 from lowlat.config import ModelConfig
 from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 from lowlat.step import MAX_ROWS, StepBatch
-from lowlat.weights import ModelWeights
+from lowlat.weights import ModelWeights, shape_problems
 
 log = logging.getLogger("lowlat.contract")
 
@@ -242,6 +242,10 @@ class LowlatSpec:
             reasons.append(f"weights hold dtype {bad}; the fused step reads {sorted(self.dtypes)}")
         if len(weights.layers) != cfg.num_layers:
             reasons.append(f"weights have {len(weights.layers)} layers, the config {cfg.num_layers}")
+        problems = shape_problems(cfg, weights)
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            reasons.append("weights do not fit the config: " + "; ".join(problems[:3]) + more)
         return reasons
 
     def guard(self, cfg: ModelConfig, weights: ModelWeights | None, hw: DeviceFacts, *, tp_size: int = 1,

@@ -401,6 +401,25 @@ def test_fused_engine_refuses_what_the_guard_refuses(tiny):
     assert contract.LLAMA.guard(biased, None, H200) == []
 
 
+def test_the_guard_refuses_weights_that_do_not_fit_the_config(tiny):
+    """Weights of another shape, a tensor the config needs missing, or one it would leave unread: a reason
+    naming each (the engine path had no shape check; the reference failed later in a matmul)."""
+    cfg, w = tiny
+    assert contract.LLAMA.weights_reasons(cfg, w) == []
+    bad = w.map(lambda t: t)
+    bad.layers[1].wk = bad.layers[1].wk[:, :-16]
+    bad.layers[0].bq = torch.zeros(cfg.q_size, dtype=torch.bfloat16)
+    bad.layers[0].w_up = None
+    (reason,) = contract.LLAMA.weights_reasons(cfg, bad)
+    assert reason == (f"weights do not fit the config: layers.0.bq is set, but the config does not use it (it would "
+                      f"be left unread); layers.0.w_up is missing (the config needs ({cfg.intermediate_size}, "
+                      f"{cfg.hidden_size})); layers.1.wk has shape ({cfg.kv_size}, {cfg.hidden_size - 16}), the "
+                      f"config gives ({cfg.kv_size}, {cfg.hidden_size})")
+    eng = contract.fused_engine(cfg, bad, device="cpu", num_slots=64, max_reqs=2, max_ctx=32, hardware=H200,
+                                runner_factory=contract.reference_runner)
+    assert eng.backend.built is None and eng.backend.refusal == [reason]
+
+
 def test_moe_is_covered_only_with_the_moe_kernels(tiny, monkeypatch):
     moe = ModelConfig.from_hf(dict(TINY, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
                                    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64))
