@@ -55,7 +55,8 @@ class StepBatch:
         """Check every contract fact; raise `StepContractError` naming the first offending value.
 
         vocab_size: V (input_ids in 0..V-1); num_slots: KV slots S of the pool (slot 0 the dummy slot, never
-        part of a valid row's context); max_rows: the most rows M a step may have (None: unchecked).
+        part of a valid row's context; a slot a valid row writes appears in a read context only at that row's
+        own request and position); max_rows: the most rows M a step may have (None: unchecked).
         num_valid_rows must be an int in 1..M (bool / float refused). Host-side (syncs on the tensors):
         call before any write, never inside a captured graph.
         """
@@ -120,6 +121,22 @@ class StepBatch:
             r, p = (int(x) for x in dummy.nonzero()[0])
             raise StepContractError(f"page_table[{r}, {p}]=0 is the dummy slot (padding rows write it), inside "
                                     f"request {r}'s seq_len={int(seq[r])}: a valid row would attend to it")
+        # a slot a valid row writes may sit in a live request's context only at that row's own place:
+        # anywhere else a valid row would read K/V that this step overwrites (in whichever order it runs)
+        owner_req = torch.full((num_slots,), -1, dtype=torch.long)
+        owner_pos = torch.full((num_slots,), -1, dtype=torch.long)
+        owner_req[loc], owner_pos[loc] = req, pos
+        slot_at = self.page_table.cpu().long().clamp(0, num_slots - 1)
+        written = owner_req[slot_at] >= 0
+        elsewhere = (owner_req[slot_at] != torch.arange(b)[:, None]) | (owner_pos[slot_at] != torch.arange(c)[None, :])
+        clash = cols & live[:, None] & written & elsewhere
+        if clash.any():
+            r, p = (int(x) for x in clash.nonzero()[0])
+            slot = int(slot_at[r, p])
+            i = _first(loc == slot)
+            raise StepContractError(f"page_table[{r}, {p}]={slot} is the KV slot valid row {i} writes (request "
+                                    f"{int(req[i])}, position {int(pos[i])}): request {r} would read K/V this step "
+                                    "overwrites")
         pad_loc = self.out_cache_loc[n:].cpu()
         if (pad_loc != 0).any():
             i = n + _first(pad_loc != 0)

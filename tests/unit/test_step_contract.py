@@ -46,6 +46,13 @@ ERROR_CASES = [
     ("page_table", lambda s: s.page_table.clone().index_put_((torch.tensor([0]), torch.tensor([1])),
                                                               torch.tensor([0], dtype=torch.int32)),
      r"page_table\[0, 1\]=0 is the dummy slot"),
+    # a slot this step writes, read elsewhere: by another request, or by its own request at another position
+    ("page_table", lambda s: s.page_table.clone().index_put_((torch.tensor([0]), torch.tensor([1])),
+                                                              s.out_cache_loc[2:3].clone()),
+     r"page_table\[0, 1\]=\d+ is the KV slot valid row 2 writes \(request 1, position 3\): request 0 would read"),
+    ("page_table", lambda s: s.page_table.clone().index_put_((torch.tensor([1]), torch.tensor([0])),
+                                                              s.out_cache_loc[3:4].clone()),
+     r"page_table\[1, 0\]=\d+ is the KV slot valid row 3 writes \(request 1, position 4\)"),
 ]
 
 
