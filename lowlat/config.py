@@ -292,10 +292,12 @@ def _refuse_unsupported_fields(hf: Mapping[str, Any]) -> None:
         raise UnsupportedConfigError("sliding_window", window, "sliding-window attention")
     for key, what in (("kv_lora_rank", "multi-head latent attention (MLA)"),
                       ("q_lora_rank", "multi-head latent attention (MLA)"),
-                      ("layer_types", "per-layer attention types"),
                       ("mlp_only_layers", "dense layers inside an MoE model")):
         if hf.get(key):
             raise UnsupportedConfigError(key, hf.get(key), what)
+    kinds = sorted({t for t in (hf.get("layer_types") or ()) if t != "full_attention"})
+    if kinds:       # transformers 5 writes layer_types for every Qwen2 / Qwen3 config: all full attention is fine
+        raise UnsupportedConfigError("layer_types", kinds, "per-layer attention types other than full attention")
     if hf.get("hidden_act", "silu") != "silu":
         raise UnsupportedConfigError("hidden_act", hf.get("hidden_act"), "only SwiGLU (silu) MLPs")
     if hf.get("mlp_bias"):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lowlat.config import ModelConfig
+from lowlat.errors import UnsupportedConfigError
 from lowlat.reference.layer import decoder_layer
 from lowlat.reference.rms_norm import rms_norm
 from lowlat.reference.rope import rope_cos_sin, rope_inv_freq
@@ -41,11 +42,18 @@ class ReferenceModel:
     def hidden_states(self, step: StepBatch, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                       num_layers: int | None = None) -> torch.Tensor:
         """Final-normed hidden states [M, H] after `num_layers` layers (all by default; a smaller number
-        gives the early-exit draft model of self-speculation). Padding rows are 0."""
+        gives the early-exit draft model of self-speculation). Padding rows are 0.
+
+        Raises UnsupportedConfigError (a ValueError) for num_layers outside 1..num_layers of the config (0, a
+        negative or a larger count would otherwise slice the layer list silently), before any KV write."""
         cfg = self.cfg
+        if num_layers is None:
+            num_layers = cfg.num_layers
+        elif type(num_layers) is not int or not 1 <= num_layers <= cfg.num_layers:
+            raise UnsupportedConfigError("num_layers", num_layers, f"must be an int in 1..{cfg.num_layers}")
         x = self.embed(step)
         cos, sin = rope_cos_sin(step.positions, self.inv_freq, self.dtype)
-        for i, lw in enumerate(self.weights.layers[: num_layers or cfg.num_layers]):
+        for i, lw in enumerate(self.weights.layers[:num_layers]):
             x = decoder_layer(cfg, lw, x, step, k_caches[i], v_caches[i], cos, sin)
         x = rms_norm(x, self.weights.final_norm, cfg.rms_eps)
         x[step.num_valid_rows:] = 0

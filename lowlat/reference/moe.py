@@ -1,9 +1,10 @@
 """Mixture-of-experts reference: softmax router, top-k, optional renormalisation, routing bitmap.
 
 Routing (Qwen3-MoE / Mixtral, as HF transformers computes it):
-    probs   = softmax(x @ router^T) in fp32                              [M, E]
+    logits  = x @ router^T in x's dtype (bf16 logits for bf16 x, as HF's router Linear)     [M, E]
+    probs   = softmax(logits) in fp32 (fp64 for an fp64 x)                                 [M, E]
     chosen  = top-k of probs per row; ties go to the lower expert index
-    gates   = probs[chosen], divided by their sum when `renormalize`
+    gates   = probs[chosen] (fp32), divided by their sum when `renormalize`
 The routing is expressed as a bitmap [M, E] (bool: expert e serves row m) and a gate matrix [M, E]
 (0 where the bitmap is False), so that a fused kernel can place (expert, row) tiles with population
 counts instead of sorting tokens. The layer output is

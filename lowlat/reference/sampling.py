@@ -1,8 +1,15 @@
 """Token sampling reference: temperature, top-k, top-p (nucleus, Holtzman et al. 2020), seeded.
 
-    p = softmax(logits / T); keep the k largest (top-k); then keep the smallest prefix of the
-    descending order whose mass reaches top_p (the token crossing the threshold is kept);
-    renormalise; draw. T == 0 is greedy (argmax; ties -> lowest token id).
+    p = softmax(logits / T) in float32; order the tokens by p, descending, equal p to the lower token id;
+    keep the first k of that order (top-k; so ties at the k-th place go to the lower ids); then keep the
+    smallest prefix of that order whose mass reaches top_p (the token crossing the threshold is kept: a
+    token is kept iff the mass before it is < top_p); renormalise; draw. T == 0 is greedy (argmax; ties ->
+    lowest token id).
+
+The top-p mass is that of p itself, not of p renormalised over the top-k tokens, as SGLang 0.5.23's torch
+sampler (`top_k_top_p_min_p_sampling_from_probs_torch`) computes it. HF transformers' warpers and vLLM's
+torch sampler renormalise after top-k first, so with both filters on they can keep fewer tokens
+(p = [.4, .3, .2, .1], top_k 2, top_p 0.5: here tokens 0 and 1, there token 0 alone).
 """
 
 from __future__ import annotations

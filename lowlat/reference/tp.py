@@ -37,13 +37,18 @@ def ordered_sum(partials: list[torch.Tensor]) -> torch.Tensor:
 def shard_layer(cfg: ModelConfig, lw: LayerWeights, world: int) -> list[LayerWeights]:
     """Split one layer's weights over `world` TP ranks (views, no copies).
 
-    Raises `UnsupportedConfigError` when world does not divide the KV heads or the FFN width.
+    Raises `UnsupportedConfigError` when world does not divide the KV heads, the FFN width or the shared
+    expert's width.
     """
     if cfg.num_kv_heads % world:
         raise UnsupportedConfigError("tp_size", world, f"must divide num_key_value_heads={cfg.num_kv_heads}")
     width = cfg.moe_intermediate_size if cfg.is_moe else cfg.intermediate_size
     if width % world:
         raise UnsupportedConfigError("tp_size", world, f"must divide the FFN intermediate size {width}")
+    shared_width = 0 if lw.shared_gate is None else lw.shared_gate.shape[0]
+    if shared_width % world:
+        raise UnsupportedConfigError("tp_size", world,
+                                     f"must divide the shared expert's intermediate size {shared_width}")
     d, g = cfg.head_dim, cfg.gqa_group
     kv_per, q_per, f_per = cfg.num_kv_heads // world, cfg.num_kv_heads // world * g, width // world
     shards = []
@@ -63,7 +68,7 @@ def shard_layer(cfg: ModelConfig, lw: LayerWeights, world: int) -> list[LayerWei
             s.expert_gate, s.expert_up = lw.expert_gate[:, f], lw.expert_up[:, f]
             s.expert_down = lw.expert_down[:, :, f]
             if lw.shared_gate is not None:
-                fs = cfg.shared_expert_intermediate_size // world
+                fs = shared_width // world
                 sf = slice(r * fs, (r + 1) * fs)
                 s.shared_gate, s.shared_up, s.shared_down = (
                     lw.shared_gate[sf], lw.shared_up[sf], lw.shared_down[:, sf])

@@ -150,3 +150,13 @@ def test_gguf_head_dim_is_the_key_length():
     cfg = ModelConfig.from_gguf_metadata({**GGUF_FIELDS, "llama.attention.key_length": 128,
                                           "llama.rope.dimension_count": 128})
     assert cfg.head_dim == 128 and cfg.q_size == 9 * 128
+
+
+def test_layer_types_of_full_attention_only_are_read_other_kinds_refused():
+    """transformers 5 writes layer_types into every Qwen2 / Qwen3 config (all "full_attention"; the hub's
+    Qwen3-0.6B too): that is the plain model. Any other kind is a per-layer attention lowlat lacks."""
+    cfg = ModelConfig.from_hf(_tiny_hf(layer_types=["full_attention"] * 2))
+    assert cfg == ModelConfig.from_hf(_tiny_hf())
+    with pytest.raises(UnsupportedConfigError) as e:
+        ModelConfig.from_hf(_tiny_hf(layer_types=["full_attention", "sliding_attention"]))
+    assert e.value.field == "layer_types" and e.value.value == ["sliding_attention"]

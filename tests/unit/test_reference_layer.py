@@ -105,3 +105,46 @@ def test_moe_layer_padding_rows_never_enter_routing(seed):
     out, _ = _run(cfg, lw, case, x, cos, sin)
     out_p, _ = _run(cfg, lw, padded, xp, cp, sp)
     check_bitwise("moe_layer", out_p[:2], out, output="padding_invariance")
+
+
+@pytest.mark.parametrize("shared", [24, 21])
+def test_tp_view_shards_the_shared_expert_or_refuses_a_world_not_dividing_it(shared):
+    """MoE layer with an ungated shared expert over 2 ranks: equal to the unsharded layer (float64) when 2
+    divides the shared width; refused when it does not (each rank's slice was width // world columns, so the
+    last column of the shared expert was silently dropped: 0.18 off)."""
+    cfg = tiny_config(num_experts=4, top_k=2, moe_intermediate_size=32, intermediate_size=0,
+                      architecture="Qwen3MoeForCausalLM", shared_expert_intermediate_size=shared)
+    lw, case, x, cos, sin = _layer_inputs(cfg, 5, [3, 0], [2, 1])
+    to64 = lambda t: t.double()  # noqa: E731
+    lw64, x64, cos64, sin64 = lw.map(to64), x.double(), cos.double(), sin.double()
+    if shared % 2:
+        with pytest.raises(UnsupportedConfigError, match="shared expert"):
+            shard_layer(cfg, lw64, 2)
+        return
+    tp, kc_tp = _run(cfg, lw64, case, x64, cos64, sin64, world=2, dtype=torch.float64)
+    full, kc = _run(cfg, lw64, case, x64, cos64, sin64, dtype=torch.float64)
+    check_accuracy("tp_layer", tp, full, None, output="shared_expert", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("num_layers", [0, -1, 3, 2.0, True])
+def test_reference_model_refuses_a_layer_count_outside_1_to_num_layers(num_layers):
+    """hidden_states(num_layers=n) is the early-exit draft's spec (FusedModel refuses n outside 1..L); 0 ran
+    every layer and -1 all but the last, silently. Refused before any KV write."""
+    from lowlat.reference.model import ReferenceModel
+    from lowlat.weights import random_model_weights
+
+    cfg = tiny_config()
+    ref = ReferenceModel(cfg, random_model_weights(cfg, seed=0))
+    case = random_step(ctx_lens=[2], new_rows=[1], num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                       vocab_size=cfg.vocab_size)
+    kc = [case.k_cache.clone() for _ in range(cfg.num_layers)]
+    vc = [case.v_cache.clone() for _ in range(cfg.num_layers)]
+    with pytest.raises(ValueError, match="num_layers"):
+        ref.hidden_states(case.step, kc, vc, num_layers)
+    with pytest.raises(ValueError, match="num_layers"):
+        ref.forward(case.step, kc, vc, num_layers=num_layers)
+    assert all(torch.equal(k.nan_to_num(7.0), case.k_cache.nan_to_num(7.0)) for k in kc)
+    one = ref.hidden_states(case.step, [k.clone() for k in kc], [v.clone() for v in vc], 1)
+    every = ref.hidden_states(case.step, [k.clone() for k in kc], [v.clone() for v in vc], cfg.num_layers)
+    check_bitwise("model", ref.hidden_states(case.step, kc, vc), every, output="num_layers_default")
+    assert not torch.equal(one, every)
