@@ -861,6 +861,8 @@ def launch_costs(trace, replays: int) -> dict[str, list[float]]:
     """Split a `kernel_trace` of `replays` replays of one graph into replays (equal kernel counts, same names
     in the same order, else ValueError) and give each launch's cost in the step: end_i - end_(i-1) (the
     first launch of a replay: its duration), collected per `launch_roles` role (µs; layers x replays)."""
+    if isinstance(replays, bool) or not isinstance(replays, int) or replays < 1:
+        raise ValueError(f"replays={replays!r} must be an int >= 1")
     n, rem = divmod(len(trace), replays)
     if n == 0 or rem:
         raise ValueError(f"{len(trace)} kernels in {replays} replays")

@@ -101,8 +101,11 @@ def rotation_copies(bytes_per_launch: int, *, target_bytes: int = 4 * L2_BYTES, 
 
 # ------------------------------------------------------------------------------------ timing
 def summarize_us(times_us: Sequence[float]) -> dict:
-    """{"us_median", "us_p10", "us_p90", "samples"} of a list of times in µs."""
+    """{"us_median", "us_p10", "us_p90", "samples"} of a list of times in µs. Raises ValueError for no
+    sample or a NaN one (a summary of nothing, or a median NaN sorts anywhere, would be a made-up number)."""
     s = sorted(times_us)
+    if not s or any(t != t for t in s):
+        raise ValueError(f"summarize_us needs at least one time and no NaN, got {list(times_us)[:8]}")
     return {"us_median": statistics.median(s), "us_p10": s[len(s) // 10], "us_p90": s[(9 * len(s)) // 10],
             "samples": len(s)}
 

@@ -50,6 +50,9 @@ def test_summarize_us_orders_percentiles():
     assert s["us_median"] == srt[50]
     assert s["us_p10"] == srt[10] and s["us_p90"] == srt[90]
     assert s["us_p10"] <= s["us_median"] <= s["us_p90"]
+    for bad in ([], [1.0, float("nan"), 2.0]):      # [] was a StatisticsError; a NaN median sorts anywhere
+        with pytest.raises(ValueError, match="at least one time and no NaN"):
+            bm.summarize_us(bad)
 
 
 def test_versions_names_device_versions_date_and_command():
@@ -204,6 +207,9 @@ def test_launch_roles_and_costs_of_a_fused_step_trace():
         bench.launch_costs(trace + [("a", 30.0, 31.0)], 2)
     with pytest.raises(ValueError, match="replay 1 launched other kernels"):
         bench.launch_costs(trace[:3] + [("b", 20.0, 21.0)] + trace[4:], 2)
+    for replays in (0, -1, 2.0, True):          # 0 was a ZeroDivisionError
+        with pytest.raises(ValueError, match=f"replays={replays!r} must be an int"):
+            bench.launch_costs(trace, replays)
     cfg = preset("Llama-3.2-1B")
     assert bench.role_bytes(cfg, "attn_prologue") == (2048 + 2 * 512) * 2048 * 2       # 32 + 2 x 8 heads of 64
     assert bench.role_bytes(cfg, "out_proj") == 2048 * 2048 * 2
