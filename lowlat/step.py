@@ -150,14 +150,23 @@ _DTYPES = {
 }
 
 
-def _count(value: object) -> int:
-    """num_valid_rows as an int: a Python / NumPy int or an integer 0-d tensor; bool, float, str refused."""
-    if isinstance(value, bool):
-        raise StepContractError(f"num_valid_rows must be an int, got bool {value!r}")
+def as_int(x: object) -> int | None:
+    """x as a Python int when it is an integer (int, NumPy integer, 0-d integer tensor), else None (bool,
+    float, str, a float or multi-element tensor)."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() or x.is_floating_point())):
+        return None
     try:
-        return operator.index(value)
+        return operator.index(x)
     except TypeError:
-        raise StepContractError(f"num_valid_rows must be an int, got {type(value).__name__} {value!r}") from None
+        return None
+
+
+def _count(value: object) -> int:
+    """num_valid_rows as an int (`as_int`); StepContractError naming it otherwise."""
+    n = as_int(value)
+    if n is None:
+        raise StepContractError(f"num_valid_rows must be an int, got {type(value).__name__} {value!r}")
+    return n
 
 
 def _first(mask: torch.Tensor) -> int:

@@ -682,14 +682,13 @@ class ContractBackend:
             return None
         planned = self.built.plan_rows(step_mode(step, self.built.tokens_per_request), step.num_rows)
         problem = None
-        if planned is not None and self.validate and pool is not None and world_size(self.built.group) == 1:
-            step.validate(vocab_size=self.built.cfg.vocab_size, num_slots=pool.k_caches[0].shape[0],
-                          max_rows=self.built.spec.max_rows)       # alone: the step's own error
-        elif planned is not None and self.validate and pool is not None:
+        if planned is not None and self.validate and pool is not None:
             try:
                 step.validate(vocab_size=self.built.cfg.vocab_size, num_slots=pool.k_caches[0].shape[0],
                               max_rows=self.built.spec.max_rows)
             except Exception as e:  # noqa: BLE001 - a rank-local error is agreed, never raised alone
+                if world_size(self.built.group) == 1:
+                    raise                                        # alone: the step's own error
                 problem = str(e) if isinstance(e, StepContractError) else f"{type(e).__name__}: {e}"
         return self.built.agree_step(planned, problem)
 

@@ -8,7 +8,6 @@ one row per running request, padded with dummy rows up to the next captured widt
 from __future__ import annotations
 
 import numbers
-import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -20,7 +19,7 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.reference import sampling
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime.kv_cache import KVCachePool
-from lowlat.step import MAX_ROWS, StepBatch
+from lowlat.step import MAX_ROWS, StepBatch, as_int
 from lowlat.weights import ModelWeights
 
 #: Step widths a fused backend captures one CUDA graph for (decode rows are padded up to one).
@@ -202,12 +201,9 @@ class Engine:
         if not ids:
             raise StepContractError("prompt_ids is empty: a request needs at least one prompt token")
         for i, t in enumerate(ids):
-            try:
-                if isinstance(t, bool) or (isinstance(t, torch.Tensor) and t.is_floating_point()):
-                    raise TypeError
-                ids[i] = operator.index(t)
-            except TypeError:
-                raise StepContractError(f"prompt_ids[{i}]={t!r} is not an int token id") from None
+            ids[i] = as_int(t)
+            if ids[i] is None:
+                raise StepContractError(f"prompt_ids[{i}]={t!r} is not an int token id")
         bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise StepContractError(f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")

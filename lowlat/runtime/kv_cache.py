@@ -8,12 +8,11 @@ A step's page table is `req_to_token[req_pool_indices]` (lowlat/step.py).
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from lowlat.config import ModelConfig
 from lowlat.errors import KVCacheError, StepContractError, UnsupportedConfigError
+from lowlat.step import as_int
 
 
 class KVCachePool:
@@ -21,7 +20,7 @@ class KVCachePool:
                  dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  num_layers: int | None = None) -> None:
         for name, value, lo in (("num_slots", num_slots, 2), ("max_reqs", max_reqs, 1), ("max_ctx", max_ctx, 1)):
-            if _index(value) is None or value < lo:
+            if as_int(value) is None or value < lo:
                 raise UnsupportedConfigError(name, value, f"must be an int >= {lo}"
                                              + (" (slot 0 is the dummy slot)" if name == "num_slots" else ""))
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
@@ -40,7 +39,7 @@ class KVCachePool:
 
     def _held(self, req: object) -> int:
         """req as an allocated request row; KVCacheError otherwise (a bool, a freed or unknown row)."""
-        idx = _index(req)
+        idx = as_int(req)
         if idx is None or idx not in self.seq_lens:
             raise KVCacheError(f"request row {req!r} is not allocated (allocated: {sorted(self.seq_lens)}); "
                                "was it freed already?")
@@ -62,7 +61,7 @@ class KVCachePool:
         unallocated request row and for n not an int >= 0. Nothing is allocated when it raises.
         """
         req = self._held(req)
-        start, n_in, n = self.seq_lens[req], n, _index(n)
+        start, n_in, n = self.seq_lens[req], n, as_int(n)
         if n is None or n < 0:
             raise KVCacheError(f"request {req}: n={n_in!r} positions must be an int >= 0")
         if start + n > self.max_ctx:
@@ -79,7 +78,7 @@ class KVCachePool:
         Entries of earlier positions are untouched. Raises KVCacheError (nothing changed) for an
         unallocated request row or new_len not an int in 0..seq_len."""
         req = self._held(req)
-        old, asked, new_len = self.seq_lens[req], new_len, _index(new_len)
+        old, asked, new_len = self.seq_lens[req], new_len, as_int(new_len)
         if new_len is None or not 0 <= new_len <= old:
             raise KVCacheError(f"request {req}: new_len={asked!r} must be an int in 0..{old}")
         freed = self.req_to_token[req, new_len:old].tolist()
@@ -95,12 +94,3 @@ class KVCachePool:
         del self.seq_lens[req]
         self._free_reqs.append(req)
 
-
-def _index(x: object) -> int | None:
-    """x as a Python int when it is an integer (int, numpy / 0-d torch integer), else None (bools too)."""
-    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() or x.is_floating_point())):
-        return None
-    try:
-        return operator.index(x)
-    except TypeError:
-        return None

@@ -74,11 +74,10 @@ def _shape(t: torch.Tensor, want: tuple[int, ...], path: str) -> torch.Tensor:
 
 def _absent(obj: Any, path: str, why: str) -> None:
     """Refuse a parameter the fused step would silently leave out (a bias, a norm) when the model has it."""
-    cur = obj
-    for part in path.split("."):
-        cur = cur[int(part)] if part.isdigit() else getattr(cur, part, None)
-        if cur is None:
-            return
+    try:
+        _param(obj, path)
+    except SGLangModelLayoutError:
+        return                  # absent (or not a tensor): nothing is left out
     raise SGLangModelLayoutError(f"model.{path} exists ({why}); the fused step would leave it out")
 
 
