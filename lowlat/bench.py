@@ -307,8 +307,8 @@ def bench_kernels(cfg, model: str, rows_list, device, bw, rec: _Recorder, budget
         fns = {
             "fused": lambda k: lm_head(x, nw, lms[k % nc], nvalid, eps, logits_out=logits, tokens_out=tokens,
                                        workspace=ws, plan=plan_lm, use_pdl=True),
-            "reference_graph": lambda k: ref_lm.lm_head(x, nw, lms[k % nc], eps, rows),
-            "reference_compile_graph": lambda k: clm(x, nw, lms[k % nc], eps, rows),
+            "reference_graph": lambda k: ref_lm.lm_head(x, nw, lms[k % nc], rows, eps),
+            "reference_compile_graph": lambda k: clm(x, nw, lms[k % nc], rows, eps),
         }
         nbytes = v * h * 2 + _nbytes(x, logits, tokens)
         for var in variants:
@@ -416,8 +416,8 @@ class _GemvCase:
                     return F.silu(F.linear(hh, ww[: self.n])) * F.linear(hh, ww[self.n:])
                 d["oracle"], d["baseline"] = act(x.double(), w.double(), self.nw.double()), act(x, w, self.nw)
             else:
-                d["oracle"] = ref_lm.lm_head(x.double(), self.nw.double(), w.double(), self.eps, rows)[0]
-                d["baseline"] = ref_lm.lm_head(x, self.nw, w, self.eps, rows)[0]
+                d["oracle"] = ref_lm.lm_head(x.double(), self.nw.double(), w.double(), rows, self.eps)[0]
+                d["baseline"] = ref_lm.lm_head(x, self.nw, w, rows, self.eps)[0]
         op, output = {"residual": ("residual_gemv", "out"), "out_proj": ("out_proj", "h"), "gate_up": ("mlp", "act"),
                       "lm_head": ("lm_head", "logits")}[self.kind]
         check_accuracy(op, got, d["oracle"], d["baseline"], output=output)

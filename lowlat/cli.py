@@ -118,7 +118,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   f"p50 {statistics.median(itl) * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms")
     print(stats, file=sys.stderr)
     if hasattr(engine.backend, "report"):
-        print(f"[lowlat] {engine.backend.report()}", file=sys.stderr)
+        print(f"[lowlat] {engine.backend.report(reasons=False)}", file=sys.stderr)
     return 0
 
 

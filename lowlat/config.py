@@ -136,34 +136,34 @@ class ModelConfig:
                                              "partial RoPE (only part of head_dim rotated) is not implemented")
         rope_scaling = _read_rope_scaling(scaling_dict)
 
-        hidden = _int(hf, "hidden_size")
-        heads = _int(hf, "num_attention_heads")
-        head_dim = _int(hf, "head_dim", 0) or (hidden // heads if heads > 0 else 0)
-        num_experts = _int(hf, "num_experts", 0) or _int(hf, "num_local_experts", 0)
+        hidden = int_field(hf, "hidden_size")
+        heads = int_field(hf, "num_attention_heads")
+        head_dim = int_field(hf, "head_dim", 0) or (hidden // heads if heads > 0 else 0)
+        num_experts = int_field(hf, "num_experts", 0) or int_field(hf, "num_local_experts", 0)
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
         return cls(
             name=name or hf.get("_name_or_path") or arch,
             architecture=arch,
             hidden_size=hidden,
-            num_layers=_int(hf, "num_hidden_layers"),
+            num_layers=int_field(hf, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=_int(hf, "num_key_value_heads", heads),      # null means MHA, as in HF
+            num_kv_heads=int_field(hf, "num_key_value_heads", heads),      # null means MHA, as in HF
             head_dim=head_dim,
-            intermediate_size=_int(hf, "intermediate_size", 0),
-            vocab_size=_int(hf, "vocab_size"),
+            intermediate_size=int_field(hf, "intermediate_size", 0),
+            vocab_size=int_field(hf, "vocab_size"),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             rms_eps=_float(hf, "rms_norm_eps", 1e-6),
             qkv_bias=_qkv_bias(hf, arch),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             tie_word_embeddings=_flag(hf, "tie_word_embeddings", False),
-            max_position_embeddings=_int(hf, "max_position_embeddings", 8192),
+            max_position_embeddings=int_field(hf, "max_position_embeddings", 8192),
             num_experts=num_experts,
-            top_k=_int(hf, "num_experts_per_tok", 0) if num_experts else 0,
-            moe_intermediate_size=(_int(hf, "moe_intermediate_size", 0) or _int(hf, "intermediate_size", 0))
+            top_k=int_field(hf, "num_experts_per_tok", 0) if num_experts else 0,
+            moe_intermediate_size=(int_field(hf, "moe_intermediate_size", 0) or int_field(hf, "intermediate_size", 0))
             if num_experts else 0,
-            shared_expert_intermediate_size=_int(hf, "shared_expert_intermediate_size", 0),
+            shared_expert_intermediate_size=int_field(hf, "shared_expert_intermediate_size", 0),
             # Mixtral always renormalises its top-k (HF ignores the field); Qwen3-MoE says so in
             # norm_topk_prob, whose HF default is False.
             norm_topk_prob=True if arch == "MixtralForCausalLM" else _flag(hf, "norm_topk_prob", False),
@@ -236,7 +236,7 @@ _ARCH_BY_MODEL_TYPE = {
 _REQUIRED = object()
 
 
-def _int(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
+def int_field(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
     """hf[key] as an int; a missing or null field is `default` (UnsupportedConfigError when required).
     Integral floats (2048.0) are accepted; bools, strings and fractions are refused."""
     v = hf.get(key)

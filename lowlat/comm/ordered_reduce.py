@@ -44,7 +44,6 @@ Receive buffer of each rank: [2 parity][N src][max_rows][H] in the partials' dty
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +53,7 @@ import triton.language as tl
 from lowlat.comm.deadline import MAX_RANKS, MAX_STAGE
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._attn_common import interpreting
 
 CTRL_HEADER = 16
 EPOCH_SHIFT = 20
@@ -71,10 +71,6 @@ ARRIVED, TIMED_OUT, ABORTED, INACTIVE = 0, 1, 2, 3
 # launch phases (bit mask)
 PUSH, SUM, CONFIRM_PUBLISH, CONFIRM_WAIT = 1, 2, 4, 8
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def ctrl_len(world: int, max_tiles: int) -> int:

@@ -1,6 +1,6 @@
 """Helpers shared by the attention kernels (attn_prologue, decode_attention).
 
-- `interpreting()`: True when Triton runs under its CPU interpreter (TRITON_INTERPRET=1).
+- `interpreting()`: True when Triton runs under its CPU interpreter (TRITON_INTERPRET as Triton reads it).
 - `round_bf16` / `to_bf16`: fp32 -> bf16 round-to-nearest-even. On the GPU this is the hardware cast;
   under the interpreter the plain cast truncates (and its RTNE mode mis-rounds mantissa overflow), so
   the interpreter path rounds with integer ops on the fp32 bits instead.
@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from lowlat.errors import StepContractError
 
@@ -28,7 +28,19 @@ except ImportError:  # pragma: no cover - older Triton
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs under its CPU interpreter: TRITON_INTERPRET read the way Triton reads it ("1", "true",
+    "yes", "on"; triton.knobs)."""
+    return bool(knobs.runtime.interpret)
+
+
+def require_runnable(name: str, t) -> None:
+    """Raise `StepContractError` naming `name` when tensor t is on the CPU and Triton is not interpreting (Triton
+    would fail deep inside its driver lookup: "0 active drivers"). Launchers call it first, before any output is
+    written; non-tensors and other devices pass to the launcher's own checks (meta tensors reach its shape checks)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not interpreting():
+        raise StepContractError(
+            f"{name} is on the CPU: Triton kernels run on a CUDA GPU, or on the CPU only under the Triton "
+            "interpreter (set TRITON_INTERPRET=1 before triton is imported)")
 
 
 @functools.lru_cache(maxsize=None)

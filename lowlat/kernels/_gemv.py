@@ -156,6 +156,7 @@ import triton.language as tl
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import cuda_props, overlap
+from lowlat.kernels._attn_common import interpreting  # noqa: F401  (re-exported: launchers import it from here)
 from lowlat.kernels._attn_common import to_bf16  # noqa: F401  (fp32 -> bf16, RNE; integer ops when interpreting)
 
 #: The largest number of rows a GEMV here takes (three row blocks of 16).
@@ -198,11 +199,6 @@ ROW_BLOCK_FIELDS = ("preload", "stages", "pf_k")
 #: measured (gate_up, lm_head): `refuse_bn_by_width`, the one gate of table entries and launchers, refuses such a plan.
 #: Every launcher launches the grid of `plan.at(nmb)`.
 BN_BY_ROW_BLOCKS_KINDS = ("residual", "qkv")
-
-
-def interpreting() -> bool:
-    """True when Triton runs under the CPU interpreter (no PDL, no inline asm, bf16 upcast)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def pdl_available(device: torch.device) -> bool:

@@ -65,7 +65,7 @@ import triton.language as tl
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, gdc_launch_dependents, gdc_wait,
-                                         interpreting, pdl_supported, refuse_overlaps, to_bf16)
+                                         interpreting, pdl_supported, refuse_overlaps, require_runnable, to_bf16)
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, gemv_loop, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, refuse_bn_by_width, row_blocks,
                                   rstd_of, store_partial, store_split_ss, sum_partials, sum_split_ss)
@@ -397,6 +397,7 @@ def attn_prologue(x: torch.Tensor | DeferredX, qkv_weight: torch.Tensor, qkv_bia
     k_cache / v_cache overlapping one another or a tensor the launch reads: `check_prologue_writes`); nothing is
     written then.
     """
+    require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)
     x, deferred = consumer_input(x)
     dev = x.device
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)

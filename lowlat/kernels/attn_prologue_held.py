@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError
 from lowlat.kernels._attn_common import (check_early_release, check_tensor, gluon_sm90_reason, pdl_release_early,
-                                         pdl_supported, pdl_wait_then_release)
+                                         pdl_supported, pdl_wait_then_release, require_runnable)
 from lowlat.kernels._gemv import MAX_ROWS
 from lowlat.kernels.attn_prologue import _check_values, check_prologue_writes, check_qkv_and_caches, check_rows_inputs
 
@@ -246,6 +246,7 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         position outside the table or a slot outside 1..S-1 or two valid rows' equal slots, an early_release that is not a bool, then a model or device the kernel does not take
         (`held_prologue_supported`'s reason).
     """
+    require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)
     dev = x.device if isinstance(x, torch.Tensor) else None
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
     m, hidden = x.shape

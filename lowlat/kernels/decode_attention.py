@@ -56,7 +56,8 @@ import triton.language as tl
 from lowlat.errors import StepContractError
 from lowlat.kernels.attn_combine import DeferredAttention
 from lowlat.kernels._attn_common import (check_num_valid_rows, check_tensor, cuda_props, gdc_launch_dependents,
-                                         gdc_wait, interpreting, pdl_supported, round_bf16, to_bf16, to_dot)
+                                         gdc_wait, interpreting, pdl_supported, require_runnable, round_bf16, to_bf16,
+                                         to_dot)
 
 #: default upper bound of splits per (row, KV head); a kernel constant, never derived from M
 MAX_SPLITS = 32
@@ -530,6 +531,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Raises: StepContractError naming the offending tensor / value (split_groups, kv_stages, num_splits, block_n and
     sm_scale too); ValueError for an unknown pdl_trigger.
     """
+    require_runnable("q", q); require_runnable("k_cache", k_cache)
     if pdl_trigger not in PDL_TRIGGERS:
         raise ValueError(f"pdl_trigger={pdl_trigger!r}; expected one of {PDL_TRIGGERS}")
     dev = q.device

@@ -130,7 +130,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._attn_common import cuda_props
+from lowlat.kernels._attn_common import cuda_props, require_runnable
 from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value, mma
 from lowlat.kernels.philox import philox_exponential
 
@@ -732,6 +732,7 @@ def draft_sample_into(h: torch.Tensor, lm_head: torch.Tensor, temperature: torch
     on V > 2^30 or V x H, R x V beyond int32 offsets.
     Mutates: out.* and the cached workspace of this (device, shape).
     """
+    require_runnable("h", h); require_runnable("lm_head", lm_head)
     if h.dim() != 2 or lm_head.dim() != 2 or h.shape[1] != lm_head.shape[1]:
         raise StepContractError(f"h must be [R, H] and lm_head [V, H] with the same H, got "
                                 f"{tuple(h.shape)} and {tuple(lm_head.shape)}")
@@ -908,6 +909,7 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     StepContractError on shapes, dtypes, devices and out buffers (`draft_sample_into`).
     Nothing is launched when a check fails.
     """
+    require_runnable("h", h); require_runnable("lm_head", lm_head)
     from lowlat.reference.draft_sampling import check_sampling_params
 
     if h.dim() != 2 or lm_head.dim() != 2:

@@ -42,6 +42,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import require_runnable
 from lowlat.kernels._gemv import (MAX_ROWS, MIN_BLOCK_N, GemvPlan, GemvWorkspace, argmax_key, check_eps,
                                   check_rows_apart, check_tensor, gemv_loop, gemv_workspace, interpreting, key_id,
                                   launch_constexprs, plan_gemv, prefetch_l2, preload_product, preload_weights,
@@ -155,6 +156,7 @@ def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num
     dtype or device is wrong, a bad num_valid_rows or eps (value named), output rows that overlap, or an output
     overlapping an input or the other output (both named).
     """
+    require_runnable("x", x); require_runnable("weight", weight)
     require_tensors(x=x, weight=weight)
     dev = x.device
     if x.dim() != 2 or weight.dim() != 2:

@@ -34,6 +34,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import require_runnable
 from lowlat.kernels._gemv import (MAX_ROWS, GemvPlan, GemvWorkspace, check_eps, check_plan_for, check_rows_apart,
                                   check_tensor, gemv_loop, gemv_workspace, interpreting, launch_constexprs, plan_gemv,
                                   prefetch_l2, preload_product, preload_weights, refuse_aliasing, refuse_bn_by_width,
@@ -204,6 +205,7 @@ def gate_up_act(x: torch.Tensor | DeferredX, w_gate_up: torch.Tensor, *, norm_we
     dtypes / devices, a norm_weight without rstd or eps, a bad eps (value named), a plan made for another shape,
     out rows that overlap, or out overlapping an input (both named).
     """
+    require_runnable("x", x); require_runnable("w_gate_up", w_gate_up)
     out, launch = _prepare_gate_up(x, w_gate_up, norm_weight, rstd, eps, out, workspace, plan, use_pdl, "act out")
     launch()
     return out
@@ -308,6 +310,7 @@ def mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, residual
     whose shape, dtype or device is wrong, a bad eps, a plan or workspace that does not fit either launch, output
     rows that overlap, or an overlap the aliasing rule refuses (both tensors named).
     """
+    require_runnable("x", x); require_runnable("w_gate_up", w_gate_up)
     require_tensors(x=x, w_gate_up=w_gate_up, w_down=w_down)
     if x.dim() != 2:
         raise StepContractError(f"x must be [M, H], got shape {tuple(x.shape)}")

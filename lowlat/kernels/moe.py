@@ -105,7 +105,6 @@ Mixtral as HF transformers implements them (softmax router, top-k, renormalised 
 from __future__ import annotations
 
 import numbers
-import os
 import types
 from dataclasses import dataclass
 
@@ -116,6 +115,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._attn_common import interpreting, require_runnable
 from lowlat.kernels._gemv import argmax_key, rstd_of, to_bf16
 from lowlat.weights import LayerWeights
 
@@ -679,7 +679,7 @@ class MoEWorkspace:
             raise StepContractError(f"max_rows={max_rows} must be in 1..{MAX_KERNEL_ROWS}")
         if slots_per_row < 1:
             raise StepContractError(f"slots_per_row={slots_per_row} must be >= 1")
-        c = config or MoEKernelConfig.for_shapes(hidden, num_experts, moe_inter, interpret=_interpreting())
+        c = config or MoEKernelConfig.for_shapes(hidden, num_experts, moe_inter, interpret=interpreting())
         nsplit = triton.cdiv(hidden, c.HS)
         f32, bf16 = torch.float32, torch.bfloat16
         has_shared = shared_inter > 0
@@ -717,16 +717,9 @@ class MoEWorkspace:
 
 
 # ----------------------------------------------------------------------------------------- checks
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _check_device(t: torch.Tensor, name: str, use_pdl: bool) -> None:
-    if t.device.type == "cpu" and not _interpreting():
-        raise StepContractError(
-            f"{name} is on the CPU: CPU tensors run only under the Triton interpreter "
-            "(set TRITON_INTERPRET=1 before triton is imported)")
-    if use_pdl and (t.device.type != "cuda" or _interpreting()):
+    require_runnable(name, t)
+    if use_pdl and (t.device.type != "cuda" or interpreting()):
         raise UnsupportedConfigError("use_pdl", True, "PDL (griddepcontrol) needs a CUDA device, "
                                      "not the Triton interpreter")
 
@@ -905,7 +898,7 @@ def _launch_route(h, router, top_k, renormalize, nv, nv_t, ws: MoEWorkspace, c: 
     to hn [M, H]."""
     m, hidden = h.shape
     e = router.shape[0]
-    interp = _interpreting()
+    interp = interpreting()
     nsplit = triton.cdiv(hidden, c.HS)
     if ws.logits.shape[0] < nsplit or ws.logits.shape[2] != e:
         raise StepContractError(f"workspace.logits {tuple(ws.logits.shape)} does not fit {nsplit} hidden "
@@ -938,14 +931,14 @@ def _launch_plan(bitmap_u8, nv, ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: b
         ws.logits, bitmap_u8, bitmap_u8.stride(0), ws.gates, ws.gates.stride(0), ws.plan, ws.plan_sync, nv,
         bitmap_u8, m, e,
         NSPLIT=1, TOP_K=1, PART_ROWS=MAX_KERNEL_ROWS, BM=_plan_rows(m), E_P2=_p2(e), ROUTE=False, RENORM=False,
-        NV_PTR=False, INTERP=_interpreting(), USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
+        NV_PTR=False, INTERP=interpreting(), USE_PDL=use_pdl, **_launch_opts(_plan_launch(c), use_pdl))
 
 
 def _launch_experts(h, x_residual, bitmap_u8, gates, lw: LayerWeights, nv, nv_t, kmax: int, out,
                     ws: MoEWorkspace, c: MoEKernelConfig, use_pdl: bool) -> None:
     m, hidden = h.shape
     e, ie = lw.expert_gate.shape[0], lw.expert_gate.shape[1]
-    interp = _interpreting()
+    interp = interpreting()
     nv_ptr = nv_t if nv_t is not None else bitmap_u8
     e_p2 = _p2(e)
     opts = _launch_opts(c, use_pdl)
@@ -1018,7 +1011,7 @@ def route(h: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, 
     e = router.shape[0]
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
         raise UnsupportedConfigError("top_k", top_k, f"must be an int in 1..E={e}")
-    c = config or MoEKernelConfig.for_shapes(hidden, e, 16, interpret=_interpreting())
+    c = config or MoEKernelConfig.for_shapes(hidden, e, 16, interpret=interpreting())
     _check_config(c)
     if workspace is None:
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=top_k,
@@ -1099,7 +1092,7 @@ def moe_forward(h: torch.Tensor, x_residual: torch.Tensor, lw: LayerWeights, cfg
     if out is None:
         out = torch.empty_like(x_residual)
     _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
-    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=_interpreting())
+    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=interpreting())
     _check_config(c)
     if workspace is None:
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=cfg.top_k,
@@ -1149,7 +1142,7 @@ def moe_experts_forced(h: torch.Tensor, x_residual: torch.Tensor, bitmap: torch.
     if out is None:
         out = torch.empty_like(x_residual)
     _check_tensor("out", out, (m, hidden), torch.bfloat16, h.device)
-    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=_interpreting())
+    c = config or MoEKernelConfig.for_shapes(hidden, e, ie, interpret=interpreting())
     _check_config(c)
     if workspace is None:
         workspace = MoEWorkspace.allocate(max_rows=m, hidden=hidden, num_experts=e, slots_per_row=kmax,

@@ -41,7 +41,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import check_early_release, refuse_overlaps
+from lowlat.kernels._attn_common import check_early_release, refuse_overlaps, require_runnable
 from lowlat.kernels.attn_combine import (DeferredAttention, check_deferred_attention, fold_attention_slice, fold_nsplits,
                                          fold_pieces)
 from lowlat.kernels.decode_attention import COMBINE_CHUNK
@@ -438,6 +438,7 @@ def out_proj(attn: torch.Tensor | DeferredAttention, wo: torch.Tensor, residual:
     Numerics: fp32 accumulation; x is rounded to bf16 once (the reference rounds the projection and
     the sum separately); rstd from the stored bf16 x, as the reference computes it.
     """
+    require_runnable("attn", attn); require_runnable("wo", wo)
     attn, folded = gemv_activations(attn)
     require_tensors(attn=attn, wo=wo)
     dev = attn.device
@@ -522,6 +523,7 @@ def residual_gemv(a: torch.Tensor | DeferredAttention, w: torch.Tensor, residual
     out overlapping an input other than as the same view of residual (both named); for a DeferredAttention also a
     malformed one, a plan not slicing K by whole heads, or buffers overlapping its own.
     """
+    require_runnable("a", a); require_runnable("w", w)
     check_early_release(early_release)
     a, folded = gemv_activations(a)
     m, k, n = _check_gemv_inputs(a, w)
@@ -575,6 +577,7 @@ def residual_gemv_deferred(a: torch.Tensor | DeferredAttention, w: torch.Tensor,
     a malformed one, a plan not slicing K by whole heads, or buffers overlapping its own (`out` included, though this
     launch does not write it: conservative).
     """
+    require_runnable("a", a); require_runnable("w", w)
     check_early_release(early_release)
     a, folded = gemv_activations(a)
     m, k, n = _check_gemv_inputs(a, w)

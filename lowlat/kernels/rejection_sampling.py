@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._attn_common import interpreting, require_runnable
 from lowlat.kernels.philox import philox_exponential, philox_uniform52
 
 _BIG_ID = tl.constexpr(2147483647)
@@ -186,9 +187,6 @@ def _workspace(device, b: int, k: int, nsplit: int) -> _Workspace:
     return ws
 
 
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 #: programs the split plan aims for (about two per SM of an H200)
@@ -206,6 +204,7 @@ def rejection_sample_into(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     are given the reference's meaning, see the module docstring).
     Raises StepContractError on shapes, dtypes, strides or devices, UnsupportedConfigError for V > 2^30.
     Mutates emitted, accepted and the cached workspace of this (device, B, k, split)."""
+    require_runnable("draft_tokens", draft_tokens); require_runnable("target_probs", target_probs)
     if draft_tokens.dim() != 2 or target_probs.dim() != 3:
         raise StepContractError(f"draft_tokens must be [B, k] and target_probs [B, k+1, V], got "
                                 f"{tuple(draft_tokens.shape)}, {tuple(target_probs.shape)}")
@@ -243,7 +242,7 @@ def rejection_sample_into(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
                                      "(V <= 2^30)")
     if b == 0:
         return emitted, accepted
-    interp = _interpreting()
+    interp = interpreting()
     if block_v is None:
         block_v = min(1024, triton.next_power_of_2(v)) if not interp else min(128, triton.next_power_of_2(v))
     if nsplit is None:
@@ -281,6 +280,7 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     residual draws from p_j; the first NaN wins a race or argmax, as torch.argmax), so the emitted tokens
     equal the reference's for entries >= 0, +inf or NaN. `launch`: block_v, nsplit, num_warps, use_pdl.
     """
+    require_runnable("draft_tokens", draft_tokens); require_runnable("target_probs", target_probs)
     from lowlat.reference.rejection_sampling import _check_inputs
 
     _check_inputs(draft_tokens, draft_probs, target_probs, num_drafts, seeds, offsets, greedy)

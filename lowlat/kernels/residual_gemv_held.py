@@ -40,8 +40,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from lowlat.errors import StepContractError
-from lowlat.kernels._attn_common import (check_tensor, gluon_sm90_reason, overlap, pdl_supported,
-                                         pdl_wait_then_release)
+from lowlat.kernels._attn_common import (check_tensor, gluon_sm90_reason, overlap, pdl_supported, pdl_wait_then_release,
+                                         require_runnable)
 from lowlat.kernels._gemv import MAX_ROWS
 
 BLOCK_N = 16     # output features a program (the mma's m)
@@ -160,6 +160,7 @@ def residual_gemv_held(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
     Source: session 24's explore33 (bench/explore/explore33.py), the "swap AB" small-batch layout (weights on the
     mma's M side, the few rows on its N side).
     """
+    require_runnable("a", a); require_runnable("w", w)
     check_tensor("a", a, dtype=torch.bfloat16, ndim=2)
     dev = a.device
     m, k = a.shape

@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.errors import StepContractError
+from lowlat.kernels._attn_common import require_runnable
 from lowlat.kernels._gemv import check_tensor, interpreting, rstd_of, to_bf16
 
 #: The widest row one program holds (16 warps x 32 threads x 32 fp32 values).
@@ -91,6 +92,7 @@ def rms_norm_into(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.
     Raises StepContractError naming the tensor whose shape, dtype, device or layout is wrong, a bad eps,
     or out overlapping x or weight; nothing is written then.
     """
+    require_runnable("x", x); require_runnable("weight", weight)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise StepContractError(f"x must be a 2-D [M, H] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     m, h = x.shape

@@ -90,6 +90,7 @@ from lowlat.comm.fault import FaultKind
 from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, interpreting, ordered_sum_tile,
                                         publish, push_to_peers, round_to, wait_flags)
 from lowlat.errors import StepContractError, UnsupportedConfigError
+from lowlat.kernels._attn_common import require_runnable
 from lowlat.kernels._gemv import mma, pdl_available, rstd_of
 
 #: columns per tile: the comm layer's smallest tile, so tile ids stay within its flag array
@@ -262,6 +263,7 @@ def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, 
     flag [epoch % 2][r][tile] of every rank holds `epoch << 20 | tile`. Returns the number of tiles.
     Raises StepContractError (shapes, dtypes, devices, M), UnsupportedConfigError (fault kind).
     """
+    require_runnable("a", a); require_runnable("w", w)
     n = bufs.world
     if a.dim() != 3 or w.dim() != 3:
         raise StepContractError(f"a [N, M, K] and w [N, H, K] expected, got {list(a.shape)} and {list(w.shape)}")
@@ -312,6 +314,7 @@ def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch
     Mutates out (and h_out) on ranks whose waits succeeded; aborts are left in the control blocks
     for the host to read (`EmulatedGroup.status`). Raises StepContractError for bad tensors.
     """
+    require_runnable("residual", residual); require_runnable("out", out)
     n, hdim = bufs.world, bufs.hidden
     dev = bufs.data_ptrs.device
     if residual.dim() != 3:

@@ -16,14 +16,15 @@ from lowlat.reference.rms_norm import rms_norm
 from lowlat.reference.sampling import greedy
 
 
-def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, eps: float,
-            num_valid_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_head(x: torch.Tensor, final_norm: torch.Tensor, weight: torch.Tensor, num_valid_rows: int,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Final RMSNorm, LM-head projection over the vocabulary, greedy token.
 
     Parameters:
         x            [M, H]  last layer's residual stream (bf16 baseline, float64 oracle)
         final_norm   [H];  weight [V, H] (the embedding when tied)
-        eps          RMSNorm epsilon; num_valid_rows: rows >= it are padding (logits 0, token 0)
+        num_valid_rows  rows >= it are padding (logits 0, token 0); eps: RMSNorm epsilon
+    (the kernel `lowlat.kernels.lm_head.lm_head` takes its arguments in the same order)
     Returns: (logits [M, V] float32 (float64 for float64 x), tokens [M] int64).
     """
     h = rms_norm(x, final_norm, eps)

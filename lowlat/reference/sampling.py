@@ -41,7 +41,8 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim, ties to the lowest id; [R, V] -> [R] int64."""
+    """argmax over the last dim, ties to the lowest id; [R, V] -> [R] int64. A row holding NaN gives its lowest NaN
+    id (torch.argmax's rule; the draft and rejection sampling kernels follow it); the NaN stays in the logits."""
     return torch.argmax(logits, dim=-1)
 
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from lowlat import numerics
-from lowlat.config import ModelConfig
+from lowlat.config import ModelConfig, int_field
 from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 from lowlat.step import MAX_ROWS, StepBatch
 from lowlat.weights import ModelWeights, shape_problems
@@ -171,6 +171,15 @@ class LowlatSpec:
         if any(t != "full_attention" for t in layer_types):
             kinds = sorted({t for t in layer_types if t != "full_attention"})
             reasons.append(f"config.layer_types has {kinds}: only full attention in every layer")
+        counts = ("num_attention_heads", "hidden_size", "num_key_value_heads", "head_dim", "intermediate_size")
+        not_whole = []
+        for key in counts:              # read as ModelConfig reads them: refused (a reason, not a ValueError)
+            try:
+                int_field(hf, key, None)
+            except UnsupportedConfigError as e:
+                not_whole.append(str(e))
+        if not_whole:
+            return reasons + not_whole
         heads, hidden = int(hf.get("num_attention_heads") or 0), int(hf.get("hidden_size") or 0)
         kv_heads = int(hf.get("num_key_value_heads") or heads)
         head_dim = int(hf.get("head_dim") or (hidden // heads if heads else 0))
@@ -700,10 +709,16 @@ class ContractBackend:
         self.counts["fused"] += 1
         return self.built.run(step, pool)
 
-    def report(self) -> str:
-        """One paragraph: what was built (or why not) and how many steps took each path."""
-        head = (f"fused: {self.built.summary()}" if self.built is not None else
-                "fused: refused, every step runs the reference forward:\n  - " + "\n  - ".join(self.refusal))
+    def headline(self) -> str:
+        """What was built, or why not (the reasons, one a line)."""
+        if self.built is not None:
+            return f"fused: {self.built.summary()}"
+        return "fused: refused, every step runs the reference forward:\n  - " + "\n  - ".join(self.refusal)
+
+    def report(self, *, reasons: bool = True) -> str:
+        """One paragraph: what was built (or why not) and how many steps took each path. reasons=False leaves
+        out a refusal's reasons (already logged when the engine was made) and keeps the step counts."""
+        head = self.headline() if reasons or self.built is not None else "fused: refused (reasons logged above)"
         return f"{head}\nsteps: {self.counts['fused']} fused, {self.counts['fallback']} fallback"
 
 
@@ -746,7 +761,7 @@ def fused_engine(cfg: ModelConfig, weights: ModelWeights, *, device: str | torch
             refusal = e.reasons
     backend = ContractBackend(built, fallback, refusal, validate=validate)
     if built is None:
-        log.warning("%s", backend.report())
+        log.warning("%s", backend.headline())
         return Engine(cfg, backend, pool)
     log.info("%s", built.summary())
     return Engine(cfg, backend, pool, widths=built.widths, max_rows=max(built.widths))

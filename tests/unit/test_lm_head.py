@@ -44,8 +44,8 @@ def run_fused(x, nw, w, nvalid, *, workspace=None, use_pdl=False):
 
 
 def check_against_reference(x, nw, w, nvalid, r) -> None:
-    lo, to = ref.lm_head(*oracle_cast((x, nw, w)), EPS, nvalid)
-    lb, _ = ref.lm_head(x, nw, w, EPS, nvalid)
+    lo, to = ref.lm_head(*oracle_cast((x, nw, w)), nvalid, EPS)
+    lb, _ = ref.lm_head(x, nw, w, nvalid, EPS)
     rep = check_accuracy("lm_head", r.logits, lo, lb, output="logits")
     # tokens: exactly the argmax of the kernel's logits (lowest id on ties) ...
     check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")

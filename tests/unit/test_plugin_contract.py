@@ -370,7 +370,11 @@ def test_fused_engine_without_a_gpu_falls_back_and_says_why(tiny, caplog):
     want = _generate(reference_engine(cfg, w, num_slots=128, max_reqs=4, max_ctx=64))
     assert _generate(eng) == want
     assert eng.backend.counts["fused"] == 0 and eng.backend.counts["fallback"] > 0
-    assert "refused" in eng.backend.report()
+    assert "refused" in eng.backend.report() and why in eng.backend.report()
+    # the CLI's end-of-run line: the counts, the reasons not a second time (they were logged at build)
+    brief = eng.backend.report(reasons=False)
+    assert why not in brief and "refused" in brief and f"{eng.backend.counts['fallback']} fallback" in brief
+    assert caplog.text.count(why) == 1 and "steps:" not in caplog.text
 
 
 def test_fused_engine_runs_plan_then_forward_or_fallback(tiny):
@@ -399,6 +403,17 @@ def test_fused_engine_refuses_what_the_guard_refuses(tiny):
     # which for Llama also means an o_proj bias that ModelConfig.from_hf refuses
     biased = dataclasses.replace(ModelConfig.from_hf(TINY), qkv_bias=True)
     assert contract.LLAMA.guard(biased, None, H200) == []
+
+
+@pytest.mark.parametrize("key,value", [("num_attention_heads", "abc"), ("hidden_size", [64]),
+                                       ("num_key_value_heads", 2.5), ("head_dim", True),
+                                       ("intermediate_size", "96")])
+def test_config_reasons_name_a_count_that_is_not_a_whole_number(key, value):
+    """Before: `int(hf.get(...))` raised ValueError / TypeError from the guard on "abc" or [64] and truncated 2.5
+    to 2; now the field is named, in ModelConfig.from_hf's words, as the one reason besides the others."""
+    reasons = contract.LLAMA.config_reasons(dict(TINY, **{key: value}))
+    assert reasons == [f"unsupported config field {key}={value!r}: must be an integer"]
+    assert contract.LLAMA.config_reasons(dict(TINY, architectures=["Foo"], **{key: value}))[1:] == reasons
 
 
 def test_the_guard_refuses_weights_that_do_not_fit_the_config(tiny):
