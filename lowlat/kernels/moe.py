@@ -358,7 +358,9 @@ def _route_plan_kernel(part_ptr, bitmap_ptr, stride_bm, gates_ptr, stride_gm, pl
             _write_plan(plan_ptr, tl.load(sync_ptr + 1 + ei, mask=emask, other=0, cache_modifier=".cg"), ei)
             tl.debug_barrier()                     # every thread's read has returned (the plan's sum took them): zero
             tl.store(sync_ptr + 1 + ei, tl.zeros([E_P2], dtype=tl.int32), mask=emask)
-            tl.store(sync_ptr, 0)
+            # take the launch's own arrivals back (not a store of 0): a count that started non-zero stays
+            # non-zero, so `plan_sync.any()` tells (a store raced a later arrival: the GPU left 0 after a bad start)
+            tl.atomic_add(sync_ptr, -(BM // PLAN_CHUNK), sem="relaxed", scope="gpu")
     else:
         _write_plan(plan_ptr, active, ei)
 

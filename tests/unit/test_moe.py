@@ -307,7 +307,8 @@ def test_plan_of_several_programs_exact_and_plan_sync_left_zero(device, m):
     bitmap[m - 1, 11] = True
     ws.plan_sync[0] = 1
     kmoe.moe_experts_forced(h, x, bitmap, bitmap.float(), lw, m, workspace=ws)
-    assert ws.plan_sync.any()           # left corrupt; in the interpreter's order (on a GPU it races) the plan is
+    assert ws.plan_sync[0] == 1         # left corrupt, on a GPU too (each launch takes back only its own
+    assert ws.plan_sync.any()           # arrivals); in the interpreter's order (on a GPU it races) the plan is
     last_first_row = (kmoe._plan_programs(m) - 1) * kmoe.PLAN_CHUNK.value    # wrong where the last program holds
     assert ON_GPU or m <= last_first_row or ws.plan[0] == 0                      # row m - 1
     ws.reset_plan_sync()

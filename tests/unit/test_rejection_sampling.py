@@ -266,11 +266,12 @@ def test_padded_draft_slots_are_never_read_accepted_or_emitted():
     (dict(draft_tokens=torch.zeros(2, 4, dtype=torch.int32)), "int64"),
 ])
 @pytest.mark.parametrize("impl", ["reference", "kernel"])
-def test_bad_input_raises_typed_error_naming_the_value(bad, match, impl):
+def test_bad_input_raises_typed_error_naming_the_value(bad, match, impl, device):
     args = dict(draft_tokens=torch.zeros(2, 4, dtype=torch.int64), draft_probs=torch.full((2, 4, 8), 0.125),
                 target_probs=torch.full((2, 5, 8), 0.125), num_drafts=torch.tensor([1, 2], dtype=torch.int32),
                 seeds=torch.zeros(2, dtype=torch.int64), offsets=torch.zeros(2, dtype=torch.int64))
     args.update(bad)
+    args = {name: t.to(device) for name, t in args.items()}      # the GPU's launcher where there is one
     fn = ref.rejection_sample if impl == "reference" else kernel.rejection_sample
     with pytest.raises(StepContractError, match=match):
         fn(**args)
@@ -320,7 +321,7 @@ def test_kernel_zero_residual_falls_back_to_p(device):
 @settings(max_examples=8)
 @given(b=st.integers(1, 5), k=st.integers(0, 5), v=st.integers(2, 300), nsplit=st.integers(1, 4),
        greedy=st.booleans(), seed=st.integers(0, 2 ** 31))
-def test_kernel_matches_reference_property(b, k, v, nsplit, greedy, seed):
+def test_kernel_matches_reference_property(b, k, v, nsplit, greedy, seed, device):
     g = torch.Generator().manual_seed(seed)
     p = torch.softmax(torch.randn(b, k + 1, v, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
@@ -328,15 +329,17 @@ def test_kernel_matches_reference_property(b, k, v, nsplit, greedy, seed):
     n = torch.randint(0, k + 1, (b,), generator=g).to(torch.int32)
     seeds = torch.randint(0, 2 ** 62, (b,), generator=g)
     offsets = torch.randint(0, 2 ** 62, (b,), generator=g)
+    p, q, x, n, seeds, offsets = (t.to(device) for t in (p, q, x, n, seeds, offsets))
     e_ref, a_ref = ref.rejection_sample(x, q, p, n, seeds, offsets, greedy=greedy)
     e, a = run_kernel_poisoned(x, q, p, n, seeds, offsets, greedy=greedy, nsplit=nsplit)
     check_bitwise("rejection_sampling", e, e_ref, output="emitted")
     check_bitwise("rejection_sampling", a, a_ref, output="accepted")
 
 
-def test_kernel_workspace_counters_reset_between_launches():
+def test_kernel_workspace_counters_reset_between_launches(device):
     """A second launch on the same cached workspace gives the same result (counters left at 0)."""
     x, qb, pb, n, seeds, offsets, _, _ = make_batch("random", 3, k=2, v=40, seed=2)
+    x, qb, pb, n, seeds, offsets = (t.to(device) for t in (x, qb, pb, n, seeds, offsets))
     first = run_kernel_poisoned(x, qb, pb, n, seeds, offsets, nsplit=2)
     second = run_kernel_poisoned(x, qb, pb, n, seeds, offsets, nsplit=2)
     check_bitwise("rejection_sampling", first[0], second[0], output="emitted")
