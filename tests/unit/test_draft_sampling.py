@@ -1025,3 +1025,65 @@ def test_denormal_temperature_follows_the_reference(device):
     assert_nan_rows_follow_reference(out, tokens, q, torch.tensor(temp), "[T=1e-45]")
     alone = kernel.draft_sample(hh[[1, 3]], ww, [0.8, 0.0], 0, 1.0, seeds=seeds[[1, 3]], offsets=offsets[[1, 3]])
     assert_same_outputs(out, alone, rows=torch.tensor([1, 3]), what="[finite rows]")
+
+
+# --------------------------------------------------------------------------- DraftSample.probs: one launch
+def q_of_fields(logits, lse, cut_value, cut_id):
+    """q from a DraftSample's fields in plain torch (the formula of the kernel module's docstring; any float dtype)."""
+    ids = torch.arange(logits.shape[1], device=logits.device)[None, :]
+    cv, ci = cut_value[:, None].to(logits.dtype), cut_id[:, None]
+    kept = (logits > cv) | ((logits == cv) & (ids <= ci)) | (cv.isnan() & (ids == ci))
+    q = torch.where(kept, torch.exp(logits - lse[:, None].to(logits.dtype)), 0.0)
+    fill = torch.where(cut_id < logits.shape[1], 0.0, float("nan"))[:, None].to(logits.dtype)
+    return torch.where(cv.isnan(), torch.where(kept, 1.0, fill), q)
+
+
+@pytest.mark.parametrize("v", [7, 1024, 3000])
+def test_probs_is_one_launch_of_the_q_formula(v, device):
+    """`probs()` (one `_dense_q_kernel` launch, was ~8 torch elementwise launches) against the formula in float64:
+    rows without a filter, a cut inside the row with a tie at the cut value, a cut at the first token, a greedy row
+    with a NaN logit (cut NaN, q one-hot at the cut id), a sampled NaN row (cut id V: q all NaN). Finite rows: the
+    fp32 policy against the float64 formula (baseline: the same formula in fp32); NaN rows: exactly. out is
+    poisoned first; every element is written."""
+    g = torch.Generator().manual_seed(v)
+    r = 6
+    logits = torch.randn(r, v, generator=g) * 3
+    logits[1, 1 % v] = logits[1, 0]                                        # a tie at row 1's cut value
+    logits[3, v // 2] = float("nan")
+    lse = torch.logsumexp(logits.double(), -1).float()
+    cut_value = torch.tensor([torch.finfo(torch.float32).min, float(logits[1, 0]), float(logits[2].max()),
+                              float("nan"), float("nan"), float("-inf")])
+    cut_id = torch.tensor([v, 0, int(logits[2].argmax()), v // 2, v, v], dtype=torch.int32)
+    lse[1] = torch.logsumexp(logits[1][(logits[1] > logits[1, 0]) | (torch.arange(v) == 0)].double(), -1).float()
+    lse[2] = logits[2].max()
+    lse[4] = float("nan")
+    fields = [t.to(device) for t in (logits, lse, cut_value, cut_id)]
+    sample = kernel.DraftSample(tokens=torch.zeros(r, dtype=torch.int64, device=device), logits=fields[0],
+                                lse=fields[1], cut_value=fields[2], cut_id=fields[3])
+    out = torch.full((r, v), -7.0, device=device)
+    got = sample.probs(out=out)
+    assert got.data_ptr() == out.data_ptr()
+    want = q_of_fields(*oracle_cast(fields))
+    finite = [0, 1, 2, 5]
+    check_accuracy("draft_sampling", got[finite], want[finite], q_of_fields(*fields)[finite], output="q",
+                   dtype=torch.float32)
+    assert got[3].nan_to_num(-1).tolist() == [1.0 if t == v // 2 else 0.0 for t in range(v)]
+    assert got[4].isnan().all()
+    assert got[1, 1] == 0 and got[1, 0] > 0            # the tie past the cut id is dropped, the cut token kept
+    assert torch.equal(sample.probs().nan_to_num(-1), got.nan_to_num(-1))   # allocated out: the same bits
+
+
+def test_probs_out_is_checked_before_any_write():
+    r, v = 2, 16
+    sample = kernel.DraftSample(tokens=torch.zeros(r, dtype=torch.int64), logits=torch.randn(r, v),
+                                lse=torch.zeros(r), cut_value=torch.full((r,), float("-inf")),
+                                cut_id=torch.full((r,), v, dtype=torch.int32))
+    for bad in (torch.empty(r, v + 1), torch.empty(r, v, dtype=torch.float64), torch.empty(v, r).t(), "q"):
+        with pytest.raises(StepContractError, match=r"^out must be \[R, V\]=\[2, 16\] float32"):
+            sample.probs(out=bad)
+    with pytest.raises(StepContractError, match="^probs' out overlaps this sample's logits"):
+        sample.probs(out=sample.logits)
+    one_hot = kernel.DraftSample(tokens=torch.tensor([3, -1]), logits=torch.empty(r, v), lse=torch.zeros(r),
+                                 cut_value=torch.zeros(r), cut_id=torch.zeros(r, dtype=torch.int32), one_hot=True)
+    q = one_hot.probs(out=torch.full((r, v), float("nan")))
+    assert q.tolist() == [[float(t == 3) for t in range(v)], [0.0] * v]
