@@ -8,23 +8,7 @@
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
-cp lowlat/kernels/draft_sampling.py /tmp/ds.tree
-i=0
-for form in before after before; do
-  i=$((i + 1))
-  if [ $form = before ]; then cp .stage/draft_sampling_before30.py lowlat/kernels/draft_sampling.py
-  else cp /tmp/ds.tree lowlat/kernels/draft_sampling.py; fi
-  echo "== draft sampling $form (${SECONDS}s)"
-  timeout 100 python3 bench/bench_draft_sampling.py --rows 1 8 --iters 100 --no-in-step \
-    --out "$OUT/ds_${i}_${form}.json" > /tmp/ds.log 2>&1; echo "bench rc $?"
-  python3 - "$OUT/ds_${i}_${form}.json" <<'PY'
-import json, sys
-for e in json.load(open(sys.argv[1]))["results"]:
-    print(f"  r{e['rows']} {e['config']:14} fused {e['fused_us']:7.2f} pdl {e.get('fused_pdl_us', 0):7.2f} "
-          f"+q {e['fused_plus_dense_q_us']:7.2f} torch {e['torch_us']:7.2f} us")
-PY
-done
-cp /tmp/ds.tree lowlat/kernels/draft_sampling.py
+source bench/explore/draft_aba.sh before after before
 echo "== explore46 (${SECONDS}s)"
 timeout 240 python3 bench/explore/explore46.py --rows 1,6 \
   --variants plain,qk_own_nosum,nosum_rope_late,nosum_const,nosum_nobranch,nosum_lean \
