@@ -119,6 +119,7 @@ def check_same(ref, new, tag=""):
        d=st.sampled_from([16, 32]), num_splits=st.sampled_from([1, 2, 4, 8]), kind=st.sampled_from(KINDS),
        mode=st.sampled_from(PLAN_MODES), split=st.sampled_from([1, 2, 3]),
        grouping=st.sampled_from(["one", "pre_kv", "groups"]), seed=st.integers(0, 2 ** 16))
+@pytest.mark.slow
 def test_folded_combine_bitwise_equals_attention_combine(m, pad, group, hkv, d, num_splits, kind, mode, split,
                                                         grouping, seed):
     """1-48 rows over 1-3 row blocks, GQA 1 / 3 / 4 / 8, D 16 / 32 (D 32 in the explicit examples), 1-8 splits of

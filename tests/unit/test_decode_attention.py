@@ -288,6 +288,7 @@ def test_decode_attention_pre_kv_reads_the_previous_launchs_slots_after_the_wait
         check_accuracy("decode_attention", outs["wrong_loc"], oracle, baseline)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_kv", [False, True])
 def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
     """A program may run several splits of its (row, KV head) in one loop over their blocks (`split_groups` programs

@@ -94,6 +94,7 @@ def check_same(ref, new, rows=slice(None), tag=""):
        qk_norm=st.booleans(), bias=st.booleans(), mode_down=st.sampled_from(PLAN_MODES),
        split_down=st.sampled_from([2, 3]), split_pro=st.sampled_from([1, 2, 3]), preload_pro=st.booleans(),
        early=st.booleans(), seed=st.integers(0, 2 ** 16))
+@pytest.mark.slow
 def test_deferred_down_into_prologue_bitwise_equals_down_finisher(m, pad, hidden, qk_norm, bias, mode_down,
                                                                   split_down, split_pro, preload_pro, early, seed):
     """Every plan mode of the down projection (preload / stream, bn, split 2-3) into every prologue plan (split 1-3,

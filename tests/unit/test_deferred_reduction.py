@@ -62,6 +62,7 @@ def both_ways(attn, wo, x, wgu, nw, plan_o, plan_gu, ws, use_pdl=False):
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode_o=st.sampled_from(PLAN_MODES),
        mode_gu=st.sampled_from(PLAN_MODES), split_o=st.sampled_from([2, 3]), split_gu=st.sampled_from([1, 2]),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.slow
 def test_deferred_reduction_bitwise_equals_out_proj_finisher(m, shape, mode_o, mode_gu, split_o, split_gu, seed):
     h, q, i = shape
     attn, wo, x, wgu, nw = make_inputs(m, h, q, i, seed, "cpu")

@@ -443,6 +443,7 @@ SM90_VARIANTS = [(1, 0, False), (1, 0, True), (8, 0, True), (1, 64, False), (4, 
                  (4, 2, False), (2, 8, True), (16, 64, True), (8, 32, False)]
 
 
+@pytest.mark.slow
 def test_kernel_compiles_for_sm90_three_programs_per_sm():
     """The GPU path compiles for the H200 as a launch specialises it (aligned pointers and strides):
     the GEMV loop is software-pipelined (cp.async), and every variant fits three 4-warp programs per SM

@@ -119,6 +119,7 @@ def _split_out_proj_table(cfg, tmp_path, monkeypatch, split=2, down_split=None):
     monkeypatch.setenv("LOWLAT_GEMV_PLANS", str(table))
 
 
+@pytest.mark.slow
 def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.defers`: up to `defer` rows a dense layer's out_proj with split-K stores its split partials and
     the gate/up launch reduces them (`out_proj.residual_gemv_deferred`). The step is within the policy of the
@@ -141,6 +142,7 @@ def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_
     check_bitwise("fused_model", on, logits, output="logits_rerun")
 
 
+@pytest.mark.slow
 def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.defers_down`: up to `defer_down` rows a dense layer's down projection with split-K stores its split
     partials and the next layer's attention prologue reduces them; the last layer never defers (its x feeds the LM
@@ -181,6 +183,7 @@ def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path
     check_bitwise("fused_model", hidden["on"], hidden["off"], output="early_exit_hidden")
 
 
+@pytest.mark.slow
 def test_folded_attention_combine_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.folds`: up to `fold` rows the decode attention stores its split partials and the output projection
     combines them (`decode_attention(fold_combine=True)`); alone, and with both split-K reductions deferred too (the
@@ -522,6 +525,7 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
             replay_after_nan(fm, case, ks, vs, (fm._x2, fm._deferred, fm._deferred_down), on, f"_{name}_r{rows}")
 
 
+@pytest.mark.slow
 def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypatch):
     """`FusedModel(early_release=...)` (default EARLY_RELEASE) reaches the dense layers' out_proj and / or down
     projection launches it names, deferred or not (out_proj deferred at 1 row, down deferred to the next prologue at 1 row
@@ -1130,6 +1134,7 @@ def test_layer_skip_drafter_draft_position_route_equals_early_exit_route():
         check_accuracy("draft_sampling", qf, qs, None, output="q_vs_early_exit_route")
 
 
+@pytest.mark.slow
 def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monkeypatch):
     """The fused contract backend on a tiny model (CPU: the Triton interpreter), built for verify steps of
     k + 1 rows: greedy speculative decoding whose every draft position runs through

@@ -819,6 +819,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests build and run the kernels for real")
 def test_kernels_compile_for_sm90():
     """Every kernel at Qwen3-30B-A3B shapes builds to an sm_90 cubin (the interpreter skips this)."""
