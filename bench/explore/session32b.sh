@@ -14,10 +14,10 @@ timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 -rf test
   tests/unit/test_speculative.py > "$OUT/draft_tests.log" 2>&1
 echo "pytest rc $?"
 grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/draft_tests.log" | cut -c1-300 | tail -12
+source bench/explore/draft_aba.sh before now folded now folded before
 echo "== GPU tests of test_fused_model.py (${SECONDS}s)"
 timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 -rf -m gpu tests/unit/test_fused_model.py \
   > "$OUT/fused_tests.log" 2>&1
 echo "pytest rc $?"
 grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/fused_tests.log" | cut -c1-300 | tail -12
-source bench/explore/draft_aba.sh before now folded now folded before
 echo "done at ${SECONDS}s"
