@@ -581,23 +581,36 @@ class DraftSample:
         stride 1 along V, written whole (None: allocated); StepContractError for another shape / dtype / layout
         or an out overlapping this sample's buffers."""
         r, v = self.logits.shape
+        dev = self.logits.device
         if out is None:
-            out = torch.empty(r, v, dtype=torch.float32, device=self.logits.device)
-        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (r, v) or out.dtype != torch.float32
-              or out.device != self.logits.device or (v > 1 and out.stride(1) != 1) or (r > 1 and out.stride(0) < v)):
-            raise StepContractError(f"out must be [R, V]=[{r}, {v}] float32 on {self.logits.device} with stride 1 "
-                                    f"along V and rows apart, got {_describe(out)}")
-        refuse_overlaps({"out": out}, {"logits": self.logits, "lse": self.lse, "cut_value": self.cut_value,
-                                       "cut_id": self.cut_id, "tokens": self.tokens}, "probs' {a} overlaps this sample's {b}")
+            out = torch.empty(r, v, dtype=torch.float32, device=dev)
+        elif not _rows_of_v(out, r, v, torch.float32, dev):
+            raise StepContractError(f"out must be [R, V]=[{r}, {v}] float32 on {dev} with stride 1 along V and rows "
+                                    f"apart, got {_describe(out)}")
+        fields = {"logits": self.logits, "lse": self.lse, "cut_value": self.cut_value, "cut_id": self.cut_id,
+                  "tokens": self.tokens}
+        refuse_overlaps({"out": out}, fields, "probs' {a} overlaps this sample's {b}")
         if self.one_hot:
             return out.copy_(self.kept())
         if r == 0 or v == 0:
             return out
         require_runnable("logits", self.logits)
+        if not _rows_of_v(self.logits, r, v, torch.float32, dev):
+            raise StepContractError(f"logits must have stride 1 along V and rows apart, got {_describe(self.logits)}")
+        for name, dtype in (("lse", torch.float32), ("cut_value", torch.float32), ("cut_id", torch.int32)):
+            t = fields[name]
+            if tuple(t.shape) != (r,) or t.dtype != dtype or t.device != dev or (r > 1 and t.stride(0) != 1):
+                raise StepContractError(f"{name} must be [R]={r} contiguous {dtype} on {dev}, got {_describe(t)}")
         _dense_q_kernel[(r, triton.cdiv(v, _Q_BLOCK_V))](
             self.logits, self.logits.stride(0), self.lse, self.cut_value, self.cut_id, out, out.stride(0), v,
             BLOCK_V=_Q_BLOCK_V, INTERP=interpreting(), num_warps=4)
         return out
+
+
+def _rows_of_v(t, r: int, v: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """t is an [r, v] tensor of dtype on device with stride 1 along V and rows not overlapping."""
+    return (isinstance(t, torch.Tensor) and tuple(t.shape) == (r, v) and t.dtype == dtype and t.device == device
+            and (v <= 1 or t.stride(1) == 1) and (r <= 1 or t.stride(0) >= v))
 
 
 def _describe(t) -> str:

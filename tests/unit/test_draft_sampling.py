@@ -1084,6 +1084,15 @@ def test_probs_out_is_checked_before_any_write():
             sample.probs(out=bad)
     with pytest.raises(StepContractError, match="^probs' out overlaps this sample's logits"):
         sample.probs(out=sample.logits)
+    strided = kernel.DraftSample(tokens=sample.tokens, logits=torch.randn(v, r).t(), lse=sample.lse,
+                                 cut_value=sample.cut_value, cut_id=sample.cut_id)
+    with pytest.raises(StepContractError, match=r"^logits must have stride 1 along V"):
+        strided.probs()
+    for name, bad in (("lse", torch.zeros(2 * r)[::2]), ("cut_value", torch.zeros(r, dtype=torch.float64)),
+                      ("cut_id", torch.full((r,), v))):
+        odd = kernel.DraftSample(**{**vars(sample), name: bad})
+        with pytest.raises(StepContractError, match=rf"^{name} must be \[R\]=2 contiguous"):
+            odd.probs()
     one_hot = kernel.DraftSample(tokens=torch.tensor([3, -1]), logits=torch.empty(r, v), lse=torch.zeros(r),
                                  cut_value=torch.zeros(r), cut_id=torch.zeros(r, dtype=torch.int32), one_hot=True)
     q = one_hot.probs(out=torch.full((r, v), float("nan")))
