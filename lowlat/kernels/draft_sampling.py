@@ -576,8 +576,9 @@ class DraftSample:
         the token, a row with token -1 all 0). A row whose cut_value is NaN (see the class): one-hot at the
         cut id when it is a token (greedy), else NaN everywhere (sampled), as the reference's q. No host sync.
 
-        One launch (`_dense_q_kernel`; the torch form, `kept()` then exp / where, took ~8 elementwise launches:
-        +20-40 us at 1-8 rows of V 49152 in a CUDA graph, bench/results/session32). out: [R, V] float32 with
+        One launch (`_dense_q_kernel`): the q costs 3.5-15 us over the draft launch at 1-8 sampled rows of V 49152
+        in a CUDA graph, against 22-42 us for the torch form, `kept()` then exp / where, ~8 elementwise launches
+        (bench/results/session32, call3). out: [R, V] float32 with
         stride 1 along V, written whole (None: allocated); StepContractError for another shape / dtype / layout
         or an out overlapping this sample's buffers."""
         r, v = self.logits.shape

@@ -1074,26 +1074,29 @@ def test_probs_is_one_launch_of_the_q_formula(v, device):
     assert torch.equal(sample.probs().nan_to_num(-1), got.nan_to_num(-1))   # allocated out: the same bits
 
 
-def test_probs_out_is_checked_before_any_write():
+def test_probs_out_is_checked_before_any_write(device):
     r, v = 2, 16
-    sample = kernel.DraftSample(tokens=torch.zeros(r, dtype=torch.int64), logits=torch.randn(r, v),
-                                lse=torch.zeros(r), cut_value=torch.full((r,), float("-inf")),
-                                cut_id=torch.full((r,), v, dtype=torch.int32))
-    for bad in (torch.empty(r, v + 1), torch.empty(r, v, dtype=torch.float64), torch.empty(v, r).t(), "q"):
+    dev = dict(device=device)
+    sample = kernel.DraftSample(tokens=torch.zeros(r, dtype=torch.int64, **dev), logits=torch.randn(r, v, **dev),
+                                lse=torch.zeros(r, **dev), cut_value=torch.full((r,), float("-inf"), **dev),
+                                cut_id=torch.full((r,), v, dtype=torch.int32, **dev))
+    for bad in (torch.empty(r, v + 1, **dev), torch.empty(r, v, dtype=torch.float64, **dev),
+                torch.empty(v, r, **dev).t(), "q"):
         with pytest.raises(StepContractError, match=r"^out must be \[R, V\]=\[2, 16\] float32"):
             sample.probs(out=bad)
     with pytest.raises(StepContractError, match="^probs' out overlaps this sample's logits"):
         sample.probs(out=sample.logits)
-    strided = kernel.DraftSample(tokens=sample.tokens, logits=torch.randn(v, r).t(), lse=sample.lse,
+    strided = kernel.DraftSample(tokens=sample.tokens, logits=torch.randn(v, r, **dev).t(), lse=sample.lse,
                                  cut_value=sample.cut_value, cut_id=sample.cut_id)
     with pytest.raises(StepContractError, match=r"^logits must have stride 1 along V"):
         strided.probs()
-    for name, bad in (("lse", torch.zeros(2 * r)[::2]), ("cut_value", torch.zeros(r, dtype=torch.float64)),
-                      ("cut_id", torch.full((r,), v))):
+    for name, bad in (("lse", torch.zeros(2 * r, **dev)[::2]),
+                      ("cut_value", torch.zeros(r, dtype=torch.float64, **dev)), ("cut_id", torch.full((r,), v, **dev))):
         odd = kernel.DraftSample(**{**vars(sample), name: bad})
         with pytest.raises(StepContractError, match=rf"^{name} must be \[R\]=2 contiguous"):
             odd.probs()
-    one_hot = kernel.DraftSample(tokens=torch.tensor([3, -1]), logits=torch.empty(r, v), lse=torch.zeros(r),
-                                 cut_value=torch.zeros(r), cut_id=torch.zeros(r, dtype=torch.int32), one_hot=True)
-    q = one_hot.probs(out=torch.full((r, v), float("nan")))
+    one_hot = kernel.DraftSample(tokens=torch.tensor([3, -1], **dev), logits=torch.empty(r, v, **dev),
+                                 lse=torch.zeros(r, **dev), cut_value=torch.zeros(r, **dev),
+                                 cut_id=torch.zeros(r, dtype=torch.int32, **dev), one_hot=True)
+    q = one_hot.probs(out=torch.full((r, v), float("nan"), **dev))
     assert q.tolist() == [[float(t == 3) for t in range(v)], [0.0] * v]
