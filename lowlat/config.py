@@ -238,13 +238,14 @@ _REQUIRED = object()
 
 def int_field(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
     """hf[key] as an int; a missing or null field is `default` (UnsupportedConfigError when required).
-    Integral floats (2048.0) are accepted; bools, strings and fractions are refused."""
+    Integral floats (2048.0) are accepted; bools, strings, fractions, NaN and +-inf are refused."""
     v = hf.get(key)
     if v is None:
         if default is _REQUIRED:
             raise UnsupportedConfigError(key, v, "a required field is missing or null")
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+            or int(v) != v:
         raise UnsupportedConfigError(key, v, "must be an integer")
     return int(v)
 

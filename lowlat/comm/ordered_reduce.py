@@ -53,7 +53,7 @@ import triton.language as tl
 from lowlat.comm.deadline import MAX_RANKS, MAX_STAGE
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._attn_common import interpreting
+from lowlat.kernels._attn_common import interpreting, require_runnable
 
 CTRL_HEADER = 16
 EPOCH_SHIFT = 20
@@ -428,6 +428,7 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
     """Launch the ordered all-reduce for `ranks` ranks rank_base.. of the group (inp / out
     [ranks, M, H]). The caller has bumped `bufs.epoch`. Under the CPU interpreter the phases run as
     separate launches. Returns the tile plan used."""
+    require_runnable("inp", inp); require_runnable("out", out)
     m = check_partials(bufs, inp, out, ranks)
     if not 0 <= stage <= MAX_STAGE:
         raise UnsupportedConfigError("stage", stage, f"must be in 0..{MAX_STAGE}")

@@ -581,8 +581,13 @@ class DraftSample:
         (bench/results/session32, call3). out: [R, V] float32 with
         stride 1 along V, written whole (None: allocated); StepContractError for another shape / dtype / layout
         or an out overlapping this sample's buffers."""
+        if not isinstance(self.logits, torch.Tensor) or self.logits.dim() != 2:
+            raise StepContractError(f"logits must be [R, V], got {_describe(self.logits)}")
         r, v = self.logits.shape
         dev = self.logits.device
+        for name in ("tokens", "lse", "cut_value", "cut_id"):
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise StepContractError(f"{name} must be a torch.Tensor, got {_describe(getattr(self, name))}")
         if out is None:
             out = torch.empty(r, v, dtype=torch.float32, device=dev)
         elif not _rows_of_v(out, r, v, torch.float32, dev):
@@ -592,6 +597,10 @@ class DraftSample:
                   "tokens": self.tokens}
         refuse_overlaps({"out": out}, fields, "probs' {a} overlaps this sample's {b}")
         if self.one_hot:
+            t = self.tokens
+            if tuple(t.shape) != (r,) or t.dtype != torch.int64 or t.device != dev:
+                raise StepContractError(f"tokens must be [R]={r} int64 on {dev} (a one-hot sample's q reads them), "
+                                        f"got {_describe(t)}")
             return out.copy_(self.kept())
         if r == 0 or v == 0:
             return out

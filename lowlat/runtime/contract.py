@@ -160,6 +160,11 @@ class LowlatSpec:
         it from `requires.tp_sizes`). Returns [] when eligible.
         """
         reasons: list[str] = []
+        for key in ("architectures", "layer_types"):     # lists of names, read below
+            names = hf.get(key)
+            if names is not None and (not isinstance(names, (list, tuple)) or
+                                      not all(isinstance(n, str) for n in names)):
+                return [f"config.{key}={names!r}: must be a list of names"]
         archs = list(hf.get("architectures") or [])
         if self.architecture not in archs:
             reasons.append(f"config.architectures {archs!r} does not name {self.architecture}")
@@ -228,6 +233,8 @@ class LowlatSpec:
             return [str(e)]
         except KeyError as e:
             return [f"config lacks field {e.args[0]!r}"]
+        except (TypeError, ValueError, AttributeError, OverflowError) as e:   # a field of an odd type: a reason
+            return [f"config.json holds a value lowlat cannot read ({type(e).__name__}: {e})"]
         return coverage_reasons(cfg)
 
     def hardware_reasons(self, hw: DeviceFacts) -> list[str]:

@@ -1100,3 +1100,10 @@ def test_probs_out_is_checked_before_any_write(device):
                                  cut_id=torch.zeros(r, dtype=torch.int32, **dev), one_hot=True)
     q = one_hot.probs(out=torch.full((r, v), float("nan"), **dev))
     assert q.tolist() == [[float(t == 3) for t in range(v)], [0.0] * v]
+    # a one-hot sample's tokens are what q reads: one token for two rows was broadcast (every row one-hot at it)
+    for bad in (torch.tensor([3], **dev), torch.tensor([3.0, 1.0], **dev), None):
+        with pytest.raises(StepContractError, match=r"^tokens must be"):
+            kernel.DraftSample(**{**vars(one_hot), "tokens": bad}).probs()
+    for name, bad in (("logits", torch.zeros(v, **dev)), ("lse", [0.0, 0.0]), ("cut_id", None)):
+        with pytest.raises(StepContractError, match=rf"^{name} must be"):
+            kernel.DraftSample(**{**vars(sample), name: bad}).probs()

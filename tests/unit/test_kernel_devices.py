@@ -111,3 +111,19 @@ def test_kernel_and_reference_take_shared_arguments_in_one_order(pair):
     shared = set(kernel) & set(ref)
     assert len(shared) >= 4
     assert [p for p in kernel if p in shared] == [p for p in ref if p in shared]
+
+
+def test_the_ordered_all_reduce_launch_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    """Before: `launch_all_reduce` (reached by a hand-built group or EmulatedGroup) got to Triton's "0 active
+    drivers" with CPU tensors when not interpreting."""
+    from lowlat.comm.emulated import EmulatedGroup
+
+    if not _attn_common.interpreting():
+        pytest.skip("EmulatedGroup on the CPU needs the interpreter at construction")
+    g = EmulatedGroup(2, 64, max_rows=2, dtype=torch.float32, device="cpu", deadline=5.0)
+    partials = torch.randn(2, 2, 64)
+    out = torch.full_like(partials, float("nan"))
+    monkeypatch.setattr(_attn_common, "interpreting", lambda: False)
+    with pytest.raises(StepContractError, match=r"^inp is on the CPU: "):
+        g.all_reduce(partials, out)
+    assert out.isnan().all()

@@ -568,3 +568,16 @@ def test_entry_point_is_registered_by_the_install():
     assert eps.get("nvidia_megakernel") == "lowlat.sglang_plugin:register_specs"
     assert spec_paths() == {arch: f"lowlat.sglang_plugin.spec:{contract.SPEC_ATTRS[arch]}"
                             for arch in contract.SGLANG_ARCHITECTURES}
+
+
+@pytest.mark.parametrize("key,value", [("hidden_size", float("inf")), ("layer_types", 5), ("layer_types", [1, "x"]),
+                                       ("architectures", 5), ("architectures", "LlamaForCausalLM"),
+                                       ("rope_scaling", "yarn"), ("eos_token_id", "abc"),
+                                       ("eos_token_id", float("inf"))])
+def test_config_reasons_turn_odd_field_types_into_reasons(key, value):
+    """Before: OverflowError (an infinite count: json reads `Infinity`), TypeError / AttributeError / ValueError
+    (a non-list layer_types or architectures, a string rope_scaling, a non-numeric eos_token_id) escaped the
+    guard's config check; now each is one reason naming the field or the error."""
+    reasons = contract.LLAMA.config_reasons(dict(TINY, **{key: value}))
+    assert len(reasons) >= 1 and all(isinstance(r, str) for r in reasons)
+    assert any(key in r or "cannot read" in r for r in reasons), reasons
