@@ -117,7 +117,7 @@ class ModelConfig:
         required field that is missing or null, or a value of the wrong type or range (an integer field
         holding 2.5 or "abc", a flag holding "false", a NaN rope_theta): never KeyError / TypeError.
         """
-        archs = hf.get("architectures") or []
+        archs = name_list(hf, "architectures")
         model_type = hf.get("model_type", "")
         arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(model_type, "")
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -125,10 +125,10 @@ class ModelConfig:
                                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
         _refuse_unsupported_fields(hf)
 
-        rope = dict(hf.get("rope_parameters") or {})
+        rope = _mapping(hf, "rope_parameters")
         rope_theta = _float(hf, "rope_theta") if hf.get("rope_theta") is not None else \
             _float(rope, "rope_theta", 10000.0)
-        scaling_dict = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        scaling_dict = _mapping(hf, "rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         for where, d in (("", hf), ("rope_parameters.", rope), ("rope_scaling.", scaling_dict or {})):
             factor = d.get("partial_rotary_factor")
             if factor is not None and factor != 1:
@@ -140,8 +140,7 @@ class ModelConfig:
         heads = int_field(hf, "num_attention_heads")
         head_dim = int_field(hf, "head_dim", 0) or (hidden // heads if heads > 0 else 0)
         num_experts = int_field(hf, "num_experts", 0) or int_field(hf, "num_local_experts", 0)
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+        eos_ids = _token_ids(hf, "eos_token_id")
         return cls(
             name=name or hf.get("_name_or_path") or arch,
             architecture=arch,
@@ -236,6 +235,36 @@ _ARCH_BY_MODEL_TYPE = {
 _REQUIRED = object()
 
 
+def name_list(hf: Mapping[str, Any], key: str) -> list[str]:
+    """hf[key] as a list of names ([] when missing or null); UnsupportedConfigError for anything else (a bare
+    string, a number, a list holding a non-string)."""
+    v = hf.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
+        raise UnsupportedConfigError(key, v, "must be a list of names")
+    return list(v)
+
+
+def _mapping(hf: Mapping[str, Any], key: str) -> dict:
+    """hf[key] as a dict ({} when missing or null); UnsupportedConfigError for a non-mapping."""
+    v = hf.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise UnsupportedConfigError(key, v, "must be a mapping")
+    return dict(v)
+
+
+def _token_ids(hf: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """hf[key], one token id or a list of them, as a tuple of ints (() when missing or null)."""
+    v = hf.get(key)
+    if v is None:
+        return ()
+    items = v if isinstance(v, (list, tuple)) else [v]
+    return tuple(int_field({key: t}, key) for t in items)
+
+
 def int_field(hf: Mapping[str, Any], key: str, default: Any = _REQUIRED) -> int:
     """hf[key] as an int; a missing or null field is `default` (UnsupportedConfigError when required).
     Integral floats (2048.0) are accepted; bools, strings, fractions, NaN and +-inf are refused."""
@@ -296,7 +325,7 @@ def _refuse_unsupported_fields(hf: Mapping[str, Any]) -> None:
                       ("mlp_only_layers", "dense layers inside an MoE model")):
         if hf.get(key):
             raise UnsupportedConfigError(key, hf.get(key), what)
-    kinds = sorted({t for t in (hf.get("layer_types") or ()) if t != "full_attention"})
+    kinds = sorted({t for t in name_list(hf, "layer_types") if t != "full_attention"})
     if kinds:       # transformers 5 writes layer_types for every Qwen2 / Qwen3 config: all full attention is fine
         raise UnsupportedConfigError("layer_types", kinds, "per-layer attention types other than full attention")
     if hf.get("hidden_act", "silu") != "silu":

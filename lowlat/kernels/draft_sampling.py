@@ -132,7 +132,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import cuda_props, refuse_overlaps, require_runnable
-from lowlat.kernels._gemv import argmax_key, interpreting, key_id, key_value, mma
+from lowlat.kernels._gemv import (argmax_key, check_rows_apart, check_tensor, interpreting, key_id, key_value,
+                                  mma)
 from lowlat.kernels.philox import philox_exponential
 
 #: most top-k candidates the kernel merges (top_k above this is refused)
@@ -579,54 +580,31 @@ class DraftSample:
         One launch (`_dense_q_kernel`): the q costs 3.5-15 us over the draft launch at 1-8 sampled rows of V 49152
         in a CUDA graph, against 22-42 us for the torch form, `kept()` then exp / where, ~8 elementwise launches
         (bench/results/session32, call3). out: [R, V] float32 with
-        stride 1 along V, written whole (None: allocated); StepContractError for another shape / dtype / layout
-        or an out overlapping this sample's buffers."""
-        if not isinstance(self.logits, torch.Tensor) or self.logits.dim() != 2:
-            raise StepContractError(f"logits must be [R, V], got {_describe(self.logits)}")
+        stride 1 along V, written whole (None: allocated). StepContractError (`_gemv.check_tensor`) for a field
+        or out of another shape / dtype / device / layout, rows that overlap, or an out overlapping a field."""
+        check_tensor("logits", self.logits, (None, None), torch.float32, getattr(self.logits, "device", None))
         r, v = self.logits.shape
         dev = self.logits.device
-        for name in ("tokens", "lse", "cut_value", "cut_id"):
-            if not isinstance(getattr(self, name), torch.Tensor):
-                raise StepContractError(f"{name} must be a torch.Tensor, got {_describe(getattr(self, name))}")
+        check_rows_apart("logits", self.logits)
+        fields = {"logits": self.logits, "tokens": self.tokens, "lse": self.lse, "cut_value": self.cut_value,
+                  "cut_id": self.cut_id}
+        for name, dtype in (("tokens", torch.int64), ("lse", torch.float32), ("cut_value", torch.float32),
+                            ("cut_id", torch.int32)):
+            check_tensor(name, fields[name], (r,), dtype, dev)
         if out is None:
             out = torch.empty(r, v, dtype=torch.float32, device=dev)
-        elif not _rows_of_v(out, r, v, torch.float32, dev):
-            raise StepContractError(f"out must be [R, V]=[{r}, {v}] float32 on {dev} with stride 1 along V and rows "
-                                    f"apart, got {_describe(out)}")
-        fields = {"logits": self.logits, "lse": self.lse, "cut_value": self.cut_value, "cut_id": self.cut_id,
-                  "tokens": self.tokens}
+        check_tensor("out", out, (r, v), torch.float32, dev)
+        check_rows_apart("out", out)
         refuse_overlaps({"out": out}, fields, "probs' {a} overlaps this sample's {b}")
         if self.one_hot:
-            t = self.tokens
-            if tuple(t.shape) != (r,) or t.dtype != torch.int64 or t.device != dev:
-                raise StepContractError(f"tokens must be [R]={r} int64 on {dev} (a one-hot sample's q reads them), "
-                                        f"got {_describe(t)}")
             return out.copy_(self.kept())
         if r == 0 or v == 0:
             return out
         require_runnable("logits", self.logits)
-        if not _rows_of_v(self.logits, r, v, torch.float32, dev):
-            raise StepContractError(f"logits must have stride 1 along V and rows apart, got {_describe(self.logits)}")
-        for name, dtype in (("lse", torch.float32), ("cut_value", torch.float32), ("cut_id", torch.int32)):
-            t = fields[name]
-            if tuple(t.shape) != (r,) or t.dtype != dtype or t.device != dev or (r > 1 and t.stride(0) != 1):
-                raise StepContractError(f"{name} must be [R]={r} contiguous {dtype} on {dev}, got {_describe(t)}")
         _dense_q_kernel[(r, triton.cdiv(v, _Q_BLOCK_V))](
             self.logits, self.logits.stride(0), self.lse, self.cut_value, self.cut_id, out, out.stride(0), v,
             BLOCK_V=_Q_BLOCK_V, INTERP=interpreting(), num_warps=4)
         return out
-
-
-def _rows_of_v(t, r: int, v: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """t is an [r, v] tensor of dtype on device with stride 1 along V and rows not overlapping."""
-    return (isinstance(t, torch.Tensor) and tuple(t.shape) == (r, v) and t.dtype == dtype and t.device == device
-            and (v <= 1 or t.stride(1) == 1) and (r <= 1 or t.stride(0) >= v))
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}"
 
 
 #: vocabulary entries a `_dense_q_kernel` program writes (4 warps, 8 a thread)
@@ -984,7 +962,6 @@ def draft_sample(h: torch.Tensor, lm_head: torch.Tensor, temperature=1.0, top_k=
     StepContractError on shapes, dtypes, devices and out buffers (`draft_sample_into`).
     Nothing is launched when a check fails.
     """
-    require_runnable("h", h); require_runnable("lm_head", lm_head)
     from lowlat.reference.draft_sampling import check_sampling_params
 
     if h.dim() != 2 or lm_head.dim() != 2:

@@ -280,7 +280,6 @@ def rejection_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     residual draws from p_j; the first NaN wins a race or argmax, as torch.argmax), so the emitted tokens
     equal the reference's for entries >= 0, +inf or NaN. `launch`: block_v, nsplit, num_warps, use_pdl.
     """
-    require_runnable("draft_tokens", draft_tokens); require_runnable("target_probs", target_probs)
     from lowlat.reference.rejection_sampling import _check_inputs
 
     _check_inputs(draft_tokens, draft_probs, target_probs, num_drafts, seeds, offsets, greedy)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from lowlat import numerics
-from lowlat.config import ModelConfig, int_field
+from lowlat.config import ModelConfig, int_field, name_list
 from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 from lowlat.step import MAX_ROWS, StepBatch
 from lowlat.weights import ModelWeights, shape_problems
@@ -160,34 +160,30 @@ class LowlatSpec:
         it from `requires.tp_sizes`). Returns [] when eligible.
         """
         reasons: list[str] = []
-        for key in ("architectures", "layer_types"):     # lists of names, read below
-            names = hf.get(key)
-            if names is not None and (not isinstance(names, (list, tuple)) or
-                                      not all(isinstance(n, str) for n in names)):
-                return [f"config.{key}={names!r}: must be a list of names"]
-        archs = list(hf.get("architectures") or [])
+        try:                    # read as ModelConfig reads them: a field of the wrong type is a reason
+            archs, layer_types = name_list(hf, "architectures"), name_list(hf, "layer_types")
+        except UnsupportedConfigError as e:
+            return [str(e)]
         if self.architecture not in archs:
             reasons.append(f"config.architectures {archs!r} does not name {self.architecture}")
-        window = hf.get("sliding_window")
-        if window and hf.get("use_sliding_window", True):
-            reasons.append(f"config.sliding_window={window}: sliding-window attention is not implemented "
-                           "by the fused step")
-        layer_types = hf.get("layer_types") or ()
-        if any(t != "full_attention" for t in layer_types):
-            kinds = sorted({t for t in layer_types if t != "full_attention"})
-            reasons.append(f"config.layer_types has {kinds}: only full attention in every layer")
-        counts = ("num_attention_heads", "hidden_size", "num_key_value_heads", "head_dim", "intermediate_size")
-        not_whole = []
-        for key in counts:              # read as ModelConfig reads them: refused (a reason, not a ValueError)
+        counts, not_whole = {}, []
+        for key in ("num_attention_heads", "hidden_size", "num_key_value_heads", "head_dim", "intermediate_size"):
             try:
-                int_field(hf, key, None)
+                counts[key] = int_field(hf, key, None) or 0
             except UnsupportedConfigError as e:
                 not_whole.append(str(e))
         if not_whole:
             return reasons + not_whole
-        heads, hidden = int(hf.get("num_attention_heads") or 0), int(hf.get("hidden_size") or 0)
-        kv_heads = int(hf.get("num_key_value_heads") or heads)
-        head_dim = int(hf.get("head_dim") or (hidden // heads if heads else 0))
+        window = hf.get("sliding_window")
+        if window and hf.get("use_sliding_window", True):
+            reasons.append(f"config.sliding_window={window}: sliding-window attention is not implemented "
+                           "by the fused step")
+        if any(t != "full_attention" for t in layer_types):
+            kinds = sorted({t for t in layer_types if t != "full_attention"})
+            reasons.append(f"config.layer_types has {kinds}: only full attention in every layer")
+        heads, hidden = counts["num_attention_heads"], counts["hidden_size"]
+        kv_heads = counts["num_key_value_heads"] or heads
+        head_dim = counts["head_dim"] or (hidden // heads if heads else 0)
         if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
             reasons.append(f"config.num_attention_heads={heads} is not a multiple of "
                            f"config.num_key_value_heads={kv_heads} (GQA groups)")
@@ -215,7 +211,7 @@ class LowlatSpec:
                            "each rank must hold whole KV heads")
         elif tp_size > 0 and heads % tp_size:
             reasons.append(f"tp_size {tp_size} does not divide config.num_attention_heads={heads}")
-        width = int(hf.get("intermediate_size") or 0)
+        width = counts["intermediate_size"]
         if tp_size > 0 and width and width % tp_size:
             reasons.append(f"tp_size {tp_size} does not divide config.intermediate_size={width}")
         reasons += self._model_config_reasons(hf)
@@ -233,8 +229,6 @@ class LowlatSpec:
             return [str(e)]
         except KeyError as e:
             return [f"config lacks field {e.args[0]!r}"]
-        except (TypeError, ValueError, AttributeError, OverflowError) as e:   # a field of an odd type: a reason
-            return [f"config.json holds a value lowlat cannot read ({type(e).__name__}: {e})"]
         return coverage_reasons(cfg)
 
     def hardware_reasons(self, hw: DeviceFacts) -> list[str]:

@@ -1080,30 +1080,34 @@ def test_probs_out_is_checked_before_any_write(device):
     sample = kernel.DraftSample(tokens=torch.zeros(r, dtype=torch.int64, **dev), logits=torch.randn(r, v, **dev),
                                 lse=torch.zeros(r, **dev), cut_value=torch.full((r,), float("-inf"), **dev),
                                 cut_id=torch.full((r,), v, dtype=torch.int32, **dev))
-    for bad in (torch.empty(r, v + 1, **dev), torch.empty(r, v, dtype=torch.float64, **dev),
-                torch.empty(v, r, **dev).t(), "q"):
-        with pytest.raises(StepContractError, match=r"^out must be \[R, V\]=\[2, 16\] float32"):
+    for bad, match in ((torch.empty(r, v + 1, **dev), r"^out has shape \(2, 17\), expected \[2, 16\]"),
+                       (torch.empty(r, v, dtype=torch.float64, **dev), r"^out must be torch.float32"),
+                       (torch.empty(v, r, **dev).t(), r"^out must be contiguous in its last dim"),
+                       (torch.empty(1, v, **dev).expand(r, v), r"^out's rows overlap"),
+                       ("q", r"^out must be a torch.Tensor")):
+        with pytest.raises(StepContractError, match=match):
             sample.probs(out=bad)
     with pytest.raises(StepContractError, match="^probs' out overlaps this sample's logits"):
         sample.probs(out=sample.logits)
     strided = kernel.DraftSample(tokens=sample.tokens, logits=torch.randn(v, r, **dev).t(), lse=sample.lse,
                                  cut_value=sample.cut_value, cut_id=sample.cut_id)
-    with pytest.raises(StepContractError, match=r"^logits must have stride 1 along V"):
+    with pytest.raises(StepContractError, match=r"^logits must be contiguous in its last dim"):
         strided.probs()
-    for name, bad in (("lse", torch.zeros(2 * r, **dev)[::2]),
-                      ("cut_value", torch.zeros(r, dtype=torch.float64, **dev)), ("cut_id", torch.full((r,), v, **dev))):
+    for name, bad, match in (("lse", torch.zeros(2 * r, **dev)[::2], "must be contiguous in its last dim"),
+                             ("cut_value", torch.zeros(r, dtype=torch.float64, **dev), "must be torch.float32"),
+                             ("cut_id", torch.full((r,), v, **dev), "must be torch.int32"),
+                             ("logits", torch.zeros(v, **dev), r"has shape \(16,\), expected \[\*, \*\]"),
+                             ("lse", [0.0, 0.0], "must be a torch.Tensor"), ("cut_id", None, "must be a torch.Tensor"),
+                             ("tokens", torch.tensor([3], **dev), r"has shape \(1,\), expected \[2\]"),
+                             ("tokens", torch.tensor([3.0, 1.0], **dev), "must be torch.int64")):
         odd = kernel.DraftSample(**{**vars(sample), name: bad})
-        with pytest.raises(StepContractError, match=rf"^{name} must be \[R\]=2 contiguous"):
+        with pytest.raises(StepContractError, match=rf"^{name} {match}"):
             odd.probs()
+    # a one-hot sample's tokens are what q reads: one token for two rows was broadcast (every row one-hot at it)
     one_hot = kernel.DraftSample(tokens=torch.tensor([3, -1], **dev), logits=torch.empty(r, v, **dev),
                                  lse=torch.zeros(r, **dev), cut_value=torch.zeros(r, **dev),
                                  cut_id=torch.zeros(r, dtype=torch.int32, **dev), one_hot=True)
     q = one_hot.probs(out=torch.full((r, v), float("nan"), **dev))
     assert q.tolist() == [[float(t == 3) for t in range(v)], [0.0] * v]
-    # a one-hot sample's tokens are what q reads: one token for two rows was broadcast (every row one-hot at it)
-    for bad in (torch.tensor([3], **dev), torch.tensor([3.0, 1.0], **dev), None):
-        with pytest.raises(StepContractError, match=r"^tokens must be"):
-            kernel.DraftSample(**{**vars(one_hot), "tokens": bad}).probs()
-    for name, bad in (("logits", torch.zeros(v, **dev)), ("lse", [0.0, 0.0]), ("cut_id", None)):
-        with pytest.raises(StepContractError, match=rf"^{name} must be"):
-            kernel.DraftSample(**{**vars(sample), name: bad}).probs()
+    with pytest.raises(StepContractError, match=r"^tokens has shape \(1,\), expected \[2\]"):
+        kernel.DraftSample(**{**vars(one_hot), "tokens": torch.tensor([3], **dev)}).probs()

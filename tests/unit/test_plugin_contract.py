@@ -21,6 +21,7 @@ import torch
 
 from lowlat import numerics
 from lowlat.config import ModelConfig
+from lowlat.errors import UnsupportedConfigError
 from lowlat.reference.model import ReferenceModel
 from lowlat.runtime import contract
 from lowlat.runtime.engine import SamplingParams, reference_engine
@@ -577,7 +578,8 @@ def test_entry_point_is_registered_by_the_install():
 def test_config_reasons_turn_odd_field_types_into_reasons(key, value):
     """Before: OverflowError (an infinite count: json reads `Infinity`), TypeError / AttributeError / ValueError
     (a non-list layer_types or architectures, a string rope_scaling, a non-numeric eos_token_id) escaped the
-    guard's config check; now each is one reason naming the field or the error."""
+    guard's config check; now each is one reason naming the field, as ModelConfig.from_hf refuses it."""
     reasons = contract.LLAMA.config_reasons(dict(TINY, **{key: value}))
-    assert len(reasons) >= 1 and all(isinstance(r, str) for r in reasons)
-    assert any(key in r or "cannot read" in r for r in reasons), reasons
+    assert len(reasons) == 1 and reasons[0].startswith(f"unsupported config field {key}={value!r}: "), reasons
+    with pytest.raises(UnsupportedConfigError, match=rf"^unsupported config field {key}="):
+        ModelConfig.from_hf(dict(TINY, **{key: value}))
