@@ -16,16 +16,23 @@ rank's host raises `CollectiveTimeout` after the step:
     word = epoch << 32 | stage << 16 | origin_rank << 8 | missing_peer      (int64, epoch >= 1)
 
 `epoch` is the collective's step counter, so a word left by an earlier step never aborts a later
-one; `stage` is a caller-given id (bit 15 marks the confirm round); `origin_rank` is the rank that
-timed out and `missing_peer` the lowest rank whose flag it did not see.
+one; `stage` is a caller-given id (0..MAX_STAGE; bit 15 marks the confirm round); `origin_rank` is
+the rank that timed out and `missing_peer` the lowest rank whose flag it did not see.
+
+Bit 14 of the stage field (CONTRACT_STAGE_BIT) marks an abort for a broken call contract, not a
+timeout: `origin_rank` found `missing_peer`'s flag of this step and tile carrying other rows than
+its own (rows 0: that peer refused its call on the host). Every rank then raises
+`StepContractError` (field "rows") instead of `CollectiveTimeout`, at once, not at the deadline
+(`error_from_word`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from lowlat.errors import CollectiveTimeout, UnsupportedConfigError
+from lowlat.errors import CollectiveTimeout, LowlatError, StepContractError, UnsupportedConfigError
 
 #: SGLang's cap on a collective's deadline (s)
 MAX_DEADLINE_S = 60.0
@@ -35,7 +42,9 @@ MIN_SERVING_DEADLINE_S = 5.0
 MAX_EPOCH = (1 << 31) - 1
 #: bit of the stage field that marks the confirm round of a collective
 CONFIRM_STAGE_BIT = 1 << 15
-MAX_STAGE = CONFIRM_STAGE_BIT - 1
+#: bit of the stage field that marks a contract abort (a peer's flag carried other rows: module docstring)
+CONTRACT_STAGE_BIT = 1 << 14
+MAX_STAGE = CONTRACT_STAGE_BIT - 1
 MAX_RANKS = 255
 #: largest deadline accepted at all (s, ~11.6 days; tests and serving alike): its ns, added to a clock
 #: reading (`%globaltimer` counts ns since 1970, ~1.8e18), must stay far inside int64
@@ -125,14 +134,40 @@ def stage_label(stage: int, names: dict[int, str] | None = None) -> str:
     return label + (" (confirm)" if stage & CONFIRM_STAGE_BIT else "")
 
 
-def timeout_from_word(rank: int, word: int, epoch: int, deadline_s: float,
-                      names: dict[int, str] | None = None) -> CollectiveTimeout | None:
-    """The `CollectiveTimeout` rank `rank` must raise for step `epoch`, or None when its abort word
-    is older than that step (no abort, or one left by an earlier step). A word of a LATER epoch
-    also aborts: peers already gave up on a later step, so this lagging rank cannot complete."""
+def step_error(rank: int, step: int, field: str, value: Any, peer: int, msg: str) -> StepContractError:
+    """`StepContractError` of a collective step, raised on `rank`: "rank R, step S: msg", with the
+    attributes rank, step, field, value and peer (the rank whose call broke the contract)."""
+    err = StepContractError(f"rank {rank}, step {step}: {msg}")
+    err.rank, err.step, err.field, err.value, err.peer = rank, step, field, value, peer
+    return err
+
+
+def error_from_word(rank: int, word: int, epoch: int, deadline_s: float, names: dict[int, str] | None = None,
+                    rows_by_rank: dict[int, int | None] | None = None) -> LowlatError | None:
+    """The error rank `rank` must raise for step `epoch`, or None when its abort word is older than that
+    step (no abort, or one left by an earlier step). A word of a LATER epoch also aborts: peers already
+    gave up on a later step, so this lagging rank cannot complete.
+
+    A timeout word gives `CollectiveTimeout` (attribute origin_rank: the rank that timed out); a
+    contract word (CONTRACT_STAGE_BIT) gives `StepContractError` (field "rows", value `rows_by_rank`
+    when the caller could read it: each rank's rows as its flags of the step carry them, 0 for a call
+    refused on that rank, None for a flag not seen; peer: the rank whose flag broke it)."""
     w_epoch, stage, origin, missing = unpack_abort(int(word))
     if w_epoch < epoch or w_epoch == 0:
         return None
-    err = CollectiveTimeout(rank, epoch, stage_label(stage, names), missing, deadline_s)
+    if stage & CONTRACT_STAGE_BIT:
+        label = stage_label(stage, names)
+        if rows_by_rank is not None and rows_by_rank.get(missing) == 0:
+            why = f"rank {missing} refused its call of {label!r} (see the error it raised)"
+        elif rows_by_rank is not None:
+            why = (f"the ranks passed different rows M to the same call of {label!r}: rows by rank {rows_by_rank} "
+                   "(0: refused, None: its flag not seen)")
+        else:
+            why = (f"rank {origin} found rank {missing}'s flag of {label!r} carrying other rows than its own "
+                   f"(rows 0: rank {missing} refused its call)")
+        err: LowlatError = step_error(rank, epoch, "rows", rows_by_rank, missing,
+                                      f"{why}; the step is aborted on every rank")
+    else:
+        err = CollectiveTimeout(rank, epoch, stage_label(stage, names), missing, deadline_s)
     err.origin_rank = origin
     return err

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lowlat.comm.deadline import MAX_EPOCH, Deadline, timeout_from_word
+from lowlat.comm.deadline import MAX_EPOCH, Deadline, error_from_word
 from lowlat.comm.fault import Fault, FaultKind
 from lowlat.comm.ordered_reduce import (ReduceBuffers, TilePlan, check_group_shape, check_partials, ctrl_len,
                                         interpreting, launch_all_reduce, max_tiles_for)
@@ -128,7 +128,7 @@ class EmulatedGroup:
         """Per rank: the `CollectiveTimeout` that rank raises for the last step, or None (reads the
         abort words: a device sync)."""
         words = self.ctrl[:, 0].tolist()
-        return [timeout_from_word(r, w, self.epoch, self.deadline.seconds, self.stage_names)
+        return [error_from_word(r, w, self.epoch, self.deadline.seconds, self.stage_names)
                 for r, w in enumerate(words)]
 
     def check(self) -> None:

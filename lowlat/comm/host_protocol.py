@@ -6,8 +6,8 @@ Processes form a `torch.distributed` gloo group over a TCPStore on 127.0.0.1 (lo
 the gloo group carries set-up and rank agreement, and the data path is a shared-memory file that
 every rank maps (the stand-in for peer memory): per rank a receive buffer [2][N][max_rows][H], a
 control block laid out exactly as on the GPU (flags [2][N][T] and done flags tagged
-`epoch << 20 | tile`, abort word at 0) and, host only, a step descriptor per [parity][src]
-(rows M, or REFUSED, and the caller's step id, or -1). A rank copies each tile of its partial into
+`epoch << 32 | rows << 20 | tile`, rows 0 for a refused call, abort word at 0) and, host only, a
+step descriptor per [parity][src] (rows M, or REFUSED, and the caller's step id, or -1). A rank copies each tile of its partial into
 slot [parity][rank] of every rank, writes its descriptor into every rank, then stores the tag into
 every rank's flag; each rank polls its own flags (one at a time, backing off with short sleeps),
 checks every rank's descriptor against rank 0's once all tile-0 flags are in (a mismatch raises
@@ -42,11 +42,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, MAX_STAGE, Deadline, pack_abort, stage_label,
-                                  timeout_from_word, unpack_abort)
+from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, MAX_STAGE, Deadline, error_from_word, pack_abort,
+                                  stage_label, step_error, unpack_abort)
 from lowlat.comm.fault import EXIT_CODE, Fault, FaultKind
-from lowlat.comm.ordered_reduce import check_group_shape, ctrl_len, flag_index, make_tag
-from lowlat.errors import CollectiveTimeout, LowlatError, StepContractError, UnsupportedConfigError
+from lowlat.comm.ordered_reduce import MAX_TAG_ROWS, ROWS_SHIFT, check_group_shape, ctrl_len, flag_index, make_tag
+from lowlat.errors import CollectiveTimeout, LowlatError, UnsupportedConfigError
 
 #: columns per tile of the host protocol
 HOST_BLOCK_H = 512
@@ -56,12 +56,6 @@ SPIN_POLLS, POLL_SLEEP_S = 200, 50e-6
 DESC_LEN, REFUSED, NO_STEP_ID = 2, -1, -1
 #: construction arguments every rank must agree on (checked by `from_process_group`)
 AGREED_FIELDS = ("world", "hidden", "dtype", "block_h", "max_rows", "confirm")
-
-
-def _step_error(rank: int, step: int, field: str, value: Any, peer: int, msg: str) -> StepContractError:
-    err = StepContractError(f"rank {rank}, step {step}: {msg}")
-    err.rank, err.step, err.field, err.value, err.peer = rank, step, field, value, peer
-    return err
 
 
 class HostGroup:
@@ -183,14 +177,16 @@ class HostGroup:
                 self.ctrl[p, 0] = word
 
     def _wait(self, idx: int, tag: int, epoch: int, stage: int, src: int, clock: list) -> None:
-        """Poll own flag `idx` until it holds `tag`; deadline from the first miss (clock[0])."""
+        """Poll own flag `idx` until it holds `tag` up to its rows field (the step descriptors, checked
+        after tile 0, name a call of other rows or a refused one); deadline from the first miss (clock[0])."""
         polls = 0
-        while int(self.ctrl[self.rank, idx]) != tag:
+        not_rows = ~(MAX_TAG_ROWS << ROWS_SHIFT)
+        while (int(self.ctrl[self.rank, idx]) ^ tag) & not_rows:
             now = time.monotonic_ns()
             if clock[0] is None:
                 clock[0] = now + self.deadline.ns
-            err = timeout_from_word(self.rank, int(self.ctrl[self.rank, 0]), epoch, self.deadline.seconds,
-                                    self.stage_names)
+            err = error_from_word(self.rank, int(self.ctrl[self.rank, 0]), epoch, self.deadline.seconds,
+                                  self.stage_names)
             if err is not None:
                 raise err
             if now > clock[0]:
@@ -211,7 +207,7 @@ class HostGroup:
             self.desc[p, par, r] = (REFUSED, step_id)
         for t in range(self.n_tiles):
             for p in range(self.world):
-                self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t)
+                self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t, 0)
 
     def _check_descriptors(self, epoch: int, m: int, step_id: int) -> None:
         """Every rank's descriptor of this step against rank 0's (call once all tile-0 flags are in):
@@ -219,7 +215,7 @@ class HostGroup:
         d = self.desc[self.rank, epoch % 2]
         for src in range(self.world):
             if int(d[src, 0]) == REFUSED:
-                raise _step_error(self.rank, epoch, "partial", REFUSED, src,
+                raise step_error(self.rank, epoch, "partial", REFUSED, src,
                                   f"rank {src} refused its call of this step (see its error); the step is "
                                   "aborted on every rank")
         for field, col in (("rows", 0), ("step_id", 1)):
@@ -227,7 +223,7 @@ class HostGroup:
             for src in range(1, self.world):
                 if int(d[src, col]) != ref:
                     v = int(d[src, col])
-                    raise _step_error(
+                    raise step_error(
                         self.rank, epoch, field, v, src,
                         f"rank {src} passed {field}={v}, rank 0 {field}={ref} (-1: none) to the same "
                         f"collective call; the step is aborted on every rank"
@@ -269,12 +265,12 @@ class HostGroup:
             self._publish_refusal(epoch, sid)
             got = (f"{tuple(partial.shape)} {partial.dtype} on {partial.device}" if isinstance(partial, torch.Tensor)
                    else type(partial).__name__)
-            raise _step_error(r, epoch, "partial", got, r, f"partial must be [M, {self.hidden}] {self.dtype} "
+            raise step_error(r, epoch, "partial", got, r, f"partial must be [M, {self.hidden}] {self.dtype} "
                               f"on the CPU, got {got}")
         m = partial.shape[0]
         if not 1 <= m <= self.max_rows:
             self._publish_refusal(epoch, sid)
-            raise _step_error(r, epoch, "rows", m, r, f"rows M={m} must be in 1..max_rows={self.max_rows}")
+            raise step_error(r, epoch, "rows", m, r, f"rows M={m} must be in 1..max_rows={self.max_rows}")
         fault = self.fault if fault is None else fault
         kind = fault.kind_at(epoch) if fault.rank == r else FaultKind.NONE
         if kind == FaultKind.LATE:
@@ -292,7 +288,7 @@ class HostGroup:
                 if t == 0:      # before the first flag: a peer that sees it sees this too (TSO)
                     for p in range(self.world):
                         self.desc[p, par, r] = (m, sid)
-                tag = make_tag(epoch - 1 if kind == FaultKind.WRONG_EPOCH else epoch, t)
+                tag = make_tag(epoch - 1 if kind == FaultKind.WRONG_EPOCH else epoch, t, m)
                 for p in range(self.world):
                     self.ctrl[self._flag(p, par, r, t)] = tag
         # wait + rank-ordered sum
@@ -300,7 +296,7 @@ class HostGroup:
         clock: list = [None]
         for t, cols in enumerate(tiles):
             for src in range(self.world):
-                self._wait(self._flag(r, par, src, t)[1], make_tag(epoch, t), epoch, stage, src, clock)
+                self._wait(self._flag(r, par, src, t)[1], make_tag(epoch, t, m), epoch, stage, src, clock)
             if t == 0:
                 self._check_descriptors(epoch, m, sid)
             acc = self.data[r, par, 0, :m, cols].float()
@@ -308,7 +304,7 @@ class HostGroup:
                 acc = acc + self.data[r, par, src, :m, cols].float()
             out[:, cols] = acc.to(self.dtype)
         if self.confirm:
-            done = make_tag(epoch, 0, done=True)
+            done = make_tag(epoch, 0, m, done=True)
             for p in range(self.world):
                 self.ctrl[self._flag(p, par, r, 0, done=True)] = done
             for src in range(self.world):

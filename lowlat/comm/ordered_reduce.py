@@ -10,10 +10,15 @@ rank, not by arrival).
 Protocol (per collective call = one *epoch*, per tile of columns):
 1. push: rank r stores its partial tile into slot [parity][r] of EVERY rank's receive buffer
    (itself included), then, after a block barrier, publishes into every rank's flag
-   [parity][r][tile] the tag `epoch << 20 | tile` with a release store (never a bare 0/1, so a
-   flag left by an earlier step can never satisfy a later wait);
+   [parity][r][tile] the tag `epoch << 32 | rows << 20 | tile` (`flag_tag`; rows = the call's M)
+   with a release store (never a bare 0/1, so a flag left by an earlier step can never satisfy a
+   later wait);
 2. wait: each block polls its own rank's N flags with acquire loads, one flag address per thread
-   (no atomic read-modify-write in the spin loop), until all carry this epoch's tag;
+   (no atomic read-modify-write in the spin loop), until all carry this epoch's tag. A flag of this
+   epoch and tile with OTHER rows ends the wait at once: the ranks' calls disagree on M (rows 0: the
+   peer refused its call on the host and published only its flags, `publish_refusal`); the block
+   writes a contract abort word (deadline.CONTRACT_STAGE_BIT) and every rank raises
+   `StepContractError`, so no rank sums rows a peer never pushed;
 3. sum: the slots are read and summed in rank order 0..N-1 in fp32, rounded once to the dtype.
 `parity = epoch % 2` double-buffers slots and flags: a rank may start step k+1 while a peer still
 reads step k, but it cannot reach step k+2 before every peer has pushed (so finished reading) k+1.
@@ -50,15 +55,19 @@ import torch
 import triton
 import triton.language as tl
 
-from lowlat.comm.deadline import MAX_RANKS, MAX_STAGE
+from lowlat.comm.deadline import CONTRACT_STAGE_BIT, MAX_RANKS, MAX_STAGE
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import interpreting, require_runnable
 
 CTRL_HEADER = 16
-EPOCH_SHIFT = 20
+#: flag tag = epoch << EPOCH_SHIFT | rows << ROWS_SHIFT | done << 19 | tile (`make_tag` / `flag_tag`)
+EPOCH_SHIFT = 32
+ROWS_SHIFT = 20
 CONFIRM_TAG_BIT = 1 << 19
 MAX_TILES = 1 << 19
+#: largest M a call can carry in its flags' tags (12 bits)
+MAX_TAG_ROWS = (1 << (EPOCH_SHIFT - ROWS_SHIFT)) - 1
 MIN_BLOCK_H = 128
 MAX_BLOCK_H = 2048
 #: elements one block handles per row chunk (8 warps: 16 per thread)
@@ -66,11 +75,12 @@ CHUNK_ELEMS = 4096
 #: steps of at most this many rows use short chunks (decode); longer ones the tallest
 SMALL_ROWS = 8
 NUM_WARPS = 8
-#: block states
-ARRIVED, TIMED_OUT, ABORTED, INACTIVE = 0, 1, 2, 3
+#: block states (CONTRACT: a peer's flag of this step carried other rows, `wait_flags`)
+ARRIVED, TIMED_OUT, ABORTED, INACTIVE, CONTRACT = 0, 1, 2, 3, 4
 # launch phases (bit mask)
 PUSH, SUM, CONFIRM_PUBLISH, CONFIRM_WAIT = 1, 2, 4, 8
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+assert CONTRACT_STAGE_BIT == 1 << 14, "abort_peers spells the contract bit as a literal"
 
 
 def ctrl_len(world: int, max_tiles: int) -> int:
@@ -83,8 +93,21 @@ def flag_index(parity: int, src: int, tile: int, world: int, max_tiles: int, *, 
     return CTRL_HEADER + (2 * world * max_tiles if done else 0) + (parity * world + src) * max_tiles + tile
 
 
-def make_tag(epoch: int, tile: int, *, done: bool = False) -> int:
-    return epoch << EPOCH_SHIFT | (CONFIRM_TAG_BIT if done else 0) | tile
+def make_tag(epoch: int, tile: int, rows: int, *, done: bool = False) -> int:
+    """Flag tag of (epoch, tile) of a call of `rows` rows (0: a refused call), or its done flag."""
+    return epoch << EPOCH_SHIFT | rows << ROWS_SHIFT | (CONFIRM_TAG_BIT if done else 0) | tile
+
+
+def tag_rows(tag: int, epoch: int) -> int | None:
+    """The rows a flag carries if it is a tag of `epoch`, else None (not published for that step)."""
+    return (tag >> ROWS_SHIFT) & MAX_TAG_ROWS if tag >> EPOCH_SHIFT == epoch else None
+
+
+def rows_by_rank(ctrl: torch.Tensor, epoch: int, world: int, max_tiles: int) -> dict[int, int | None]:
+    """Each rank's rows for step `epoch` as its tile-0 flag in control block `ctrl` (int64 [ctrl_len],
+    any device: one copy to the host) carries them (`tag_rows`: 0 refused, None not arrived)."""
+    idx = [flag_index(epoch % 2, src, 0, world, max_tiles) for src in range(world)]
+    return {src: tag_rows(int(v), epoch) for src, v in enumerate(ctrl[idx].tolist())}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,6 +127,25 @@ def _ld_acquire(ptrs, SCOPE: tl.constexpr, USE_ASM: tl.constexpr):
     else:
         v = tl.load(ptrs, volatile=True)
     return v
+
+
+@triton.jit
+def flag_tag(epoch, rows, tile):
+    """The tag `epoch << 32 | rows << 20 | tile` (int64) a call of `rows` rows publishes for `tile`
+    (epoch: a loaded int64 scalar; rows / tile: scalars or ints, promoted through it)."""
+    e = epoch.to(tl.int64)
+    zero = e * 0
+    return (e << 32) | ((zero + rows) << 20) | (zero + tile)
+
+
+@triton.jit
+def _flag_misses(v, tag, src, WORLD: tl.constexpr):
+    """(lowest src whose flag v is not `tag`, lowest src whose flag is `tag` but for its rows field:
+    the same step and tile from a call of other rows); WORLD where none."""
+    diff = v ^ tag
+    missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
+    other = (diff != 0) & ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)
+    return missing, tl.min(tl.where(other, src, WORLD), axis=0)
 
 
 @triton.jit
@@ -160,7 +202,7 @@ def publish(ctrl_ptrs, rank, tile, tag, parity, max_tiles, enabled, DONE: tl.con
 def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at, deadline_ns, spin_limit,
                WORLD: tl.constexpr, POLL: tl.constexpr, SCOPE: tl.constexpr, USE_ASM: tl.constexpr,
                USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr):
-    """Spin until flags flag_base[src * stride_src], src = 0..WORLD-1, all equal `tag`.
+    """Spin until flags flag_base[src * stride_src], src = 0..WORLD-1, all equal `tag` (`flag_tag`).
 
     Each of the block's POLL threads (POLL = 32 * num_warps) polls one address (src = thread %
     WORLD) with acquire loads; decisions are block-wide reductions, so uniform. The deadline starts
@@ -168,14 +210,17 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     with USE_ASM it is `deadline_ns` of `%globaltimer`, else `spin_limit` spins (interpreter).
     Every ABORT_EVERY spins the rank's abort word is read: a word of this or a later epoch ends the
     wait.
-    Returns (state, deadline_at, missing): state ARRIVED 0 / TIMED_OUT 1 / ABORTED 2 (a state
-    already non-zero on entry is kept and nothing is waited for); missing = lowest src not arrived
-    (WORLD when all arrived)."""
+    A flag of the same step and tile with another rows field ends the wait: state CONTRACT 4 (the
+    ranks' calls disagree on M, or the peer refused its call: rows 0).
+    Returns (state, deadline_at, missing): state ARRIVED 0 / TIMED_OUT 1 / ABORTED 2 / CONTRACT 4 (a
+    state already non-zero on entry is kept and nothing is waited for); missing = lowest src not
+    arrived (WORLD when all arrived), for CONTRACT the lowest src whose flag carried other rows."""
     lanes = tl.arange(0, POLL)
     src = lanes % WORLD
     ptrs = flag_base + src * stride_src
     v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-    missing = tl.min(tl.where(v != tag, src, WORLD), axis=0)
+    missing, other = _flag_misses(v, tag, src, WORLD)
+    state = tl.where((other < WORLD) & (state == 0), 4, state)
     spins = 0
     while (missing < WORLD) & (state == 0):
         spins += 1
@@ -190,23 +235,27 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
             a = tl.max(_ld_acquire(abort_ptr + 0 * lanes, SCOPE, USE_ASM), axis=0)
             state = tl.where((a >> 32) >= epoch, 2, state)
         v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-        missing = tl.min(tl.where(v != tag, src, WORLD), axis=0)
+        missing, other = _flag_misses(v, tag, src, WORLD)
+        state = tl.where((other < WORLD) & (state == 0), 4, state)
     # a flag that arrived while the deadline expired wins
     state = tl.where((missing >= WORLD) & (state == 1), 0, state)
+    missing = tl.where(state == 4, other, missing)
     return state, deadline_at, missing
 
 
 @triton.jit
-def abort_peers(ctrl_ptrs, epoch, stage, rank, missing, enabled, WORLD: tl.constexpr,
+def abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state, WORLD: tl.constexpr,
                 WORLD_P2: tl.constexpr, SCOPE: tl.constexpr):
-    """Write the abort word (epoch, stage, rank, missing) into every rank's control block, unless
-    that block already holds a word of this epoch (the first cause is kept). One compare-and-swap
-    per rank, not a spin. `enabled` (scalar bool) gates it."""
-    if enabled:
+    """After `wait_flags` returned `state`: when it is TIMED_OUT 1 or CONTRACT 4, write the abort word
+    (epoch, stage (| CONTRACT_STAGE_BIT for 4), rank, missing) into every rank's control block, unless
+    that block already holds a word of this epoch (the first cause is kept). One compare-and-swap per
+    rank, not a spin."""
+    if (state == 1) | (state == 4):
         peers = tl.arange(0, WORLD_P2) % WORLD
         cp = tl.load(ctrl_ptrs + peers).to(tl.pointer_type(tl.int64))
         zero = epoch * 0            # promotes int arguments (tensors or literals) to int64
-        word = (epoch << 32) | ((zero + stage) << 16) | ((zero + rank) << 8) | (zero + missing)
+        cause = tl.where(state == 4, 1 << 14, 0)   # CONTRACT_STAGE_BIT
+        word = (epoch << 32) | ((zero + (stage | cause)) << 16) | ((zero + rank) << 8) | (zero + missing)
         old = tl.load(cp, volatile=True)
         new = tl.where((old >> 32) < epoch, word, old)
         tl.atomic_cas(cp, old, new, sem="release", scope=SCOPE)
@@ -266,7 +315,7 @@ def _ordered_all_reduce_kernel(
     my_data = tl.load(data_ptrs + rank).to(tl.pointer_type(DT))
     my_ctrl = tl.load(ctrl_ptrs + rank).to(tl.pointer_type(tl.int64))
     abort_ptr = my_ctrl
-    tag = (epoch << 20) | tile.to(tl.int64)
+    tag = flag_tag(epoch, M, tile)
     active = rank >= 0
     if FAULT == 1:      # never arrives
         active = rank != fault_rank
@@ -291,7 +340,7 @@ def _ordered_all_reduce_kernel(
             state = tl.where(gone & (state == 0), 2, state)
         pub_tag = tag
         if FAULT == 4:  # publishes the previous epoch's tag
-            pub_tag = tl.where(rank == fault_rank, ((epoch - 1) << 20) | tile.to(tl.int64), tag)
+            pub_tag = tl.where(rank == fault_rank, flag_tag(epoch - 1, M, tile), tag)
         if RUNTIME_ROWS:
             for c in range(0, tl.cdiv(M, CHUNK)):
                 _push_chunk(c, inp_ptr, local * stride_ir, stride_im, cols, cmask, M, H, state == 0, data_ptrs, rank,
@@ -307,7 +356,7 @@ def _ordered_all_reduce_kernel(
         state, deadline_at, missing = wait_flags(
             flag_base, tag, max_tiles, abort_ptr, epoch, state, deadline_at, deadline_ns, spin_limit,
             WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
-        abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state == 1, WORLD, WORLD_P2, SCOPE)
+        abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state, WORLD, WORLD_P2, SCOPE)
         tl.debug_barrier()
         if RUNTIME_ROWS:
             for c in range(0, tl.cdiv(M, CHUNK)):
@@ -330,7 +379,7 @@ def _ordered_all_reduce_kernel(
         state, deadline_at, missing = wait_flags(
             done_base, tag | (1 << 19), max_tiles, abort_ptr, epoch, state, deadline_at, deadline_ns,
             spin_limit, WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
-        abort_peers(ctrl_ptrs, epoch, stage | (1 << 15), rank, missing, state == 1, WORLD, WORLD_P2, SCOPE)
+        abort_peers(ctrl_ptrs, epoch, stage | (1 << 15), rank, missing, state, WORLD, WORLD_P2, SCOPE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -394,8 +443,9 @@ class ReduceBuffers:
 def check_group_shape(world: int, max_rows: int, hidden: int, dtype: torch.dtype) -> None:
     if not 1 <= world <= MAX_RANKS:
         raise UnsupportedConfigError("world", world, f"must be in 1..{MAX_RANKS}")
-    if max_rows < 1:
-        raise UnsupportedConfigError("max_rows", max_rows, "must be >= 1")
+    if not 1 <= max_rows <= MAX_TAG_ROWS:
+        raise UnsupportedConfigError("max_rows", max_rows, f"must be in 1..{MAX_TAG_ROWS} (the rows field of a "
+                                     "flag's tag)")
     if hidden < 1 or max_tiles_for(hidden) > MAX_TILES:
         raise UnsupportedConfigError("hidden", hidden, f"must be in 1..{MAX_TILES * MIN_BLOCK_H}")
     if dtype not in SUPPORTED_DTYPES:
@@ -421,17 +471,29 @@ def check_partials(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ra
     return m
 
 
+def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks: int, stage: int) -> int:
+    """Every check `launch_all_reduce` makes before launching; returns M. Raises StepContractError
+    (tensors: `check_partials`; CPU tensors without the interpreter) or UnsupportedConfigError (stage
+    outside 0..MAX_STAGE)."""
+    for name, t in (("inp", inp), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        require_runnable(name, t)
+    m = check_partials(bufs, inp, out, ranks)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
+        raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
+    return m
+
+
 def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, *, rank_base: int,
                       ranks: int, stage: int, deadline_ns: int, fault_kind: FaultKind, fault_rank: int,
                       tiles_cap: int, confirm: bool, use_deadline: bool = True, has_delay: bool = False,
-                      spin_limit: int = 64, abort_every: int = 8) -> TilePlan:
+                      spin_limit: int = 64, abort_every: int = 8, phases: int | None = None) -> TilePlan:
     """Launch the ordered all-reduce for `ranks` ranks rank_base.. of the group (inp / out
     [ranks, M, H]). The caller has bumped `bufs.epoch`. Under the CPU interpreter the phases run as
-    separate launches. Returns the tile plan used."""
-    require_runnable("inp", inp); require_runnable("out", out)
-    m = check_partials(bufs, inp, out, ranks)
-    if not 0 <= stage <= MAX_STAGE:
-        raise UnsupportedConfigError("stage", stage, f"must be in 0..{MAX_STAGE}")
+    separate launches. phases: run only these (PUSH | SUM | CONFIRM_*; tests interleaving separate
+    ranks' launches under the interpreter); None: all. Returns the tile plan used."""
+    m = check_call(bufs, inp, out, ranks, stage)
     interp = interpreting()
     if interp and has_delay:
         raise UnsupportedConfigError("delays", "late arrival", "needs %globaltimer: not under the CPU interpreter")
@@ -448,12 +510,32 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
             bufs.slot_elems, bufs.max_tiles, rank_base, stage, deadline_ns, spin_limit, fault_rank)
     grid = (plan.n_tiles, ranks)
     if interp:
-        phases = [PUSH, SUM | (CONFIRM_PUBLISH if confirm else 0)] + ([CONFIRM_WAIT] if confirm else [])
+        runs = [PUSH, SUM | (CONFIRM_PUBLISH if confirm else 0)] + ([CONFIRM_WAIT] if confirm else [])
     else:
-        phases = [PUSH | SUM | ((CONFIRM_PUBLISH | CONFIRM_WAIT) if confirm else 0)]
-    for ph in phases:
+        runs = [PUSH | SUM | ((CONFIRM_PUBLISH | CONFIRM_WAIT) if confirm else 0)]
+    if phases is not None:
+        runs = [ph & phases for ph in runs if ph & phases]
+    for ph in runs:
         _ordered_all_reduce_kernel[grid](*args, PHASES=ph, **common)
     return plan
+
+
+def publish_refusal(bufs: ReduceBuffers, rank: int, tiles_cap: int) -> None:
+    """Rank `rank`'s part of a call it refused on the host (after bumping `bufs.epoch`, as for a call it
+    makes): its flags of the step, every tile, carry rows 0 and no data is pushed, so every peer's wait
+    ends at once with a contract abort (`StepContractError` on every rank: `deadline.error_from_word`)
+    instead of a timeout at the deadline, and the ranks' epochs stay aligned. One launch of the
+    all-reduce kernel's push phase with M = 0."""
+    dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=bufs.data_ptrs.device)
+    plan = plan_tiles(1, bufs.hidden, tiles_cap)
+    world = bufs.world
+    _ordered_all_reduce_kernel[(plan.n_tiles, 1)](
+        dummy, dummy, 0, dummy.stride(1), 0, dummy.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch,
+        bufs.delays, 0, bufs.hidden, bufs.slot_elems, bufs.max_tiles, rank, 0, 0, 1, 0,
+        WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=plan.chunk,
+        N_CHUNKS=plan.n_chunks if interpreting() else 0, RUNTIME_ROWS=not interpreting(), BLOCK_H=plan.block_h,
+        PHASES=PUSH, SCOPE=bufs.scope, USE_ASM=not interpreting(), USE_DEADLINE=False, HAS_DELAY=False, FAULT=0,
+        ABORT_EVERY=8, num_warps=NUM_WARPS)
 
 
 

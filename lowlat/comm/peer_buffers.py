@@ -7,6 +7,13 @@ NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=
 Flags and abort words live in a symmetric int64 control block (64-bit tags), not in PyTorch's
 uint32 signal pads. Flags are released and acquired at system scope (`.sys`), and the confirm round
 is on, so a rank whose own waits succeeded still raises when a peer timed out.
+
+The ranks' calls are agreed on the device, not by an extra collective: a flag's tag carries the
+call's rows M, so a peer that passed another M (or refused its call on the host: its flags carry
+rows 0, `publish_refusal`) ends every rank's wait at once with `StepContractError`, instead of a
+rank summing rows its peer never pushed or waiting out the deadline. `PeerRank` is that per-rank
+logic over any `ReduceBuffers` (`PeerGroup` gives it symmetric memory; the tests also run it over
+one device's buffers, `lowlat.comm.testing.ranks_on_one_device`).
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from lowlat.comm.deadline import MAX_EPOCH, Deadline, timeout_from_word
+from lowlat.comm.deadline import MAX_EPOCH, Deadline, error_from_word
 from lowlat.comm.fault import Fault, FaultKind
-from lowlat.comm.ordered_reduce import (ReduceBuffers, check_group_shape, ctrl_len, launch_all_reduce,
-                                        max_tiles_for)
-from lowlat.errors import CollectiveTimeout, UnsupportedConfigError
+from lowlat.comm.ordered_reduce import (PUSH, ReduceBuffers, check_call, check_group_shape, ctrl_len, launch_all_reduce,
+                                        max_tiles_for, publish_refusal, rows_by_rank)
+from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 
 #: environment that keeps NVLink multicast off (device/KINDS.md: multicast can take a host's GPUs down)
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -33,12 +40,95 @@ def check_no_multicast() -> None:
             raise UnsupportedConfigError(k, os.environ.get(k), f"must be {v!r}: NVLink multicast must stay off")
 
 
-class PeerGroup:
+class PeerRank:
+    """One rank's calls of the rank-ordered all-reduce over a group's buffers (the host side of
+    `PeerGroup`, independent of how the buffers were allocated).
+
+    bufs: `ReduceBuffers` with THIS rank's device epoch counter (one per rank) and the group's pointer
+    tables. ctrl: this rank's control block (int64 [ctrl_len], the one `bufs.ctrl_ptrs[rank]` points
+    to). rank: this rank's index. deadline: `Deadline` or test seconds. fault: injected fault.
+    confirm: the confirm round (on for separate processes). tiles_cap: most tiles a call is cut into
+    (every rank must pass the same). spin_limit: the interpreter's deadline in spins. stage_names:
+    stage ids' names in errors.
+    """
+
+    def __init__(self, bufs: ReduceBuffers, ctrl: torch.Tensor, rank: int, *, deadline: Deadline | float | None,
+                 fault: Fault, confirm: bool, tiles_cap: int, spin_limit: int = 64,
+                 stage_names: dict[int, str] | None = None) -> None:
+        self.bufs, self.ctrl, self.rank, self.world = bufs, ctrl, rank, bufs.world
+        self.deadline = Deadline.coerce(deadline)
+        self.fault = fault
+        self.fault.check_world(self.world)
+        self.confirm, self.tiles_cap, self.spin_limit = confirm, tiles_cap, spin_limit
+        self.stage_names = {0: "all_reduce"} if stage_names is None else stage_names
+        self.max_tiles = bufs.max_tiles
+        self.epoch = 0
+
+    def all_reduce(self, partial: torch.Tensor, out: torch.Tensor | None = None, *, stage: int = 0,
+                   fault: Fault | None = None, check: bool = True, phases: int | None = None) -> torch.Tensor:
+        """partial [M, H] (group dtype, on the group's device) -> out [M, H] = ordered_sum over ranks
+        (identical on every rank; out: given or new).
+
+        Every rank must make the same sequence of calls with the same M. A call refused here (bad
+        partial / out: `StepContractError`; stage outside 0..MAX_STAGE: `UnsupportedConfigError`)
+        still takes its step: it publishes rows-0 flags (`publish_refusal`), so every peer raises
+        `StepContractError` for this step at once and the next step is aligned. Ranks passing different
+        M raise `StepContractError` (field "rows", value {rank: rows}) on every rank, nothing written.
+        Raises `CollectiveTimeout` when a wait missed the deadline (check=True; else read `status`).
+        phases: None, the whole call. Tests under the CPU interpreter (whose programs run one after
+        another) split a call across ranks: first `phases=PUSH` on each rank (takes the step, pushes),
+        then the same call with `phases=SUM` (| CONFIRM_*), which continues that step.
+        Mutates: out, the group's receive buffers and control blocks, this rank's epoch counter."""
+        fault = self.fault if fault is None else fault
+        fault.check_world(self.world)
+        epoch = self.epoch + 1 if phases is None or phases & PUSH else self.epoch
+        if epoch > MAX_EPOCH:
+            raise UnsupportedConfigError("epoch", epoch, "exhausted: rebuild the group")
+        if epoch != self.epoch:
+            self.epoch = epoch          # a refused call consumes its step too, as on every other rank
+            self.bufs.epoch.add_(1)
+        try:
+            out = torch.empty_like(partial) if out is None and isinstance(partial, torch.Tensor) else out
+            for name, t in (("partial", partial), ("out", out)):
+                if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != self.bufs.hidden:
+                    got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise StepContractError(f"{name} must be a [M, {self.bufs.hidden}] tensor, got {got}")
+            check_call(self.bufs, partial[None], out[None], 1, stage)
+        except LowlatError:
+            publish_refusal(self.bufs, self.rank, self.tiles_cap)
+            raise
+        kind = fault.kind_at(epoch)
+        has_delay = kind == FaultKind.LATE and fault.rank == self.rank
+        if has_delay:
+            self.bufs.delays[self.rank] = int(fault.delay_s * 1e9)
+        launch_all_reduce(self.bufs, partial[None], out[None], rank_base=self.rank, ranks=1, stage=stage,
+                          deadline_ns=self.deadline.ns, fault_kind=kind, fault_rank=fault.rank,
+                          tiles_cap=self.tiles_cap, confirm=self.confirm, has_delay=has_delay,
+                          spin_limit=self.spin_limit, phases=phases)
+        if check:
+            self.check()
+        return out
+
+    def status(self) -> LowlatError | None:
+        """The error this rank raises for its last step (`CollectiveTimeout`, or `StepContractError`
+        naming each rank's rows when the calls disagreed), or None. Reads the control block: a device
+        sync."""
+        word = int(self.ctrl[0].item())
+        rows = rows_by_rank(self.ctrl, self.epoch, self.world, self.max_tiles) if self.epoch else None
+        return error_from_word(self.rank, word, self.epoch, self.deadline.seconds, self.stage_names, rows)
+
+    def check(self) -> None:
+        err = self.status()
+        if err is not None:
+            raise err
+
+
+class PeerGroup(PeerRank):
     """This process's rank of a TP group whose buffers are symmetric memory on one GPU per rank.
 
     hidden, max_rows, dtype: H, largest M, partials' dtype. group: the NCCL (device) process group
     (default: world). deadline: `Deadline` (serving: >= 5 s) or test seconds. fault: default
-    LOWLAT_FAULT's. Construction is collective over `group`.
+    LOWLAT_FAULT's. Construction is collective over `group`. Calls: `PeerRank.all_reduce`.
     """
 
     def __init__(self, hidden: int, *, group: dist.ProcessGroup | None = None, max_rows: int = 48,
@@ -49,60 +139,25 @@ class PeerGroup:
 
         check_no_multicast()
         self.group = group or dist.group.WORLD
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        check_group_shape(self.world, max_rows, hidden, dtype)
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        check_group_shape(world, max_rows, hidden, dtype)
         self.hidden, self.max_rows, self.dtype = hidden, max_rows, dtype
-        self.deadline = Deadline.coerce(deadline)
-        self.fault = Fault.from_env() if fault is None else fault
-        self.fault.check_world(self.world)
-        self.confirm = confirm
-        self.stage_names = {0: "all_reduce"} if stage_names is None else stage_names
         dev = torch.device("cuda", torch.cuda.current_device())
-        self.max_tiles = max_tiles_for(hidden)
-        self.data = symm_mem.empty(2 * self.world * max_rows * hidden, dtype=dtype, device=dev)
-        self.ctrl = symm_mem.empty(ctrl_len(self.world, self.max_tiles), dtype=torch.int64, device=dev)
+        max_tiles = max_tiles_for(hidden)
+        self.data = symm_mem.empty(2 * world * max_rows * hidden, dtype=dtype, device=dev)
+        ctrl = symm_mem.empty(ctrl_len(world, max_tiles), dtype=torch.int64, device=dev)
         self.data.zero_()
-        self.ctrl.zero_()
+        ctrl.zero_()
         h_data = symm_mem.rendezvous(self.data, self.group)
-        h_ctrl = symm_mem.rendezvous(self.ctrl, self.group)
+        h_ctrl = symm_mem.rendezvous(ctrl, self.group)
         torch.cuda.synchronize(dev)
         dist.barrier(self.group)        # every control block is zeroed before anyone publishes
         i64 = dict(dtype=torch.int64, device=dev)
-        self.bufs = ReduceBuffers(
-            self.world, max_rows, hidden, dtype, data_ptrs=torch.tensor(list(h_data.buffer_ptrs), **i64),
+        bufs = ReduceBuffers(
+            world, max_rows, hidden, dtype, data_ptrs=torch.tensor(list(h_data.buffer_ptrs), **i64),
             ctrl_ptrs=torch.tensor(list(h_ctrl.buffer_ptrs), **i64), epoch=torch.zeros(1, **i64),
-            delays=torch.zeros(self.world, **i64), max_tiles=self.max_tiles, scope="sys")
+            delays=torch.zeros(world, **i64), max_tiles=max_tiles, scope="sys")
         self._handles = (h_data, h_ctrl)
-        self.tiles_cap = torch.cuda.get_device_properties(dev).multi_processor_count
-        self.epoch = 0
-
-    def all_reduce(self, partial: torch.Tensor, out: torch.Tensor | None = None, *, stage: int = 0,
-                   fault: Fault | None = None, check: bool = True) -> torch.Tensor:
-        """partial [M, H] on this rank's GPU -> out [M, H] = ordered_sum over ranks (identical on
-        every rank). Raises `CollectiveTimeout` when the step was aborted (check=True)."""
-        out = torch.empty_like(partial) if out is None else out
-        fault = self.fault if fault is None else fault
-        epoch = self.epoch + 1
-        if epoch > MAX_EPOCH:
-            raise UnsupportedConfigError("epoch", epoch, "exhausted: rebuild the group")
-        kind = fault.kind_at(epoch)
-        has_delay = kind == FaultKind.LATE and fault.rank == self.rank
-        if has_delay:
-            self.bufs.delays[self.rank] = int(fault.delay_s * 1e9)
-        self.epoch = epoch
-        self.bufs.epoch.add_(1)
-        launch_all_reduce(self.bufs, partial[None], out[None], rank_base=self.rank, ranks=1, stage=stage,
-                          deadline_ns=self.deadline.ns, fault_kind=kind, fault_rank=fault.rank,
-                          tiles_cap=self.tiles_cap, confirm=self.confirm, has_delay=has_delay)
-        if check:
-            self.check()
-        return out
-
-    def status(self) -> CollectiveTimeout | None:
-        word = int(self.ctrl[0].item())
-        return timeout_from_word(self.rank, word, self.epoch, self.deadline.seconds, self.stage_names)
-
-    def check(self) -> None:
-        err = self.status()
-        if err is not None:
-            raise err
+        super().__init__(bufs, ctrl, rank, deadline=deadline, fault=Fault.from_env() if fault is None else fault,
+                         confirm=confirm, tiles_cap=torch.cuda.get_device_properties(dev).multi_processor_count,
+                         stage_names=stage_names)

@@ -18,6 +18,35 @@ from lowlat.errors import CollectiveTimeout
 from lowlat.reference.tp import ordered_sum
 
 
+def ranks_on_one_device(world: int, hidden: int, *, max_rows: int = 8, dtype: torch.dtype = torch.bfloat16,
+                        device: torch.device | str = "cpu", deadline: float = 10.0, confirm: bool = False,
+                        spin_limit: int = 64, tiles_cap: int = 4) -> list:
+    """`world` `PeerRank`s whose buffers all live on one device (each rank its own epoch counter, as
+    separate processes have), so the per-rank host logic of `PeerGroup` runs without symmetric memory:
+    under the CPU interpreter the ranks' calls run one after another; on one GPU they must be launched
+    on separate streams (each call spins until its peers arrive)."""
+    from lowlat.comm.fault import Fault
+    from lowlat.comm.peer_buffers import PeerRank
+
+    orx.check_group_shape(world, max_rows, hidden, dtype)
+    tiles = orx.max_tiles_for(hidden)
+    data = torch.zeros(world, 2, world, max_rows, hidden, dtype=dtype, device=device)
+    ctrl = torch.zeros(world, orx.ctrl_len(world, tiles), dtype=torch.int64, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    data_ptrs = torch.tensor([data[p].data_ptr() for p in range(world)], **i64)
+    ctrl_ptrs = torch.tensor([ctrl[p].data_ptr() for p in range(world)], **i64)
+    ranks = []
+    for r in range(world):
+        bufs = orx.ReduceBuffers(world, max_rows, hidden, dtype, data_ptrs=data_ptrs, ctrl_ptrs=ctrl_ptrs,
+                                 epoch=torch.zeros(1, **i64), delays=torch.zeros(world, **i64), max_tiles=tiles,
+                                 scope="gpu")
+        pr = PeerRank(bufs, ctrl[r], r, deadline=deadline, fault=Fault(), confirm=confirm, tiles_cap=tiles_cap,
+                      spin_limit=spin_limit)
+        pr.data = data      # keeps the buffers alive with the ranks
+        ranks.append(pr)
+    return ranks
+
+
 def make_partials(world: int, rows: int, hidden: int, seed: int, dtype: torch.dtype = torch.bfloat16,
                   device: torch.device | str = "cpu") -> torch.Tensor:
     """[world, rows, hidden] random partials, the same on every process for the same arguments.
@@ -85,7 +114,7 @@ def scaled_partial_epilogue_kernel(x_ptr, out_ptr, data_ptrs, ctrl_ptrs, epoch_p
     cols = tile * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = (rows[:, None] < M) & (cols[None, :] < H)
     offs = rows[:, None] * H + cols[None, :]
-    tag = (epoch << 20) | tile.to(tl.int64)
+    tag = orx.flag_tag(epoch, M, tile)
     if PHASE & 1:
         x = tl.load(x_ptr + rank * M * H + offs, mask=mask).to(tl.float32)
         part = orx.round_to(x * (scale * (rank + 1)), tl.bfloat16)
@@ -98,7 +127,7 @@ def scaled_partial_epilogue_kernel(x_ptr, out_ptr, data_ptrs, ctrl_ptrs, epoch_p
             my_ctrl + 16 + parity * WORLD * max_tiles + tile, tag, max_tiles, my_ctrl, epoch,
             tl.zeros([], tl.int32), tl.zeros([], tl.int64), deadline_ns, spin_limit, WORLD, 256, "gpu",
             USE_ASM, True, 8)
-        orx.abort_peers(ctrl_ptrs, epoch, 0, rank, missing, state == 1, WORLD, WORLD_P2, "gpu")
+        orx.abort_peers(ctrl_ptrs, epoch, 0, rank, missing, state, WORLD, WORLD_P2, "gpu")
         tl.debug_barrier()
         acc = orx.ordered_sum_tile(my_data, offs, mask, parity, slot_elems, WORLD, tl.bfloat16)
         tl.store(out_ptr + rank * M * H + offs, orx.round_to(acc, tl.bfloat16), mask=mask & (state == 0))

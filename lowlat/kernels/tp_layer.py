@@ -12,8 +12,8 @@ Two kernels per reduction, each a grid over ALL emulated ranks (rank = a program
 
 1. `partial_gemv_push`: program (column tile, rank r) computes its [M, BN] tile of a_r W_r^T and,
    in its epilogue, pushes the bf16 tile into slot [parity][r] of every rank's receive buffer
-   (`lowlat.comm.ordered_reduce.push_to_peers`) and publishes the tag `epoch << 20 | tile` into
-   every rank's flag [parity][r][tile] (`publish`). It never waits.
+   (`lowlat.comm.ordered_reduce.push_to_peers`) and publishes the tag `flag_tag(epoch, M, tile)`
+   into every rank's flag [parity][r][tile] (`publish`). It never waits.
 2. `reduce_residual_norm`: program (row block, rank r) walks the column tiles in order; per tile it
    waits for the N flags of that tile (`wait_flags`: acquire loads, deadline on `%globaltimer`, abort
    word), sums the slots in rank order in fp32 (`ordered_sum_tile`), rounds, adds the residual, stores
@@ -87,8 +87,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lowlat.comm.fault import FaultKind
-from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, interpreting, ordered_sum_tile,
-                                        publish, push_to_peers, round_to, wait_flags)
+from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, flag_tag, interpreting,
+                                        ordered_sum_tile, publish, push_to_peers, round_to, wait_flags)
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import require_runnable
 from lowlat.kernels._gemv import mma, pdl_available, rstd_of
@@ -147,9 +147,9 @@ def _partial_gemv_push_kernel(
         active = rank != fault_rank
     if FAULT == 3:      # exits mid-step: only its first half of tiles runs
         active = (rank != fault_rank) | (tile < tl.num_programs(0) // 2)
-    tag = (epoch << 20) | tile.to(tl.int64)
+    tag = flag_tag(epoch, M, tile)
     if FAULT == 4:      # publishes the previous epoch's tag
-        tag = tl.where(rank == fault_rank, ((epoch - 1) << 20) | tile.to(tl.int64), tag)
+        tag = tl.where(rank == fault_rank, flag_tag(epoch - 1, M, tile), tag)
     offs = rm[None, :] * N + rn[:, None]          # [row][col] inside a slot of [max_rows][H]
     push_to_peers(part, offs, nmask[:, None] & mmask[None, :] & active, data_ptrs, rank, parity, slot_elems,
                   WORLD, tl.bfloat16)
@@ -190,12 +190,12 @@ def _reduce_residual_norm_kernel(
     deadline_at = tl.zeros([], dtype=tl.int64)
     ss = tl.zeros((BM,), dtype=tl.float32)
     for t in range(N_TILES):
-        tag = (epoch << 20) | t
+        tag = flag_tag(epoch, M, t)
         flag_base = my_ctrl + 16 + parity * WORLD * max_tiles + t
         state, deadline_at, missing = wait_flags(
             flag_base, tag, max_tiles, my_ctrl, epoch, state, deadline_at, deadline_ns, spin_limit,
             WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
-        abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state == 1, WORLD, WORLD_P2, SCOPE)
+        abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state, WORLD, WORLD_P2, SCOPE)
         tl.debug_barrier()
         cols = t * BN + tl.arange(0, BN)
         mask = mmask[:, None] & (cols < N)[None, :]
@@ -260,7 +260,7 @@ def partial_gemv_push(bufs: ReduceBuffers, a: torch.Tensor, w: torch.Tensor, *, 
                `reduce_residual_norm(use_pdl=True)` launched next overlaps this GEMV (sm_90; off under
                the interpreter and on older GPUs: `pdl_enabled`)
     Effect: slot [epoch % 2][r] of every rank's receive buffer holds bf16(a[r] W[r]^T) [M, H], and
-    flag [epoch % 2][r][tile] of every rank holds `epoch << 20 | tile`. Returns the number of tiles.
+    flag [epoch % 2][r][tile] of every rank holds `flag_tag(epoch, M, tile)`. Returns the number of tiles.
     Raises StepContractError (shapes, dtypes, devices, M), UnsupportedConfigError (fault kind).
     """
     require_runnable("a", a); require_runnable("w", w)

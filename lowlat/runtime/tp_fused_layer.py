@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from lowlat.comm.deadline import MAX_EPOCH, timeout_from_word
+from lowlat.comm.deadline import MAX_EPOCH, error_from_word
 from lowlat.comm.emulated import EmulatedGroup
 from lowlat.comm.fault import Fault
 from lowlat.config import ModelConfig
@@ -242,7 +242,7 @@ class TPFusedLayer:
         """Per rank: the `CollectiveTimeout` it raises for the layer whose first collective had epoch
         `first_epoch`, or None (reads the abort words: a device sync)."""
         words = self.group.ctrl[:, 0].tolist()
-        return [timeout_from_word(r, w, first_epoch, self.group.deadline.seconds, self.group.stage_names)
+        return [error_from_word(r, w, first_epoch, self.group.deadline.seconds, self.group.stage_names)
                 for r, w in enumerate(words)]
 
     def check(self, first_epoch: int) -> None:

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from lowlat.comm.deadline import (Deadline, deadline_from_watchdog, pack_abort, timeout_from_word,
+from lowlat.comm.deadline import (Deadline, deadline_from_watchdog, pack_abort, error_from_word,
                                   unpack_abort)
 from lowlat.comm.emulated import EmulatedGroup
 from lowlat.comm.fault import EXIT_CODE, Fault, FaultKind
@@ -62,11 +62,11 @@ def test_deadline_follows_sglang_rule_and_refuses_short_serving_deadlines():
 def test_abort_word_names_epoch_stage_origin_and_missing_peer():
     w = pack_abort(7, 3 | 1 << 15, 2, 5)
     assert unpack_abort(w) == (7, 3 | 1 << 15, 2, 5)
-    err = timeout_from_word(1, w, 7, 0.5, {3: "ffn"})
+    err = error_from_word(1, w, 7, 0.5, {3: "ffn"})
     assert (err.rank, err.step, err.stage, err.missing_peer, err.deadline_s) == (1, 7, "ffn (confirm)", 5, 0.5)
-    assert timeout_from_word(1, w, 8, 0.5) is None, "a word from an earlier step must not abort a later one"
-    assert timeout_from_word(1, w, 6, 0.5) is not None, "a lagging rank must abort when peers gave up later"
-    assert timeout_from_word(0, 0, 1, 0.5) is None
+    assert error_from_word(1, w, 8, 0.5) is None, "a word from an earlier step must not abort a later one"
+    assert error_from_word(1, w, 6, 0.5) is not None, "a lagging rank must abort when peers gave up later"
+    assert error_from_word(0, 0, 1, 0.5) is None
     with pytest.raises(ValueError, match="epoch=0"):
         pack_abort(0, 0, 0, 0)
 
