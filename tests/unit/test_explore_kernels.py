@@ -545,7 +545,8 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     from _common import landed_release_source
     from explore37 import capped_source
     from explore44 import qk_norm_source
-    from explore46 import BRANCH, EXCHANGE, NORM_LOAD, R2, ROPE_AFTER, ROPE_PRE, ROPE_SEL, SYNC, edited
+    from explore46 import (BRANCH, EXCHANGE, NORM_LOAD, NORM_USE, R2, ROPE_AFTER, ROPE_PRE, ROPE_SEL, SYNC, edited,
+                           variant_sources)
     from sampling_stats import compile_sm90
 
     from lowlat.kernels import attn_prologue_held as aph
@@ -556,7 +557,12 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     assert "_cluster_sync" not in edited(qk, SYNC, "").split("def _held_prologue_kernel(")[1]
     assert "xs_ptr +" not in edited(qk, EXCHANGE, "").split("def _held_prologue_kernel(")[1]
     assert "cos0" not in edited(edited(qk, ROPE_PRE, ""), ROPE_SEL, ROPE_AFTER)
-    assert all(qk.count(line) == 1 for line in (NORM_LOAD, BRANCH, R2))          # explore46's other edits
+    assert all(qk.count(line) == 1 for line in (NORM_LOAD, BRANCH, R2, NORM_USE))          # explore46's other edits
+    variants = variant_sources(src)                    # every variant's edits apply (each asserted to match once)
+    for v in ("nosum_smem", "qk_smem", "qk_smem_rope_late", "nosum_cpasync", "qk_cpasync"):
+        body = variants[v][0].split("def _held_prologue_kernel(")[1]
+        assert "nlo_s.store(" in body or "async_copy_global_to_shared(nlo_s" in body, v
+        assert "nlo =" not in body and "nlo_s.load(" in body, v
     landed = landed_release_source(capped_source(src, 168))
     (tmp_path / "aph_landed_test.py").write_text(landed)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -573,6 +579,32 @@ def test_held_prologue_explore_edits_apply_and_the_landed_release_precedes_the_w
     assert head.count("ld.global.v4") == 2 * held * 2 // 16                  # the weights and g, 16 bytes a load
     assert head.count("griddepcontrol.launch_dependents") == held       # one a weight element, predicated
     assert tail.count("griddepcontrol.launch_dependents") == 1 and info["spill_bytes"] == 0, info["spill_bytes"]
+
+
+def test_explore46_smem_norm_weights_stored_before_the_wait_and_read_after_the_barrier(monkeypatch, tmp_path):
+    """explore46's qk_smem (session 33: Qwen3-30B-A3B's held prologue with QK-norm, its norm weights staged in shared
+    memory), compiled for sm_90 on the CPU as `Launch` launches it at 1 row (`explore46.sm90_spec`): the four
+    norm-weight loads and their two shared-memory stores come before the PDL wait, no global norm-weight load after
+    it, and both shared-memory reads come after the block loop's first bar.sync (which orders every thread's stores
+    before them). The kernel cannot run on the CPU (Gluon has no interpreter path); the device run checks its values
+    (`explore44.accuracy_verdict`)."""
+    monkeypatch.syspath_prepend(str(BENCH / "explore"))
+    from explore37 import capped_source
+    from explore46 import sm90_spec, variant_sources
+    from sampling_stats import compile_sm90
+
+    from lowlat.kernels import attn_prologue_held as aph
+
+    src, clustered, qk = variant_sources(open(aph.__file__).read())["qk_smem"]
+    assert clustered and qk
+    (tmp_path / "aph_qk_smem_test.py").write_text(capped_source(src, 168))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    info, = compile_sm90("aph_qk_smem_test:_held_prologue_kernel", [sm90_spec(1, True)])
+    head, _, tail = info["ptx"].partition("griddepcontrol.wait")
+    assert head.count("ld.global.b16") == 4 and head.count("st.shared.b16") == 2, "the norm weights staged"
+    assert "ld.shared" not in head and "ld.global.b16" not in tail
+    barrier = tail.index("bar.sync")
+    assert "ld.shared.b16" not in tail[:barrier] and tail[barrier:].count("ld.shared.b16") == 2
 
 
 @pytest.mark.parametrize("m", [5, 20, 40])

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Session 33's first call (one GPU, 600 s; this script ends by ~555 s): (a) test_draft_sampling.py's probs tests on
+# the GPU (`test_probs_out_is_checked_before_any_write` failed in session 32 call 3 on a CPU tensor; it takes the
+# `device` fixture now); (a2) tests/multi_gpu + tests/fault whole on the GPU: session 33 changed the all-reduce kernel,
+# the TP layer's tags and abort words (a flag's tag carries the call's rows; a peer's other rows or its refusal end the
+# wait with StepContractError: tests/multi_gpu/test_peer_rank_agreement.py, whose streams test runs only on a GPU);
+# (b) explore46 at 1 / 6 rows: the QK-norm weights staged in shared memory before the PDL wait
+# and read after the mma (nosum_smem; qk_smem and qk_smem_rope_late, the exchange form, checked against the float64
+# reference) beside plain / qk_own_nosum / nosum_const / qk_cluster; (c) session30b.sh trimmed: the route / plan
+# kernel's top-k on int32 keys (bench/explore/plan_keys32.py) against production in the step, A B A at 1 / 6 / 48
+# rows, then test_moe.py on the GPU with the int32 keys (kernels/moe.py restored at the end); (d) if time is left,
+# explore46's cp.async form (nosum_cpasync, qk_cpasync), last: a new kernel form that must not cost (a)-(c).
+# Seconds from session 29 / 32's logs (bench/results/session29, session32: all.log): start ~5; (a) <= 90 (4 tests;
+# the whole file took 92 s of pytest in session 32 call 3); (b) ~25-40 (6 variants 10 s in session 32 call 2, 5 with
+# 3 clustered and checked 17 s in session 29 call 2); (a2) <= 150 (not timed before as one run); (c) ~20-37 a
+# route / plan bench run (session 29 calls 2-3), x 3, test_moe.py ~50-65 (47 s of pytest in session 29 call 5);
+# (d) ~15-25. Each part's timeout is cut to what is left before END.
+cd "$(dirname "$0")/../.."
+source bench/device/common.sh
+exec > >(tee "$OUT/all.log") 2>&1
+END=555
+# cap LIMIT: LIMIT seconds or what is left before END, whichever is less (at least 1)
+cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+cp lowlat/kernels/moe.py /tmp/moe.py.tree
+trap 'cp /tmp/moe.py.tree lowlat/kernels/moe.py' EXIT
+
+echo "== (a) test_draft_sampling.py -k probs (${SECONDS}s)"
+timeout "$(cap 90)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 -rf tests/unit/test_draft_sampling.py \
+  -k probs > "$OUT/draft_probs.log" 2>&1; echo "pytest rc $?"
+grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/draft_probs.log" | cut -c1-300 | tail -8
+
+echo "== (a2) tests/multi_gpu + tests/fault whole (${SECONDS}s)"
+timeout "$(cap 150)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 120 -rf tests/multi_gpu tests/fault \
+  > "$OUT/comm_tests.log" 2>&1; echo "pytest rc $?"
+grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/comm_tests.log" | cut -c1-300 | tail -12
+
+echo "== (b) explore46 (${SECONDS}s)"
+timeout "$(cap 200)" python3 bench/explore/explore46.py --rows 1,6 \
+  --variants plain,qk_own_nosum,nosum_const,nosum_smem,qk_cluster,qk_smem,qk_smem_rope_late \
+  --out "$OUT/e46.json" 2>&1 | grep -v -i warn | tail -6; echo "explore46 rc $?"
+
+for form in production keys32 production; do
+  (( SECONDS > 380 )) && { echo "skip route/plan $form: ${SECONDS}s used"; continue; }
+  cp /tmp/moe.py.tree lowlat/kernels/moe.py
+  [ $form = keys32 ] && python3 bench/explore/plan_keys32.py lowlat/kernels/moe.py
+  echo "== (c) route/plan $form (${SECONDS}s)"
+  timeout "$(cap 80)" python3 -m lowlat.bench --sections moe,profile --models "" --rows 1,6,48 --budget-s 60 \
+    --out "$OUT/plan_$form.json" > /tmp/plan.log 2>&1; echo "bench rc $?"
+  python3 bench/explore/plan_profile.py "$OUT/plan_$form.json"
+done
+cp /tmp/moe.py.tree lowlat/kernels/moe.py
+python3 bench/explore/plan_keys32.py lowlat/kernels/moe.py
+echo "== (c) test_moe.py with int32 keys (${SECONDS}s)"
+timeout "$(cap 150)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 120 -rf tests/unit/test_moe.py \
+  > "$OUT/moe-tests-keys32.log" 2>&1; echo "pytest rc $?"
+grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/moe-tests-keys32.log" | cut -c1-300 | tail -12
+cp /tmp/moe.py.tree lowlat/kernels/moe.py
+
+if (( SECONDS < 500 )); then
+  echo "== (d) explore46 cp.async (${SECONDS}s)"
+  timeout "$(cap 90)" python3 bench/explore/explore46.py --rows 1,6 --variants plain,nosum_cpasync,qk_cpasync \
+    --out "$OUT/e46_cpasync.json" 2>&1 | grep -v -i warn | tail -6; echo "explore46 rc $?"
+else
+  echo "skip (d): ${SECONDS}s used"
+fi
+echo "done at ${SECONDS}s"
