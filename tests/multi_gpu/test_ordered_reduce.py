@@ -305,4 +305,19 @@ def _nccl_wrap(rank: int, world: int) -> list[str]:
         res = g.all_reduce(parts[rank].cuda())
         assert_bits_equal("ordered_all_reduce", res.cpu(), reference(parts))
         out.append(digest(res))
+    # the last rank refuses its call (wrong dtype), then rank 0 passes other rows: every rank raises
+    # StepContractError for each of those steps (the refusing rank its own error first), none waits for the
+    # deadline, and the next step is aligned (session 33; not yet run on 2 GPUs)
+    parts = make_partials(world, 16, 4096, seed=9)
+    mine = parts[rank].cuda()
+    with pytest.raises(StepContractError) as ei:
+        g.all_reduce(mine.float() if rank == world - 1 else mine)
+    if rank != world - 1:
+        assert ei.value.field == "rows" and ei.value.peer == world - 1 and ei.value.value[world - 1] == 0
+    with pytest.raises(StepContractError, match="different rows") as ei:
+        g.all_reduce(mine[:8] if rank == 0 else mine)
+    assert ei.value.value == {r: 8 if r == 0 else 16 for r in range(world)}
+    res = g.all_reduce(mine)
+    assert_bits_equal("ordered_all_reduce", res.cpu(), reference(parts))
+    out.append(digest(res))
     return out
