@@ -142,32 +142,51 @@ def step_error(rank: int, step: int, field: str, value: Any, peer: int, msg: str
     return err
 
 
+def _contract_cause(origin: int, missing: int, label: str, rows: dict[int, int | None] | None) -> tuple[str, int, str]:
+    """(field, peer, why) of a contract abort: the refused calls (rows 0) first, else the ranks whose rows
+    differ from the most common rows (ties: the lower rows value); without the rows, the word's ranks."""
+    if rows is None:
+        return "rows", missing, (f"rank {origin} found rank {missing}'s flag of {label!r} carrying other rows than "
+                                 f"its own (rows 0: rank {missing} refused its call)")
+    refused = [r for r, m in sorted(rows.items()) if m == 0]
+    seen = [m for m in rows.values() if m]
+    table = f"rows by rank {rows} (0: refused, None: its flag not seen)"
+    if refused:
+        who = f"rank {refused[0]}" if len(refused) == 1 else f"ranks {refused}"
+        mixed = "; the others' rows differ too" if len(set(seen)) > 1 else ""
+        why = f"{who} refused the call of {label!r} (see the error raised there){mixed}: {table}"
+        return "partial", refused[0], why
+    common = max(sorted(set(seen)), key=seen.count) if seen else None
+    odd = [r for r, m in sorted(rows.items()) if m is not None and m != common]
+    peer = odd[0] if odd else missing
+    return "rows", peer, f"the ranks passed different rows M to the same call of {label!r}: {table}"
+
+
 def error_from_word(rank: int, word: int, epoch: int, deadline_s: float, names: dict[int, str] | None = None,
-                    rows_by_rank: dict[int, int | None] | None = None) -> LowlatError | None:
+                    rows_by_rank: dict[int, int | None] | None = None, *,
+                    completed: bool | None = None) -> LowlatError | None:
     """The error rank `rank` must raise for step `epoch`, or None when its abort word is older than that
-    step (no abort, or one left by an earlier step). A word of a LATER epoch also aborts: peers already
-    gave up on a later step, so this lagging rank cannot complete.
+    step (no abort, or one left by an earlier step). A word of a LATER epoch also aborts (peers already
+    gave up on a later step, so a lagging rank's step may not have completed), unless `completed` is
+    True: the caller knows its own programs of step `epoch` completed (`PeerRank.status`, whose host may
+    read the word after a peer already aborted a later step).
 
     A timeout word gives `CollectiveTimeout` (attribute origin_rank: the rank that timed out); a
-    contract word (CONTRACT_STAGE_BIT) gives `StepContractError` (field "rows", value `rows_by_rank`
-    when the caller could read it: each rank's rows as its flags of the step carry them, 0 for a call
-    refused on that rank, None for a flag not seen; peer: the rank whose flag broke it)."""
+    contract word (CONTRACT_STAGE_BIT) gives `StepContractError` with field "partial" (a rank refused its
+    call: rows 0) or "rows" (the ranks' M differ), value `rows_by_rank` when the caller could read it
+    (each rank's rows as its flags of the word's step carry them, 0 for a refused call, None for a flag
+    not seen: ranks reading at different times can see different Nones), peer: the refusing rank, else the
+    lowest rank whose rows differ from the most common."""
     w_epoch, stage, origin, missing = unpack_abort(int(word))
-    if w_epoch < epoch or w_epoch == 0:
+    if w_epoch < epoch or w_epoch == 0 or (w_epoch > epoch and completed):
         return None
+    # named only for a caller that asked about its own step (the TP layer's first_epoch spans its collectives)
+    later = f" (aborted with step {w_epoch}, a later step)" if w_epoch > epoch and completed is False else ""
     if stage & CONTRACT_STAGE_BIT:
-        label = stage_label(stage, names)
-        if rows_by_rank is not None and rows_by_rank.get(missing) == 0:
-            why = f"rank {missing} refused its call of {label!r} (see the error it raised)"
-        elif rows_by_rank is not None:
-            why = (f"the ranks passed different rows M to the same call of {label!r}: rows by rank {rows_by_rank} "
-                   "(0: refused, None: its flag not seen)")
-        else:
-            why = (f"rank {origin} found rank {missing}'s flag of {label!r} carrying other rows than its own "
-                   f"(rows 0: rank {missing} refused its call)")
-        err: LowlatError = step_error(rank, epoch, "rows", rows_by_rank, missing,
-                                      f"{why}; the step is aborted on every rank")
+        field, peer, why = _contract_cause(origin, missing, stage_label(stage, names), rows_by_rank)
+        err: LowlatError = step_error(rank, epoch, field, rows_by_rank, peer,
+                                      f"{why}; the step is aborted on every rank{later}")
     else:
-        err = CollectiveTimeout(rank, epoch, stage_label(stage, names), missing, deadline_s)
+        err = CollectiveTimeout(rank, epoch, stage_label(stage, names) + later, missing, deadline_s)
     err.origin_rank = origin
     return err

@@ -2,26 +2,27 @@
 semantics of lowlat/comm/ordered_reduce.py, run by real processes on the CPU, so CI tests the
 protocol with separate processes, crashes included.
 
-Processes form a `torch.distributed` gloo group over a TCPStore on 127.0.0.1 (loopback only);
-the gloo group carries set-up and rank agreement, and the data path is a shared-memory file that
-every rank maps (the stand-in for peer memory): per rank a receive buffer [2][N][max_rows][H], a
-control block laid out exactly as on the GPU (flags [2][N][T] and done flags tagged
-`epoch << 32 | rows << 20 | tile`, rows 0 for a refused call, abort word at 0) and, host only, a
-step descriptor per [parity][src] (rows M, or REFUSED, and the caller's step id, or -1). A rank copies each tile of its partial into
-slot [parity][rank] of every rank, writes its descriptor into every rank, then stores the tag into
-every rank's flag; each rank polls its own flags (one at a time, backing off with short sleeps),
-checks every rank's descriptor against rank 0's once all tile-0 flags are in (a mismatch raises
-`StepContractError` on every rank, no wait), and sums slots in rank order 0..N-1 in fp32.
-Ordering relies on x86-64's total store order (data stores land before the flag store; loads are
-not reordered with loads); on weaker machines this module would need fences.
+Processes form a `torch.distributed` gloo group over a TCPStore on 127.0.0.1 (loopback only); the
+gloo group carries set-up and rank agreement, and the data path is a shared-memory file that every
+rank maps (the stand-in for peer memory): per rank a receive buffer [2][N][max_rows][H], a control
+block laid out exactly as on the GPU (flags [2][N][T] and done flags tagged
+`epoch << 32 | rows << 20 | tile`, rows 0 for a refused call, abort word at 0) and, host only, a step descriptor per
+[parity][src] (rows M, or REFUSED, and the caller's step id, or -1). A rank copies each tile of its
+partial into slot [parity][rank] of every rank, writes its descriptor into every rank, then stores
+the tag into every rank's flag; each rank polls its own flags (one at a time, backing off with short
+sleeps), checks every rank's descriptor against rank 0's once all tile-0 flags are in (a mismatch
+raises `StepContractError` on every rank, no wait), and sums slots in rank order 0..N-1 in fp32.
+Ordering relies on x86-64's total store order (data stores land before the flag store; loads are not
+reordered with loads); on weaker machines this module would need fences.
 
 Step alignment: the epoch is a per-rank call counter, so every rank must make the same sequence of
 calls. A call refused on one rank (bad partial, bad stage) still consumes its step there: it
 publishes a REFUSED descriptor, so every rank raises `StepContractError` for that step and the ranks
-stay aligned. A rank that makes an extra call (or skips one) shifts its epochs for good; pass
-`step_id` (the caller's own step number, the same on every rank) to have that detected (a typed
-error on every rank, every later step too); without it the results are silently wrong. Either way a
-misaligned group must be rebuilt.
+stay aligned; before raising, the refusing rank waits (to the deadline) for every peer's flag of the
+step, so its next call cannot overwrite a slot or descriptor a peer still reads. A rank that makes
+an extra call (or skips one) shifts its epochs for good; pass `step_id` (the caller's own step
+number, the same on every rank) to have that detected (a typed error on every rank, every later step
+too); without it the results are silently wrong. Either way a misaligned group must be rebuilt.
 
 Deadline: `time.monotonic_ns()` from a rank's first miss; on expiry the rank writes the abort word
 into every rank's control block and raises `CollectiveTimeout`; a rank polling sees this epoch's
@@ -176,9 +177,11 @@ class HostGroup:
             if unpack_abort(int(self.ctrl[p, 0]))[0] < epoch:   # keep the first cause
                 self.ctrl[p, 0] = word
 
-    def _wait(self, idx: int, tag: int, epoch: int, stage: int, src: int, clock: list) -> None:
+    def _wait(self, idx: int, tag: int, epoch: int, stage: int, src: int, clock: list, *,
+              read_abort: bool = True) -> None:
         """Poll own flag `idx` until it holds `tag` up to its rows field (the step descriptors, checked
-        after tile 0, name a call of other rows or a refused one); deadline from the first miss (clock[0])."""
+        after tile 0, name a call of other rows or a refused one); deadline from the first miss (clock[0]).
+        read_abort False (a refused call's wait): an abort word of this step does not end it."""
         polls = 0
         not_rows = ~(MAX_TAG_ROWS << ROWS_SHIFT)
         while (int(self.ctrl[self.rank, idx]) ^ tag) & not_rows:
@@ -186,7 +189,7 @@ class HostGroup:
             if clock[0] is None:
                 clock[0] = now + self.deadline.ns
             err = error_from_word(self.rank, int(self.ctrl[self.rank, 0]), epoch, self.deadline.seconds,
-                                  self.stage_names)
+                                  self.stage_names) if read_abort else None
             if err is not None:
                 raise err
             if now > clock[0]:
@@ -201,13 +204,23 @@ class HostGroup:
 
     def _publish_refusal(self, epoch: int, step_id: int) -> None:
         """A refused call still takes part in its step: REFUSED descriptor + every tile's flag (no
-        data), so every peer raises `StepContractError` for this step at once instead of timing out."""
+        data), so every peer raises `StepContractError` for this step at once instead of timing out;
+        then it waits for every peer's tile-0 flag of the step (a peer pushes it only after its previous
+        call returned), so this rank's next call cannot overwrite what a peer still reads (on a deadline
+        miss it writes the abort word and returns: the caller raises its refusal)."""
         par, r = epoch % 2, self.rank
         for p in range(self.world):
             self.desc[p, par, r] = (REFUSED, step_id)
         for t in range(self.n_tiles):
             for p in range(self.world):
                 self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t, 0)
+        clock: list = [None]
+        try:
+            for src in range(self.world):
+                self._wait(self._flag(r, par, src, 0)[1], make_tag(epoch, 0, 0), epoch, 0, src, clock,
+                           read_abort=False)
+        except CollectiveTimeout:
+            pass
 
     def _check_descriptors(self, epoch: int, m: int, step_id: int) -> None:
         """Every rank's descriptor of this step against rank 0's (call once all tile-0 flags are in):

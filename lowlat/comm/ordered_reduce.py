@@ -43,7 +43,8 @@ Under the Triton CPU interpreter (no inline asm, programs run one after another)
 volatile loads, the deadline counts spin iterations (`spin_limit`) instead of ns, and the launcher
 runs push, sum and confirm as separate launches so no program waits for one not yet run.
 
-Control block of each rank (int64): [abort word, 15 pad | flags [2][N][T] | done [2][N][T]].
+Control block of each rank (int64): [abort word, failed epoch, 14 pad | flags [2][N][T] | done [2][N][T]]
+(failed epoch: the last step in which one of the rank's own programs did not complete).
 Receive buffer of each rank: [2 parity][N src][max_rows][H] in the partials' dtype.
 """
 
@@ -58,9 +59,12 @@ import triton.language as tl
 from lowlat.comm.deadline import CONTRACT_STAGE_BIT, MAX_RANKS, MAX_STAGE
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._attn_common import interpreting, require_runnable
+from lowlat.kernels._attn_common import interpreting, overlap, require_runnable
+from lowlat.kernels._gemv import check_rows_apart, refuse_aliasing
 
 CTRL_HEADER = 16
+#: int64 word 1 of a control block: the last epoch in which one of the rank's own programs did not complete
+FAILED_WORD = 1
 #: flag tag = epoch << EPOCH_SHIFT | rows << ROWS_SHIFT | done << 19 | tile (`make_tag` / `flag_tag`)
 EPOCH_SHIFT = 32
 ROWS_SHIFT = 20
@@ -139,13 +143,19 @@ def flag_tag(epoch, rows, tile):
 
 
 @triton.jit
-def _flag_misses(v, tag, src, WORLD: tl.constexpr):
+def _flag_misses(v, tag, src, WORLD: tl.constexpr, ANY_ROWS: tl.constexpr):
     """(lowest src whose flag v is not `tag`, lowest src whose flag is `tag` but for its rows field:
-    the same step and tile from a call of other rows); WORLD where none."""
+    the same step and tile from a call of other rows); WORLD where none. ANY_ROWS: the rows field is
+    not compared (a flag of the step and tile from a call of any rows has arrived; no second value)."""
     diff = v ^ tag
-    missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
-    other = (diff != 0) & ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)
-    return missing, tl.min(tl.where(other, src, WORLD), axis=0)
+    same_step = ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)       # epoch, done bit and tile
+    if ANY_ROWS:
+        missing = tl.min(tl.where(same_step, WORLD, src), axis=0)
+        other = missing * 0 + WORLD
+    else:
+        missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
+        other = tl.min(tl.where((diff != 0) & same_step, src, WORLD), axis=0)
+    return missing, other
 
 
 @triton.jit
@@ -201,7 +211,7 @@ def publish(ctrl_ptrs, rank, tile, tag, parity, max_tiles, enabled, DONE: tl.con
 @triton.jit
 def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at, deadline_ns, spin_limit,
                WORLD: tl.constexpr, POLL: tl.constexpr, SCOPE: tl.constexpr, USE_ASM: tl.constexpr,
-               USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr):
+               USE_DEADLINE: tl.constexpr, ABORT_EVERY: tl.constexpr, REFUSAL: tl.constexpr = False):
     """Spin until flags flag_base[src * stride_src], src = 0..WORLD-1, all equal `tag` (`flag_tag`).
 
     Each of the block's POLL threads (POLL = 32 * num_warps) polls one address (src = thread %
@@ -212,6 +222,11 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     wait.
     A flag of the same step and tile with another rows field ends the wait: state CONTRACT 4 (the
     ranks' calls disagree on M, or the peer refused its call: rows 0).
+    REFUSAL (a call refused on its host, `publish_refusal`): flags of the step and tile from calls of
+    any rows are awaited and abort words are not read, so the refusing rank's next call cannot start
+    before every peer has pushed this step, i.e. finished reading the step before it (the k+2 guard of
+    the module docstring; a peer's abort of this step does not lift it); only the deadline ends it
+    early.
     Returns (state, deadline_at, missing): state ARRIVED 0 / TIMED_OUT 1 / ABORTED 2 / CONTRACT 4 (a
     state already non-zero on entry is kept and nothing is waited for); missing = lowest src not
     arrived (WORLD when all arrived), for CONTRACT the lowest src whose flag carried other rows."""
@@ -219,7 +234,7 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     src = lanes % WORLD
     ptrs = flag_base + src * stride_src
     v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-    missing, other = _flag_misses(v, tag, src, WORLD)
+    missing, other = _flag_misses(v, tag, src, WORLD, REFUSAL)
     state = tl.where((other < WORLD) & (state == 0), 4, state)
     spins = 0
     while (missing < WORLD) & (state == 0):
@@ -231,11 +246,12 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
                 state = tl.where(now > deadline_at, 1, state)
             else:
                 state = tl.where(spins > spin_limit, 1, state)
-        if spins % ABORT_EVERY == 0:
-            a = tl.max(_ld_acquire(abort_ptr + 0 * lanes, SCOPE, USE_ASM), axis=0)
-            state = tl.where((a >> 32) >= epoch, 2, state)
+        if not REFUSAL:
+            if spins % ABORT_EVERY == 0:
+                a = tl.max(_ld_acquire(abort_ptr + 0 * lanes, SCOPE, USE_ASM), axis=0)
+                state = tl.where((a >> 32) >= epoch, 2, state)
         v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-        missing, other = _flag_misses(v, tag, src, WORLD)
+        missing, other = _flag_misses(v, tag, src, WORLD, REFUSAL)
         state = tl.where((other < WORLD) & (state == 0), 4, state)
     # a flag that arrived while the deadline expired wins
     state = tl.where((missing >= WORLD) & (state == 1), 0, state)
@@ -298,9 +314,14 @@ def _ordered_all_reduce_kernel(
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, POLL: tl.constexpr, CHUNK: tl.constexpr,
         N_CHUNKS: tl.constexpr, RUNTIME_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, PHASES: tl.constexpr,
         SCOPE: tl.constexpr, USE_ASM: tl.constexpr, USE_DEADLINE: tl.constexpr, HAS_DELAY: tl.constexpr,
-        FAULT: tl.constexpr, ABORT_EVERY: tl.constexpr):
+        FAULT: tl.constexpr, ABORT_EVERY: tl.constexpr, REFUSAL: tl.constexpr):
     """One program = one (tile of BLOCK_H columns x all M rows, rank) pair; program_id(1) selects the
     rank rank_base + program_id(1) and its partial inp[program_id(1)] (stride_ir 0 for one rank).
+    REFUSAL (M = 0, `publish_refusal`): push no data, publish rows-0 flags, wait for every peer's flag
+    of the step (any rows; `wait_flags`), no sum, no confirm round.
+    A program that does not complete its sum (or confirm round) records the epoch in its rank's
+    control block word 1 (`FAILED_WORD`, atomic max), so the host can tell its own step's outcome
+    from an abort of a later step (`PeerRank.status`).
     Rows are handled CHUNK at a time: a runtime loop on the GPU (RUNTIME_ROWS, so one compiled kernel
     serves every M), N_CHUNKS unrolled chunks under the interpreter (which cannot loop to a runtime
     bound)."""
@@ -355,7 +376,7 @@ def _ordered_all_reduce_kernel(
         flag_base = my_ctrl + 16 + parity * WORLD * max_tiles + tile
         state, deadline_at, missing = wait_flags(
             flag_base, tag, max_tiles, abort_ptr, epoch, state, deadline_at, deadline_ns, spin_limit,
-            WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
+            WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY, REFUSAL)
         abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state, WORLD, WORLD_P2, SCOPE)
         tl.debug_barrier()
         if RUNTIME_ROWS:
@@ -380,6 +401,10 @@ def _ordered_all_reduce_kernel(
             done_base, tag | (1 << 19), max_tiles, abort_ptr, epoch, state, deadline_at, deadline_ns,
             spin_limit, WORLD, POLL, SCOPE, USE_ASM, USE_DEADLINE, ABORT_EVERY)
         abort_peers(ctrl_ptrs, epoch, stage | (1 << 15), rank, missing, state, WORLD, WORLD_P2, SCOPE)
+
+    if PHASES & 10:
+        if (state == 1) | (state == 2) | (state == 4):     # this program's step did not complete
+            tl.atomic_max(my_ctrl + 1, epoch, sem="relaxed", scope=SCOPE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -480,6 +505,14 @@ def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks:
             raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         require_runnable(name, t)
     m = check_partials(bufs, inp, out, ranks)
+    # a program writes its tile of out after pushing its tile of inp: out may be inp itself, no other overlap
+    refuse_aliasing({"out": out}, {"inp": inp}, "a tile's output would overwrite input a later tile still pushes",
+                    in_place={"out": ("inp",)})
+    for r in range(ranks):
+        check_rows_apart("out", out[r])
+        if any(overlap(out[r], out[q]) for q in range(r)):
+            raise StepContractError(f"out[{r}] overlaps another rank's out: every rank's output needs memory of "
+                                    "its own")
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
         raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
     return m
@@ -504,7 +537,7 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
         N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp,
         BLOCK_H=plan.block_h, SCOPE=bufs.scope, USE_ASM=not interp, USE_DEADLINE=use_deadline,
         HAS_DELAY=has_delay, FAULT=int(fault_kind if fault_kind != FaultKind.LATE else FaultKind.NONE),
-        ABORT_EVERY=abort_every, num_warps=NUM_WARPS)
+        ABORT_EVERY=abort_every, REFUSAL=False, num_warps=NUM_WARPS)
     args = (inp, out, inp.stride(0) if ranks > 1 else 0, inp.stride(1), out.stride(0) if ranks > 1 else 0,
             out.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, bufs.delays, m, bufs.hidden,
             bufs.slot_elems, bufs.max_tiles, rank_base, stage, deadline_ns, spin_limit, fault_rank)
@@ -520,29 +553,38 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
     return plan
 
 
-def publish_refusal(bufs: ReduceBuffers, rank: int, tiles_cap: int) -> None:
+def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: int, deadline_ns: int,
+                    spin_limit: int = 64, phases: int | None = None) -> None:
     """Rank `rank`'s part of a call it refused on the host (after bumping `bufs.epoch`, as for a call it
     makes): its flags of the step, every tile, carry rows 0 and no data is pushed, so every peer's wait
     ends at once with a contract abort (`StepContractError` on every rank: `deadline.error_from_word`)
-    instead of a timeout at the deadline, and the ranks' epochs stay aligned. One launch of the
-    all-reduce kernel's push phase with M = 0."""
-    dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=bufs.data_ptrs.device)
+    instead of a timeout at the deadline; then it waits (in stream order, on the device) for every
+    peer's flag of the step, any rows, so that its next call cannot overwrite slots a peer still reads
+    (the k+2 guard), and writes a timeout abort word if one does not come within the deadline. The
+    ranks' epochs stay aligned. The all-reduce kernel with M = 0 and REFUSAL on; phases as in
+    `launch_all_reduce` (the interpreter runs push and wait as two launches). stage: 0..MAX_STAGE (the
+    timeout word's)."""
+    dev = bufs.data_ptrs.device
+    dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=dev)
     plan = plan_tiles(1, bufs.hidden, tiles_cap)
-    world = bufs.world
-    _ordered_all_reduce_kernel[(plan.n_tiles, 1)](
-        dummy, dummy, 0, dummy.stride(1), 0, dummy.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch,
-        bufs.delays, 0, bufs.hidden, bufs.slot_elems, bufs.max_tiles, rank, 0, 0, 1, 0,
-        WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=plan.chunk,
-        N_CHUNKS=plan.n_chunks if interpreting() else 0, RUNTIME_ROWS=not interpreting(), BLOCK_H=plan.block_h,
-        PHASES=PUSH, SCOPE=bufs.scope, USE_ASM=not interpreting(), USE_DEADLINE=False, HAS_DELAY=False, FAULT=0,
-        ABORT_EVERY=8, num_warps=NUM_WARPS)
-
-
+    world, interp = bufs.world, interpreting()
+    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE else 0
+    runs = [PUSH, SUM] if interp else [PUSH | SUM]
+    if phases is not None:
+        runs = [ph & phases for ph in runs if ph & phases]
+    for ph in runs:
+        _ordered_all_reduce_kernel[(plan.n_tiles, 1)](
+            dummy, dummy, 0, dummy.stride(1), 0, dummy.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch,
+            bufs.delays, 0, bufs.hidden, bufs.slot_elems, bufs.max_tiles, rank, stage, deadline_ns, spin_limit, 0,
+            WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=plan.chunk,
+            N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp, BLOCK_H=plan.block_h, PHASES=ph,
+            SCOPE=bufs.scope, USE_ASM=not interp, USE_DEADLINE=True, HAS_DELAY=False, FAULT=0, ABORT_EVERY=8,
+            REFUSAL=True, num_warps=NUM_WARPS)
 
 
 def compile_sm90(*, dtype: str = "bf16", world: int = 4, phases: int = PUSH | SUM | CONFIRM_PUBLISH | CONFIRM_WAIT,
                  scope: str = "gpu", use_deadline: bool = True, has_delay: bool = False, fault: int = 0,
-                 chunk: int = 8, block_h: int = 512):
+                 chunk: int = 8, block_h: int = 512, refusal: bool = False):
     """Compile the standalone kernel for sm_90 with Triton's bundled ptxas, no GPU needed (run with
     TRITON_INTERPRET unset). Returns Triton's compiled kernel (asm["ptx"], asm["cubin"]); used by the
     CPU tests to catch GPU-only failures (inline asm, atomics, layouts) that the interpreter skips."""
@@ -551,7 +593,7 @@ def compile_sm90(*, dtype: str = "bf16", world: int = 4, phases: int = PUSH | SU
 
     ce = dict(WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=chunk,
               N_CHUNKS=0, RUNTIME_ROWS=True, BLOCK_H=block_h, PHASES=phases, SCOPE=scope, USE_ASM=True,
-              USE_DEADLINE=use_deadline, HAS_DELAY=has_delay, FAULT=fault, ABORT_EVERY=8)
+              USE_DEADLINE=use_deadline, HAS_DELAY=has_delay, FAULT=fault, ABORT_EVERY=8, REFUSAL=refusal)
     sig = {"inp_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "deadline_ns": "i64"}
     for name in _ordered_all_reduce_kernel.arg_names:
         if name in ce:

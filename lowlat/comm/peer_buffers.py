@@ -23,10 +23,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from lowlat.comm.deadline import MAX_EPOCH, Deadline, error_from_word
+from lowlat.comm.deadline import MAX_EPOCH, MAX_STAGE, Deadline, error_from_word, step_error, unpack_abort
 from lowlat.comm.fault import Fault, FaultKind
-from lowlat.comm.ordered_reduce import (PUSH, ReduceBuffers, check_call, check_group_shape, ctrl_len, launch_all_reduce,
-                                        max_tiles_for, publish_refusal, rows_by_rank)
+from lowlat.comm.ordered_reduce import (FAILED_WORD, PUSH, ReduceBuffers, check_call, check_group_shape, ctrl_len,
+                                        interpreting, launch_all_reduce, max_tiles_for, publish_refusal, rows_by_rank)
 from lowlat.errors import LowlatError, StepContractError, UnsupportedConfigError
 
 #: environment that keeps NVLink multicast off (device/KINDS.md: multicast can take a host's GPUs down)
@@ -55,6 +55,13 @@ class PeerRank:
     def __init__(self, bufs: ReduceBuffers, ctrl: torch.Tensor, rank: int, *, deadline: Deadline | float | None,
                  fault: Fault, confirm: bool, tiles_cap: int, spin_limit: int = 64,
                  stage_names: dict[int, str] | None = None) -> None:
+        check_group_shape(bufs.world, bufs.max_rows, bufs.hidden, bufs.dtype)
+        if not 0 <= rank < bufs.world:
+            raise UnsupportedConfigError("rank", rank, f"must be in 0..{bufs.world - 1}")
+        want = (ctrl_len(bufs.world, bufs.max_tiles),)
+        if not isinstance(ctrl, torch.Tensor) or tuple(ctrl.shape) != want or ctrl.dtype != torch.int64:
+            raise UnsupportedConfigError("ctrl", getattr(ctrl, "shape", ctrl),
+                                         f"must be an int64 tensor of shape {want}")
         self.bufs, self.ctrl, self.rank, self.world = bufs, ctrl, rank, bufs.world
         self.deadline = Deadline.coerce(deadline)
         self.fault = fault
@@ -64,20 +71,54 @@ class PeerRank:
         self.max_tiles = bufs.max_tiles
         self.epoch = 0
 
+    def _refusal(self, epoch: int, partial, out, stage, has_delay: bool) -> LowlatError | None:
+        """Why this rank refuses the call (the error it raises, naming rank, step and value), or None."""
+        r, h = self.rank, self.bufs.hidden
+        where = f"(rank {r}, step {epoch})"
+        if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
+            return UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE} {where}")
+        for name, t in (("partial", partial), ("out", out)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != h:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                return step_error(r, epoch, name, got, r, f"{name} must be a [M, {h}] tensor, got {got}")
+            if t.dtype != self.bufs.dtype or t.device != self.bufs.data_ptrs.device or t.layout != torch.strided:
+                got = f"{t.dtype} {t.layout} on {t.device}"
+                return step_error(r, epoch, name, got, r, f"{name} must be {self.bufs.dtype} (strided) on "
+                                  f"{self.bufs.data_ptrs.device}, got {got}")
+            if t.stride(1) != 1:
+                return step_error(r, epoch, name, t.stride(), r, f"{name} must be contiguous along H, strides "
+                                  f"{t.stride()}")
+        if out.shape != partial.shape:
+            return step_error(r, epoch, "out", tuple(out.shape), r, f"out {tuple(out.shape)} must have the "
+                              f"partial's shape {tuple(partial.shape)}")
+        m = partial.shape[0]
+        if not 1 <= m <= self.bufs.max_rows:
+            return step_error(r, epoch, "rows", m, r, f"rows M={m} must be in 1..max_rows={self.bufs.max_rows}")
+        if has_delay and interpreting():
+            return UnsupportedConfigError("fault", "late", f"needs %globaltimer: not under the CPU interpreter {where}")
+        try:
+            check_call(self.bufs, partial[None], out[None], 1, stage)      # aliasing, rows apart, runnable
+        except StepContractError as e:
+            return step_error(r, epoch, "partial", None, r, str(e))
+        return None
+
     def all_reduce(self, partial: torch.Tensor, out: torch.Tensor | None = None, *, stage: int = 0,
                    fault: Fault | None = None, check: bool = True, phases: int | None = None) -> torch.Tensor:
         """partial [M, H] (group dtype, on the group's device) -> out [M, H] = ordered_sum over ranks
-        (identical on every rank; out: given or new).
+        (identical on every rank; out: given or new, the partial itself allowed, no other overlap).
 
         Every rank must make the same sequence of calls with the same M. A call refused here (bad
-        partial / out: `StepContractError`; stage outside 0..MAX_STAGE: `UnsupportedConfigError`)
-        still takes its step: it publishes rows-0 flags (`publish_refusal`), so every peer raises
-        `StepContractError` for this step at once and the next step is aligned. Ranks passing different
-        M raise `StepContractError` (field "rows", value {rank: rows}) on every rank, nothing written.
+        partial / out: `StepContractError` "rank R, step S: ..." with field / value; stage outside
+        0..MAX_STAGE or a late fault under the interpreter: `UnsupportedConfigError`) still takes its
+        step: it publishes rows-0 flags and then waits on the device for its peers' flags of the step
+        (`publish_refusal`), so every peer raises `StepContractError` (field "partial") for this step at
+        once and the next step is aligned. Ranks passing different M raise `StepContractError` (field
+        "rows", value {rank: rows}) on every rank, nothing written.
         Raises `CollectiveTimeout` when a wait missed the deadline (check=True; else read `status`).
         phases: None, the whole call. Tests under the CPU interpreter (whose programs run one after
         another) split a call across ranks: first `phases=PUSH` on each rank (takes the step, pushes),
-        then the same call with `phases=SUM` (| CONFIRM_*), which continues that step.
+        then the same call with `phases=SUM` (| CONFIRM_*), which continues that step (a refused call
+        too: its push, then its wait).
         Mutates: out, the group's receive buffers and control blocks, this rank's epoch counter."""
         fault = self.fault if fault is None else fault
         fault.check_world(self.world)
@@ -87,18 +128,15 @@ class PeerRank:
         if epoch != self.epoch:
             self.epoch = epoch          # a refused call consumes its step too, as on every other rank
             self.bufs.epoch.add_(1)
-        try:
-            out = torch.empty_like(partial) if out is None and isinstance(partial, torch.Tensor) else out
-            for name, t in (("partial", partial), ("out", out)):
-                if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != self.bufs.hidden:
-                    got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise StepContractError(f"{name} must be a [M, {self.bufs.hidden}] tensor, got {got}")
-            check_call(self.bufs, partial[None], out[None], 1, stage)
-        except LowlatError:
-            publish_refusal(self.bufs, self.rank, self.tiles_cap)
-            raise
+        if out is None and isinstance(partial, torch.Tensor) and partial.layout == torch.strided:
+            out = torch.empty_like(partial)
         kind = fault.kind_at(epoch)
         has_delay = kind == FaultKind.LATE and fault.rank == self.rank
+        err = self._refusal(epoch, partial, out, stage, has_delay)
+        if err is not None:
+            publish_refusal(self.bufs, self.rank, stage=stage, tiles_cap=self.tiles_cap, deadline_ns=self.deadline.ns,
+                            spin_limit=self.spin_limit, phases=phases)
+            raise err
         if has_delay:
             self.bufs.delays[self.rank] = int(fault.delay_s * 1e9)
         launch_all_reduce(self.bufs, partial[None], out[None], rank_base=self.rank, ranks=1, stage=stage,
@@ -111,11 +149,15 @@ class PeerRank:
 
     def status(self) -> LowlatError | None:
         """The error this rank raises for its last step (`CollectiveTimeout`, or `StepContractError`
-        naming each rank's rows when the calls disagreed), or None. Reads the control block: a device
-        sync."""
-        word = int(self.ctrl[0].item())
-        rows = rows_by_rank(self.ctrl, self.epoch, self.world, self.max_tiles) if self.epoch else None
-        return error_from_word(self.rank, word, self.epoch, self.deadline.seconds, self.stage_names, rows)
+        naming each rank's rows when the calls disagreed), or None. An abort of a LATER step (a peer
+        already went on) fails this step only if one of this rank's own programs did not complete it
+        (the control block's failed-epoch word), so a late read never fails a completed step. Reads the
+        control block: a device sync."""
+        word, failed = (int(v) for v in self.ctrl[:FAILED_WORD + 1].tolist())
+        w_epoch = unpack_abort(word)[0]
+        rows = rows_by_rank(self.ctrl, w_epoch, self.world, self.max_tiles) if w_epoch >= self.epoch > 0 else None
+        return error_from_word(self.rank, word, self.epoch, self.deadline.seconds, self.stage_names, rows,
+                               completed=failed != self.epoch)
 
     def check(self) -> None:
         err = self.status()

@@ -175,7 +175,8 @@ from lowlat.comm.ordered_reduce import _ordered_all_reduce_kernel, compile_sm90
 fault_idx = _ordered_all_reduce_kernel.arg_names.index("fault_rank")
 res = {}
 for name, kw in {"emulated": dict(world=4), "peer_sys": dict(world=3, scope="sys"),
-                 "no_deadline": dict(world=4, use_deadline=False), "never": dict(world=4, fault=1)}.items():
+                 "no_deadline": dict(world=4, use_deadline=False), "never": dict(world=4, fault=1),
+                 "refusal": dict(world=3, scope="sys", phases=3, refusal=True)}.items():
     ptx = compile_sm90(**kw).asm["ptx"]
     res[name] = {"acquire_gpu": "ld.acquire.gpu.global.b64" in ptx, "acquire_sys": "ld.acquire.sys.global.b64" in ptx,
                  "release": ".release." in ptx, "timer": "%globaltimer" in ptx, "local": ".local" in ptx,
@@ -210,6 +211,7 @@ def test_gpu_path_compiles_for_sm90_without_a_gpu():
     assert res["emulated"]["acquire_gpu"] and res["emulated"]["release"] and res["emulated"]["timer"]
     assert res["epilogue_example"]["acquire_gpu"], "the device functions must compile in another kernel"
     assert res["peer_sys"]["acquire_sys"] and not res["peer_sys"]["acquire_gpu"]
+    assert res["refusal"]["acquire_sys"] and res["refusal"]["release"], "a refusal publishes, then waits"
     assert not res["no_deadline"]["timer"], "USE_DEADLINE=False must compile the clock reads away"
     assert not any(r["local"] for r in res.values()), f"register spills: {res}"
     assert not res["emulated"]["fault_param"] and res["never"]["fault_param"], \
@@ -313,7 +315,7 @@ def _nccl_wrap(rank: int, world: int) -> list[str]:
     with pytest.raises(StepContractError) as ei:
         g.all_reduce(mine.float() if rank == world - 1 else mine)
     if rank != world - 1:
-        assert ei.value.field == "rows" and ei.value.peer == world - 1 and ei.value.value[world - 1] == 0
+        assert ei.value.field == "partial" and ei.value.peer == world - 1 and ei.value.value[world - 1] == 0
     with pytest.raises(StepContractError, match="different rows") as ei:
         g.all_reduce(mine[:8] if rank == 0 else mine)
     assert ei.value.value == {r: 8 if r == 0 else 16 for r in range(world)}

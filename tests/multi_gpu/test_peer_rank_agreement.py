@@ -73,12 +73,26 @@ def test_ranks_passing_different_rows_raise_on_every_rank_and_stay_aligned(devic
 
 
 REFUSALS = {  # a call rank 2 refuses on the host, and the error it raises there
-    "rows": (lambda p: torch.cat([p, p, p]), StepContractError, "rows M=9"),
-    "dtype": (lambda p: p.float(), StepContractError, "dtype"),
+    "rows": (lambda p: torch.cat([p, p, p]), StepContractError, r"^rank \d, step \d: rows M=\d+ must be in 1\.\."),
+    "dtype": (lambda p: p.float(), StepContractError, "must be torch.bfloat16 .*got torch.float32"),
     "hidden": (lambda p: p[:, :-1], StepContractError, r"\[M, 700\]"),
     "not_a_tensor": (lambda p: p.tolist(), StepContractError, "got list"),
-    "stage": (None, UnsupportedConfigError, "stage=70000"),
+    "strides": (lambda p: p.t().contiguous().t(), StepContractError, "contiguous along H"),
+    "out_overlaps": ("overlap", StepContractError, "out overlaps inp"),
+    "stage": (None, UnsupportedConfigError, r"stage=70000.*\(rank 2, step 2\)"),
 }
+
+
+def _refuse(pr, case, part, **kw):
+    bad, exc, match = REFUSALS[case]
+    with pytest.raises(exc, match=match):
+        if bad is None:
+            pr.all_reduce(part, stage=70000, **kw)
+        elif bad == "overlap":          # out one column off the partial: a tile would overwrite the next one's input
+            buf = torch.cat([part, part[:, :1]], dim=1)
+            pr.all_reduce(buf[:, :-1], buf[:, 1:], **kw)
+        else:
+            pr.all_reduce(bad(part), **kw)
 
 
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
@@ -87,20 +101,55 @@ def test_a_call_refused_on_one_rank_aborts_its_peers_at_once(refusal, device):
     ranks = ranks_on_one_device(world, hidden, max_rows=6, device=device, deadline=DEADLINE_S)
     _good_step(ranks, 3, hidden, seed=5, device=device)
     parts = make_partials(world, 3, hidden, seed=6, device=device)
-    bad, exc, match = REFUSALS[refusal]
-    with pytest.raises(exc, match=match):
-        if bad is None:
-            ranks[2].all_reduce(parts[2], stage=70000)
-        else:
-            ranks[2].all_reduce(bad(parts[2]))
+    _refuse(ranks[2], refusal, parts[2], phases=PUSH)          # publishes its rows-0 flags
     outs = [poison(torch.empty_like(parts[r])) for r in range(2)]
-    for r in range(2):      # called after the refusal: rank 1 has not even pushed when rank 0 waits
-        with pytest.raises(StepContractError, match="rank 2 refused its call") as ei:
+    for r in range(2):      # whole calls after the refusal: rank 1 has not even pushed when rank 0 waits
+        with pytest.raises(StepContractError, match="rank 2 refused the call") as ei:
             ranks[r].all_reduce(parts[r], outs[r])
-        assert (ei.value.field, ei.value.peer, ei.value.value[2], ei.value.step) == ("rows", 2, 0, 2)
+        assert (ei.value.field, ei.value.peer, ei.value.value[2], ei.value.step) == ("partial", 2, 0, 2)
         assert outs[r].isnan().all()
+    _refuse(ranks[2], refusal, parts[2], phases=SUM)           # the refusal's wait: every flag is there
+    assert [type(pr.status()) for pr in ranks] == [StepContractError] * world, "no rank may time out"
     assert [pr.epoch for pr in ranks] == [2] * world, "the refused call must consume its step on its rank"
     _good_step(ranks, 6, hidden, seed=7, device=device)
+
+
+def test_a_refused_call_waits_for_its_peers_flags(device):
+    """The refusing rank's next call must not start before every peer pushed the refused step (else it could
+    overwrite slots a peer still reads for the step before): its wait ends only when every peer's flag is there,
+    or at the deadline. Under the interpreter a refusal made before any peer called therefore times out (the spin
+    limit), naming the first peer not seen."""
+    world, hidden = 3, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    _good_step(ranks, 2, hidden, seed=1, device=device)
+    if device.type == "cuda":
+        pytest.skip("on a GPU the refusal's wait spins to the deadline when no peer calls: the streams test covers it")
+    _refuse(ranks[1], "rows", make_partials(world, 3, hidden, seed=2, device=device)[1])
+    err = ranks[1].status()
+    assert isinstance(err, CollectiveTimeout) and (err.origin_rank, err.missing_peer) == (1, 0), repr(err)
+
+
+def test_a_late_status_read_does_not_fail_a_completed_step(device):
+    """Rank 2 reads its status for step 2 only after the others went on and aborted step 3 (rank 0 refused it):
+    step 2 completed on rank 2 (its output is right), so it must not raise."""
+    world, hidden = 3, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    parts = make_partials(world, 3, hidden, seed=3, device=device)
+    outs = [poison(torch.empty_like(p)) for p in parts]
+    for r, pr in enumerate(ranks):
+        pr.all_reduce(parts[r], outs[r], phases=PUSH, check=False)
+    for r, pr in enumerate(ranks):
+        pr.all_reduce(parts[r], outs[r], phases=SUM, check=False)
+    assert ranks[0].status() is None and ranks[1].status() is None
+    _refuse(ranks[0], "rows", parts[0], phases=PUSH)
+    with pytest.raises(StepContractError, match="rank 0 refused"):
+        ranks[1].all_reduce(parts[1])
+    assert ranks[2].status() is None, "a later step's abort failed a step this rank completed"
+    assert_bits_equal("ordered_all_reduce", outs[2].cpu(), reference(parts), output="rank2")
+    with pytest.raises(StepContractError, match="rank 0 refused"):
+        ranks[2].all_reduce(parts[2])
+    _refuse(ranks[0], "rows", parts[0], phases=SUM)
+    _good_step(ranks, 4, hidden, seed=4, device=device)
 
 
 def test_tags_and_contract_words():
@@ -110,14 +159,26 @@ def test_tags_and_contract_words():
     assert make_tag(5, 3, MAX_TAG_ROWS, done=True) >> 32 == 5, "rows must not spill into the epoch"
     with pytest.raises(UnsupportedConfigError, match="max_rows"):
         check_group_shape(2, MAX_TAG_ROWS + 1, 256, torch.bfloat16)
+    pr = ranks_on_one_device(2, 128, max_rows=4)[0]          # PeerRank checks hand-built buffers too
+    pr.bufs.max_rows = MAX_TAG_ROWS + 1
+    with pytest.raises(UnsupportedConfigError, match="max_rows"):
+        type(pr)(pr.bufs, pr.ctrl, 0, deadline=1.0, fault=pr.fault, confirm=False, tiles_cap=4)
     word = pack_abort(9, 2 | CONTRACT_STAGE_BIT, 0, 1)
     err = error_from_word(1, word, 9, 5.0, {2: "ffn"}, {0: 4, 1: 6})
     assert isinstance(err, StepContractError) and (err.rank, err.step, err.peer, err.origin_rank) == (1, 9, 1, 0)
-    assert "'ffn'" in str(err) and "{0: 4, 1: 6}" in str(err)
-    assert "rank 1 refused" in str(error_from_word(0, word, 9, 5.0, None, {0: 4, 1: 0}))
+    assert err.field == "rows" and "'ffn'" in str(err) and "{0: 4, 1: 6}" in str(err)
+    refused = error_from_word(0, word, 9, 5.0, None, {0: 4, 1: 0})
+    assert "rank 1 refused" in str(refused) and (refused.field, refused.peer) == ("partial", 1)
+    both = error_from_word(0, word, 9, 5.0, None, {0: 4, 1: 0, 2: 0, 3: 6})
+    assert "ranks [1, 2] refused" in str(both) and "differ too" in str(both) and both.peer == 1
+    odd = error_from_word(2, pack_abort(9, 2 | CONTRACT_STAGE_BIT, 0, 1), 9, 5.0, None, {0: 5, 1: 3, 2: 3, 3: 3})
+    assert odd.peer == 0, "the odd rank out, not the first rank the word's origin saw differ"
     assert "other rows" in str(error_from_word(0, word, 9, 5.0))
     assert isinstance(error_from_word(0, pack_abort(9, 2, 0, 1), 9, 5.0), CollectiveTimeout)
     assert error_from_word(0, word, 10, 5.0) is None
+    # a later step's word: fatal unless the caller knows its own step completed
+    assert "step 9, a later step" in str(error_from_word(0, word, 8, 5.0, completed=False))
+    assert error_from_word(0, word, 8, 5.0, completed=True) is None
 
 
 @pytest.mark.gpu
@@ -164,3 +225,24 @@ def test_gpu_a_spinning_rank_sees_its_peers_disagreement(case):
     assert [pr.status() for pr in ranks] == [None, None], "the step after the disagreement must be aligned"
     for r in range(world):
         assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
+
+
+def test_a_step_this_rank_did_not_complete_still_fails_after_a_later_abort_overwrote_its_word(device):
+    """Rank 1's step 1 was aborted (rank 0 refused it) but rank 1 reads its status only after step 2's abort
+    replaced the abort word: its own programs recorded that step 1 did not complete (the failed-epoch word),
+    so it still raises, naming the later abort."""
+    world, hidden = 3, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    parts = make_partials(world, 2, hidden, seed=5, device=device)
+    _refuse(ranks[0], "rows", parts[0], phases=PUSH)
+    out1 = poison(torch.empty_like(parts[1]))
+    ranks[1].all_reduce(parts[1], out1, check=False)
+    with pytest.raises(StepContractError):
+        ranks[2].all_reduce(parts[2])
+    _refuse(ranks[0], "rows", parts[0], phases=SUM)
+    _refuse(ranks[2], "rows", parts[2], phases=PUSH)          # step 2: rank 2 refuses, rank 0 sees it first
+    with pytest.raises(StepContractError, match="rank 2 refused"):
+        ranks[0].all_reduce(parts[0])
+    err = ranks[1].status()
+    assert isinstance(err, StepContractError) and err.step == 1 and "step 2, a later step" in str(err), repr(err)
+    assert out1.isnan().all()
