@@ -631,3 +631,41 @@ def test_plan_keys32_routes_like_the_reference_with_ties(device, m, mode, monkey
     _, orc_gates = route_topk(oracle_cast(h), oracle_cast(router), top_k, True, nv)
     assert torch.equal(bitmap, ref_bitmap), (mode, m)
     check_accuracy("moe", gates, orc_gates, ref_gates, output="gates")
+
+
+#: a hand-written sm_90 listing: a step input (8 bytes) and a weight (16 bytes) loaded before the PDL wait, a range
+#: check that waits on the step input, a register copy that waits on the weight, then x, a chain of three dependent
+#: mma (one through a move) beside an independent one, and the output's store
+_SASS = """
+        /*0000*/                   LDG.E.64 R14, desc[UR6][R2.64] ;
+        /*0010*/                   LDG.E.128 R16, desc[UR6][R4.64] ;
+        /*0020*/                   ISETP.GT.U32.AND P2, PT, R14, -0x1, PT ;
+        /*0030*/                   LDG.E.128 R20, desc[UR6][R4.64+0x40] ;
+        /*0040*/                   IMAD.MOV.U32 R30, RZ, RZ, R17 ;
+        /*0050*/                   LDG.E.128 R24, desc[UR6][R4.64+0x80] ;
+        /*0060*/                   ACQBULK ;
+        /*0070*/                   LDG.E.128 R40, desc[UR6][R8.64] ;
+        /*0080*/                   HMMA.16816.F32.BF16 R44, R16, R40, RZ ;
+        /*0090*/                   HMMA.16816.F32.BF16 R48, R20, R42, RZ ;
+        /*00a0*/                   HMMA.16816.F32.BF16 R44, R24, R40, R44 ;
+        /*00b0*/                   MOV R52, R44 ;
+        /*00c0*/                   HMMA.16816.F32.BF16 R44, R16, R40, R52 ;
+        /*00d0*/                   STG.E.U16 desc[UR6][R10.64], R44 ;
+        /*00e0*/                   EXIT ;
+"""
+
+
+def test_llama_prologue_sm90_reads_the_stalls_and_the_chain_of_a_listing(monkeypatch):
+    """bench/explore/llama_prologue_sm90.py's SASS readers (session 33) on `_SASS`: the first wait on a load before
+    the PDL wait (the range check on the step input, 2 weight loads behind it) and the first on a 16-byte load (the
+    copy, 1 behind it); after the wait the chain to the store (6 instructions), 4 HMMA of which 3 depend in turn
+    (through the move), 1 load, none after the store. No compile: pure text."""
+    monkeypatch.syspath_prepend(str(BENCH / "explore"))
+    from llama_prologue_sm90 import chain_after_wait, load_stalls
+
+    assert load_stalls(_SASS) == {"stall": "ISETP.GT.U32.AND<-LDG.E.64", "ldg128_behind_stall": 2,
+                                  "weight_stall": "IMAD.MOV.U32<-LDG.E.128", "ldg128_behind_weight_stall": 1}
+    c = chain_after_wait(_SASS)
+    assert (c["before_wait"], c["ldg128_before"], c["chain"], c["to_last_store"]) == (6, 3, 6, 6)
+    assert (c["first_hmma"], c["hmma_after"], c["hmma_depth"], c["ldg_after"], c["ldg_after_store"]) == (1, 4, 3, 1, 0)
+    assert c["hmul2_after"] == c["bar_after"] == c["ldl_after"] == c["ffma_depth"] == 0
