@@ -144,7 +144,8 @@ def step_error(rank: int, step: int, field: str, value: Any, peer: int, msg: str
 
 def _contract_cause(origin: int, missing: int, label: str, rows: dict[int, int | None] | None) -> tuple[str, int, str]:
     """(field, peer, why) of a contract abort: the refused calls (rows 0) first, else the ranks whose rows
-    differ from the most common rows (ties: the lower rows value); without the rows, the word's ranks."""
+    differ from the most common rows (a tie: the lower rows value counts as the common one, so with two
+    ranks the one of more rows is named); without the rows (or none seen differ), the word's ranks."""
     if rows is None:
         return "rows", missing, (f"rank {origin} found rank {missing}'s flag of {label!r} carrying other rows than "
                                  f"its own (rows 0: rank {missing} refused its call)")
@@ -158,8 +159,10 @@ def _contract_cause(origin: int, missing: int, label: str, rows: dict[int, int |
         return "partial", refused[0], why
     common = max(sorted(set(seen)), key=seen.count) if seen else None
     odd = [r for r, m in sorted(rows.items()) if m is not None and m != common]
-    peer = odd[0] if odd else missing
-    return "rows", peer, f"the ranks passed different rows M to the same call of {label!r}: {table}"
+    if not odd:             # the flag that broke it not seen here (read before it landed)
+        return "rows", missing, (f"rank {origin} found rank {missing}'s flag of {label!r} carrying other rows than "
+                                 f"its own (rows 0: rank {missing} refused its call): {table}")
+    return "rows", odd[0], f"the ranks passed different rows M to the same call of {label!r}: {table}"
 
 
 def error_from_word(rank: int, word: int, epoch: int, deadline_s: float, names: dict[int, str] | None = None,

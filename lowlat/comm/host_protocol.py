@@ -202,9 +202,10 @@ class HostGroup:
             if polls > SPIN_POLLS:
                 time.sleep(POLL_SLEEP_S)
 
-    def _publish_refusal(self, epoch: int, step_id: int) -> None:
+    def _publish_refusal(self, epoch: int, step_id: int, stage: Any = 0) -> None:
         """A refused call still takes part in its step: REFUSED descriptor + every tile's flag (no
-        data), so every peer raises `StepContractError` for this step at once instead of timing out;
+        data), so every peer raises `StepContractError` for this step at once instead of timing out
+        (stage: the call's, for the abort word of a wait that misses the deadline; 0 when invalid);
         then it waits for every peer's tile-0 flag of the step (a peer pushes it only after its previous
         call returned), so this rank's next call cannot overwrite what a peer still reads (on a deadline
         miss it writes the abort word and returns: the caller raises its refusal)."""
@@ -215,9 +216,10 @@ class HostGroup:
             for p in range(self.world):
                 self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t, 0)
         clock: list = [None]
+        valid_stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE else 0
         try:
             for src in range(self.world):
-                self._wait(self._flag(r, par, src, 0)[1], make_tag(epoch, 0, 0), epoch, 0, src, clock,
+                self._wait(self._flag(r, par, src, 0)[1], make_tag(epoch, 0, 0), epoch, valid_stage, src, clock,
                            read_abort=False)
         except CollectiveTimeout:
             pass
@@ -266,23 +268,23 @@ class HostGroup:
         if step_id is None:
             sid = NO_STEP_ID
         elif isinstance(step_id, bool) or not isinstance(step_id, int) or not 0 <= step_id < 1 << 62:
-            self._publish_refusal(epoch, NO_STEP_ID)
+            self._publish_refusal(epoch, NO_STEP_ID, stage)
             raise UnsupportedConfigError("step_id", step_id, f"must be an int in 0..2**62 (rank {r}, step {epoch})")
         else:
             sid = step_id
         if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
-            self._publish_refusal(epoch, sid)
+            self._publish_refusal(epoch, sid, stage)
             raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE} (rank {r}, step {epoch})")
         if not isinstance(partial, torch.Tensor) or partial.dim() != 2 or partial.shape[1] != self.hidden \
                 or partial.dtype != self.dtype or partial.device.type != "cpu":
-            self._publish_refusal(epoch, sid)
+            self._publish_refusal(epoch, sid, stage)
             got = (f"{tuple(partial.shape)} {partial.dtype} on {partial.device}" if isinstance(partial, torch.Tensor)
                    else type(partial).__name__)
             raise step_error(r, epoch, "partial", got, r, f"partial must be [M, {self.hidden}] {self.dtype} "
                               f"on the CPU, got {got}")
         m = partial.shape[0]
         if not 1 <= m <= self.max_rows:
-            self._publish_refusal(epoch, sid)
+            self._publish_refusal(epoch, sid, stage)
             raise step_error(r, epoch, "rows", m, r, f"rows M={m} must be in 1..max_rows={self.max_rows}")
         fault = self.fault if fault is None else fault
         kind = fault.kind_at(epoch) if fault.rank == r else FaultKind.NONE

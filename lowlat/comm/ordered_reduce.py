@@ -59,8 +59,8 @@ import triton.language as tl
 from lowlat.comm.deadline import CONTRACT_STAGE_BIT, MAX_RANKS, MAX_STAGE
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
-from lowlat.kernels._attn_common import interpreting, overlap, require_runnable
-from lowlat.kernels._gemv import check_rows_apart, refuse_aliasing
+from lowlat.kernels._attn_common import interpreting, require_runnable
+from lowlat.kernels._gemv import same_view
 
 CTRL_HEADER = 16
 #: int64 word 1 of a control block: the last epoch in which one of the rank's own programs did not complete
@@ -143,19 +143,16 @@ def flag_tag(epoch, rows, tile):
 
 
 @triton.jit
-def _flag_misses(v, tag, src, WORLD: tl.constexpr, ANY_ROWS: tl.constexpr):
-    """(lowest src whose flag v is not `tag`, lowest src whose flag is `tag` but for its rows field:
-    the same step and tile from a call of other rows); WORLD where none. ANY_ROWS: the rows field is
-    not compared (a flag of the step and tile from a call of any rows has arrived; no second value)."""
+def _flag_misses(v, tag, src, WORLD: tl.constexpr):
+    """Of the flags v (src = the rank each was published by): (lowest src whose flag is not `tag`, lowest
+    src whose flag is `tag` but for its rows field (the same step and tile from a call of other rows),
+    lowest src whose flag is not of the step and tile at all, whatever its rows); WORLD where none."""
     diff = v ^ tag
     same_step = ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)       # epoch, done bit and tile
-    if ANY_ROWS:
-        missing = tl.min(tl.where(same_step, WORLD, src), axis=0)
-        other = missing * 0 + WORLD
-    else:
-        missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
-        other = tl.min(tl.where((diff != 0) & same_step, src, WORLD), axis=0)
-    return missing, other
+    missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
+    other = tl.min(tl.where((diff != 0) & same_step, src, WORLD), axis=0)
+    absent = tl.min(tl.where(same_step, WORLD, src), axis=0)
+    return missing, other, absent
 
 
 @triton.jit
@@ -220,13 +217,13 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     with USE_ASM it is `deadline_ns` of `%globaltimer`, else `spin_limit` spins (interpreter).
     Every ABORT_EVERY spins the rank's abort word is read: a word of this or a later epoch ends the
     wait.
-    A flag of the same step and tile with another rows field ends the wait: state CONTRACT 4 (the
-    ranks' calls disagree on M, or the peer refused its call: rows 0).
-    REFUSAL (a call refused on its host, `publish_refusal`): flags of the step and tile from calls of
-    any rows are awaited and abort words are not read, so the refusing rank's next call cannot start
-    before every peer has pushed this step, i.e. finished reading the step before it (the k+2 guard of
-    the module docstring; a peer's abort of this step does not lift it); only the deadline ends it
-    early.
+    A flag of the same step and tile with another rows field makes the state CONTRACT 4 (the ranks'
+    calls disagree on M, or the peer refused its call: rows 0); the wait then goes on, abort words
+    no longer read, until every peer's flag of the step has arrived (any rows) or the deadline: a
+    peer pushes a step only after it finished reading the step before, so no rank can leave a step
+    and overwrite (two steps later, same parity) slots a slow peer still reads (the k+2 guard of the
+    module docstring holds for aborted-by-contract steps as for completed ones).
+    REFUSAL (a call refused on its host, `publish_refusal`): that second wait from the start.
     Returns (state, deadline_at, missing): state ARRIVED 0 / TIMED_OUT 1 / ABORTED 2 / CONTRACT 4 (a
     state already non-zero on entry is kept and nothing is waited for); missing = lowest src not
     arrived (WORLD when all arrived), for CONTRACT the lowest src whose flag carried other rows."""
@@ -234,28 +231,41 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     src = lanes % WORLD
     ptrs = flag_base + src * stride_src
     v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-    missing, other = _flag_misses(v, tag, src, WORLD, REFUSAL)
-    state = tl.where((other < WORLD) & (state == 0), 4, state)
+    missing, other, absent = _flag_misses(v, tag, src, WORLD)
+    if REFUSAL:
+        missing = absent
+    else:
+        state = tl.where((other < WORLD) & (state == 0), 4, state)
+        missing = tl.where(state == 4, absent, missing)
+    contract = other
+    late = state * 0                    # 1: the deadline passed while waiting for the flags of a CONTRACT step
     spins = 0
-    while (missing < WORLD) & (state == 0):
+    while (missing < WORLD) & ((state == 0) | ((state == 4) & (late == 0))):
         spins += 1
         if USE_DEADLINE:
             if USE_ASM:
                 now = _globaltimer(lanes)
                 deadline_at = tl.where(deadline_at == 0, now + deadline_ns, deadline_at)
-                state = tl.where(now > deadline_at, 1, state)
+                expired = now > deadline_at
             else:
-                state = tl.where(spins > spin_limit, 1, state)
+                expired = spins > spin_limit
+            late = tl.where(expired & (state == 4), 1, late)
+            state = tl.where(expired & (state == 0), 1, state)
         if not REFUSAL:
             if spins % ABORT_EVERY == 0:
                 a = tl.max(_ld_acquire(abort_ptr + 0 * lanes, SCOPE, USE_ASM), axis=0)
-                state = tl.where((a >> 32) >= epoch, 2, state)
+                state = tl.where(((a >> 32) >= epoch) & (state == 0), 2, state)
         v = _ld_acquire(ptrs, SCOPE, USE_ASM)
-        missing, other = _flag_misses(v, tag, src, WORLD, REFUSAL)
-        state = tl.where((other < WORLD) & (state == 0), 4, state)
+        missing, other, absent = _flag_misses(v, tag, src, WORLD)
+        if REFUSAL:
+            missing = absent
+        else:
+            contract = tl.where(state == 4, contract, other)
+            state = tl.where((other < WORLD) & (state == 0), 4, state)
+            missing = tl.where(state == 4, absent, missing)
     # a flag that arrived while the deadline expired wins
     state = tl.where((missing >= WORLD) & (state == 1), 0, state)
-    missing = tl.where(state == 4, other, missing)
+    missing = tl.where(state == 4, contract, missing)
     return state, deadline_at, missing
 
 
@@ -403,7 +413,7 @@ def _ordered_all_reduce_kernel(
         abort_peers(ctrl_ptrs, epoch, stage | (1 << 15), rank, missing, state, WORLD, WORLD_P2, SCOPE)
 
     if PHASES & 10:
-        if (state == 1) | (state == 2) | (state == 4):     # this program's step did not complete
+        if state != 0:              # this program's step did not complete (timed out, aborted, inactive, contract)
             tl.atomic_max(my_ctrl + 1, epoch, sem="relaxed", scope=SCOPE)
 
 
@@ -496,6 +506,29 @@ def check_partials(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ra
     return m
 
 
+def _row_spans(t: torch.Tensor) -> torch.Tensor:
+    """[rows, 2] int64 byte addresses [start, end) of each row of t (a strided tensor whose last dim is
+    contiguous: one row per index of its leading dims), on the CPU (from shape and strides: no device read)."""
+    start = torch.zeros((), dtype=torch.int64)
+    for n, st in zip(t.shape[:-1], t.stride()[:-1]):
+        start = start.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    start = start.reshape(-1) * t.element_size() + t.data_ptr()
+    return torch.stack([start, start + t.shape[-1] * t.element_size()], 1)
+
+
+def _spans_overlap(a: torch.Tensor, b: torch.Tensor, *, same: bool = False) -> bool:
+    """Whether a byte span of a ([n, 2] [start, end)) meets one of b; same (b is a): whether two of a's spans
+    meet. Exact for rows (unlike a whole-tensor span test, interleaved layouts that share no byte pass)."""
+    if a.numel() == 0 or b.numel() == 0 or a[:, 0].min() >= b[:, 1].max() or b[:, 0].min() >= a[:, 1].max():
+        return False
+    bs = b[torch.argsort(b[:, 0])]
+    ends = torch.cummax(bs[:, 1], 0).values
+    if same:                                   # each span against the ones sorted before it
+        return bool((bs[1:, 0] < ends[:-1]).any())
+    before = torch.searchsorted(bs[:, 0].contiguous(), a[:, 1].contiguous())      # spans of b starting before a's end
+    return bool(((before > 0) & (ends[(before - 1).clamp(min=0)] > a[:, 0])).any())
+
+
 def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks: int, stage: int) -> int:
     """Every check `launch_all_reduce` makes before launching; returns M. Raises StepContractError
     (tensors: `check_partials`; CPU tensors without the interpreter) or UnsupportedConfigError (stage
@@ -506,13 +539,13 @@ def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks:
         require_runnable(name, t)
     m = check_partials(bufs, inp, out, ranks)
     # a program writes its tile of out after pushing its tile of inp: out may be inp itself, no other overlap
-    refuse_aliasing({"out": out}, {"inp": inp}, "a tile's output would overwrite input a later tile still pushes",
-                    in_place={"out": ("inp",)})
-    for r in range(ranks):
-        check_rows_apart("out", out[r])
-        if any(overlap(out[r], out[q]) for q in range(r)):
-            raise StepContractError(f"out[{r}] overlaps another rank's out: every rank's output needs memory of "
-                                    "its own")
+    out_rows = _row_spans(out)
+    if _spans_overlap(out_rows, out_rows, same=True):
+        raise StepContractError(f"out's rows overlap (strides {out.stride()}): every rank's and row's output needs "
+                                "memory of its own")
+    if not same_view(out, inp) and _spans_overlap(out_rows, _row_spans(inp)):
+        raise StepContractError("out overlaps inp without being the same view of it: a tile's output would "
+                                "overwrite input a later tile still pushes (out may be inp itself)")
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
         raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
     return m

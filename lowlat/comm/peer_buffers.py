@@ -150,14 +150,16 @@ class PeerRank:
     def status(self) -> LowlatError | None:
         """The error this rank raises for its last step (`CollectiveTimeout`, or `StepContractError`
         naming each rank's rows when the calls disagreed), or None. An abort of a LATER step (a peer
-        already went on) fails this step only if one of this rank's own programs did not complete it
-        (the control block's failed-epoch word), so a late read never fails a completed step. Reads the
-        control block: a device sync."""
+        already went on) fails this step too, unless the confirm round is on and none of this rank's
+        programs failed this step or since (the control block's failed-epoch word is older): only the
+        confirm round guarantees that no peer could reach a later step, and push into this step's slots,
+        before this rank had read them; without it a late read reports the later abort (never a silent
+        wrong result). Reads the control block: a device sync."""
         word, failed = (int(v) for v in self.ctrl[:FAILED_WORD + 1].tolist())
         w_epoch = unpack_abort(word)[0]
         rows = rows_by_rank(self.ctrl, w_epoch, self.world, self.max_tiles) if w_epoch >= self.epoch > 0 else None
         return error_from_word(self.rank, word, self.epoch, self.deadline.seconds, self.stage_names, rows,
-                               completed=failed != self.epoch)
+                               completed=self.confirm and failed < self.epoch)
 
     def check(self) -> None:
         err = self.status()

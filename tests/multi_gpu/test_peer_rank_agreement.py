@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lowlat.comm.deadline import CONTRACT_STAGE_BIT, error_from_word, pack_abort
-from lowlat.comm.ordered_reduce import MAX_TAG_ROWS, PUSH, SUM, check_group_shape, make_tag, tag_rows
+from lowlat.comm.ordered_reduce import (CONFIRM_PUBLISH, CONFIRM_WAIT, MAX_TAG_ROWS, PUSH, SUM, check_group_shape,
+                                        launch_all_reduce, make_tag, tag_rows)
 from lowlat.comm.testing import assert_bits_equal, make_partials, ranks_on_one_device, reference
 from lowlat.errors import CollectiveTimeout, StepContractError, UnsupportedConfigError
 from lowlat.numerics import poison
@@ -27,11 +28,12 @@ DEADLINE_S = 20.0
 
 
 def _step(ranks, partials, outs):
-    """One collective call on every rank, interleaved phase by phase (push on every rank, then sum)."""
-    for r, pr in enumerate(ranks):
-        pr.all_reduce(partials[r], outs[r], phases=PUSH, check=False)
-    for r, pr in enumerate(ranks):
-        pr.all_reduce(partials[r], outs[r], phases=SUM, check=False)
+    """One collective call on every rank, interleaved phase by phase (push on every rank, then sum, then
+    the confirm round's wait where the ranks run it)."""
+    phases = [PUSH, SUM | CONFIRM_PUBLISH] + ([CONFIRM_WAIT] if ranks[0].confirm else [])
+    for ph in phases:
+        for r, pr in enumerate(ranks):
+            pr.all_reduce(partials[r], outs[r], phases=ph, check=False)
     return [pr.status() for pr in ranks]
 
 
@@ -129,27 +131,68 @@ def test_a_refused_call_waits_for_its_peers_flags(device):
     assert isinstance(err, CollectiveTimeout) and (err.origin_rank, err.missing_peer) == (1, 0), repr(err)
 
 
-def test_a_late_status_read_does_not_fail_a_completed_step(device):
-    """Rank 2 reads its status for step 2 only after the others went on and aborted step 3 (rank 0 refused it):
-    step 2 completed on rank 2 (its output is right), so it must not raise."""
+@pytest.mark.parametrize("confirm", [True, False])
+def test_a_late_status_read_of_a_completed_step(confirm, device):
+    """Rank 2 reads its status for step 1 only after the others went on and aborted step 2 (rank 0 refused it).
+    With the confirm round nobody could reach step 3 before rank 2 had read step 2's slots, so its completed step
+    stands (None); without it a later abort may have overwritten them, so the read reports that abort (never a
+    silent wrong result; here the output happens to be right)."""
     world, hidden = 3, 300
-    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S, confirm=confirm)
     parts = make_partials(world, 3, hidden, seed=3, device=device)
     outs = [poison(torch.empty_like(p)) for p in parts]
-    for r, pr in enumerate(ranks):
-        pr.all_reduce(parts[r], outs[r], phases=PUSH, check=False)
-    for r, pr in enumerate(ranks):
-        pr.all_reduce(parts[r], outs[r], phases=SUM, check=False)
+    phases = [PUSH, SUM | CONFIRM_PUBLISH] + ([CONFIRM_WAIT] if confirm else [])
+    for ph in phases:
+        for r, pr in enumerate(ranks):
+            pr.all_reduce(parts[r], outs[r], phases=ph, check=False)
     assert ranks[0].status() is None and ranks[1].status() is None
     _refuse(ranks[0], "rows", parts[0], phases=PUSH)
     with pytest.raises(StepContractError, match="rank 0 refused"):
         ranks[1].all_reduce(parts[1])
-    assert ranks[2].status() is None, "a later step's abort failed a step this rank completed"
+    late = ranks[2].status()
+    if confirm:
+        assert late is None, f"a later step's abort failed a step this rank completed: {late!r}"
+    else:
+        assert isinstance(late, StepContractError) and "(aborted with step 2, a later step)" in str(late), late
     assert_bits_equal("ordered_all_reduce", outs[2].cpu(), reference(parts), output="rank2")
     with pytest.raises(StepContractError, match="rank 0 refused"):
         ranks[2].all_reduce(parts[2])
     _refuse(ranks[0], "rows", parts[0], phases=SUM)
     _good_step(ranks, 4, hidden, seed=4, device=device)
+
+
+def test_a_replayed_call_that_failed_is_not_taken_for_a_completed_step(device):
+    """A launch made past the host's epoch (a CUDA-graph replay bumps the device counter only) that failed must
+    not read as "completed" through the failed-epoch word being newer than the host's step."""
+    world, hidden = 2, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S, confirm=True,
+                                spin_limit=16)
+    _good_step(ranks, 2, hidden, seed=8, device=device)
+    pr = ranks[1]
+    part = make_partials(world, 2, hidden, seed=9, device=device)[1]
+    pr.bufs.epoch.add_(1)                         # as a replay would; rank 0 never calls: a timeout
+    launch_all_reduce(pr.bufs, part[None], poison(torch.empty_like(part))[None], rank_base=1, ranks=1, stage=0,
+                      deadline_ns=pr.deadline.ns, fault_kind=pr.fault.kind, fault_rank=0, tiles_cap=pr.tiles_cap,
+                      confirm=True, spin_limit=16)
+    assert int(pr.ctrl[1]) == pr.epoch + 1, "the failed launch must record its epoch"
+    assert isinstance(pr.status(), CollectiveTimeout), "a failure newer than the host's step hidden"
+
+
+def test_legitimate_layouts_are_not_refused_and_aliases_through_another_storage_are(device):
+    """Exact row spans: partial and out as the two halves of one [M, 2H] buffer share no byte (accepted); an out
+    one column off the partial through a second storage object over the same memory is refused."""
+    world, hidden = 2, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    parts = make_partials(world, 3, hidden, seed=10, device=device)
+    bufs = [torch.cat([p, poison(torch.empty_like(p))], dim=1) for p in parts]       # [M, 2H]: partial | out
+    assert _step(ranks, [b[:, :hidden] for b in bufs], [b[:, hidden:] for b in bufs]) == [None, None]
+    for r, b in enumerate(bufs):
+        assert_bits_equal("ordered_all_reduce", b[:, hidden:].cpu(), reference(parts), output=f"halves_rank{r}")
+    if device.type == "cpu":
+        base = torch.cat([parts[0], parts[0][:, :1]], dim=1)
+        alias = torch.from_numpy(base.view(torch.int16).numpy()).view(torch.bfloat16)[:, 1:]
+        with pytest.raises(StepContractError, match="out overlaps inp"):
+            ranks[0].all_reduce(base[:, :-1], alias, phases=PUSH)
 
 
 def test_tags_and_contract_words():
@@ -246,3 +289,54 @@ def test_a_step_this_rank_did_not_complete_still_fails_after_a_later_abort_overw
     err = ranks[1].status()
     assert isinstance(err, StepContractError) and err.step == 1 and "step 2, a later step" in str(err), repr(err)
     assert out1.isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: three ranks' launches running at once")
+def test_gpu_a_rank_that_saw_a_disagreement_ends_its_step_only_after_every_peer_pushed():
+    """World 3: rank 0's call spins (stream 0) and rank 2 refuses (stream 2) while rank 1 has not called. Rank 0
+    sees the refusal at once but must not end its step before rank 1 pushed (else its next call could overwrite
+    slots rank 1 still reads for the step before): its stream is still busy 0.3 s later; rank 1's call ends it."""
+    import time
+
+    world, hidden = 3, 4096
+    ranks = ranks_on_one_device(world, hidden, max_rows=8, device="cuda", deadline=DEADLINE_S, tiles_cap=8)
+    parts = make_partials(world, 8, hidden, seed=11, device="cuda")
+    streams = [torch.cuda.Stream() for _ in ranks]
+
+    def call(r, part, out):
+        with torch.cuda.stream(streams[r]):
+            return ranks[r].all_reduce(part, out, check=False)
+
+    for _ in range(2):          # compile, both parities
+        outs = [poison(torch.empty_like(p)) for p in parts]
+        for r in range(world):
+            call(r, parts[r], outs[r])
+        torch.cuda.synchronize()
+        assert [pr.status() for pr in ranks] == [None] * world
+    with torch.cuda.stream(streams[2]):
+        with pytest.raises(StepContractError):
+            ranks[2].all_reduce(parts[2][:, :100])                  # compiles the refusal form first
+    outs = [poison(torch.empty_like(p)) for p in parts]
+    call(1, parts[1], outs[1])
+    call(0, parts[0], outs[0])
+    torch.cuda.synchronize()                                        # that step, aborted, done everywhere
+    outs = [poison(torch.empty_like(p)) for p in parts]
+    call(0, parts[0], outs[0])
+    with torch.cuda.stream(streams[2]):
+        with pytest.raises(StepContractError):
+            ranks[2].all_reduce(parts[2][:, :100])
+    time.sleep(0.3)
+    assert not streams[0].query(), "rank 0 ended a disagreed step before rank 1 had pushed it"
+    call(1, parts[1], outs[1])
+    torch.cuda.synchronize()
+    errs = [pr.status() for pr in ranks]
+    assert all(isinstance(e, StepContractError) and e.peer == 2 for e in errs[:2]), errs
+    assert outs[0].isnan().all() and outs[1].isnan().all()
+    outs = [poison(torch.empty_like(p)) for p in parts]
+    for r in range(world):
+        call(r, parts[r], outs[r])
+    torch.cuda.synchronize()
+    assert [pr.status() for pr in ranks] == [None] * world, "the step after the disagreement must be aligned"
+    for r in range(world):
+        assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
