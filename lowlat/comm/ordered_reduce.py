@@ -148,10 +148,13 @@ def _flag_misses(v, tag, src, WORLD: tl.constexpr):
     src whose flag is `tag` but for its rows field (the same step and tile from a call of other rows),
     lowest src whose flag is not of the step and tile at all, whatever its rows); WORLD where none."""
     diff = v ^ tag
-    same_step = ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)       # epoch, done bit and tile
     missing = tl.min(tl.where(diff != 0, src, WORLD), axis=0)
-    other = tl.min(tl.where((diff != 0) & same_step, src, WORLD), axis=0)
-    absent = tl.min(tl.where(same_step, WORLD, src), axis=0)
+    other = missing                     # all arrived (the common case): one reduction, not three
+    absent = missing
+    if missing < WORLD:
+        same_step = ((diff >> 32) == 0) & ((diff & 0xFFFFF) == 0)   # epoch, done bit and tile
+        other = tl.min(tl.where((diff != 0) & same_step, src, WORLD), axis=0)
+        absent = tl.min(tl.where(same_step, WORLD, src), axis=0)
     return missing, other, absent
 
 
