@@ -9,7 +9,8 @@
 # reference) beside plain / qk_own_nosum / nosum_const / qk_cluster; (c) session30b.sh trimmed: the route / plan
 # kernel's top-k on int32 keys (bench/explore/plan_keys32.py) against production in the step, A B A at 1 / 6 / 48
 # rows, then test_moe.py on the GPU with the int32 keys (kernels/moe.py restored at the end); (d) if time is left,
-# explore46's cp.async form (nosum_cpasync, qk_cpasync), last: a new kernel form that must not cost (a)-(c).
+# explore46's cp.async form (nosum_cpasync, qk_cpasync), last: a new kernel form that must not cost (a)-(c);
+# (e) if time is left, bench_allreduce.py for 55 s (the all-reduce kernel's wait changed in session 33).
 # Seconds from session 29 / 32's logs (bench/results/session29, session32: all.log): start ~5; (a) <= 90 (4 tests;
 # the whole file took 92 s of pytest in session 32 call 3); (b) ~25-40 (6 variants 10 s in session 32 call 2, 5 with
 # 3 clustered and checked 17 s in session 29 call 2); (a2) <= 150 (not timed before as one run); (c) ~20-37 a
@@ -62,5 +63,12 @@ if (( SECONDS < 500 )); then
     --out "$OUT/e46_cpasync.json" 2>&1 | grep -v -i warn | tail -6; echo "explore46 rc $?"
 else
   echo "skip (d): ${SECONDS}s used"
+fi
+if (( SECONDS < 470 )); then
+  echo "== (e) bench_allreduce.py (the rows-agreement kernel; compare bench/results/allreduce_h200.json) (${SECONDS}s)"
+  timeout "$(cap 80)" python3 bench/bench_allreduce.py --budget-s 55 --out "$OUT/allreduce.json" 2>&1 | tail -4
+  echo "bench rc $?"
+else
+  echo "skip (e): ${SECONDS}s used"
 fi
 echo "done at ${SECONDS}s"
