@@ -669,3 +669,39 @@ def test_llama_prologue_sm90_reads_the_stalls_and_the_chain_of_a_listing(monkeyp
     assert (c["before_wait"], c["ldg128_before"], c["chain"], c["to_last_store"]) == (6, 3, 6, 6)
     assert (c["first_hmma"], c["hmma_after"], c["hmma_depth"], c["ldg_after"], c["ldg_after_store"]) == (1, 4, 3, 1, 0)
     assert c["hmul2_after"] == c["bar_after"] == c["ldl_after"] == c["ffma_depth"] == 0
+
+
+def test_explore47_rope_edits_apply_and_rope_late_issues_no_weight_load_behind_a_load_wait(monkeypatch, tmp_path):
+    """bench/explore/explore47.py (session 33: Llama-3.2-1B's held prologue, the first row block's RoPE inputs moved
+    across the PDL wait): each edit applies to the production source once (explore46's `edited` asserts it); before
+    the wait rope_late loads no RoPE input and rope_split the positions / KV slots only; rope_late compiled for sm_90
+    on the CPU as the per-kernel bench launches it at 1 row (`llama_prologue_sm90.launch_spec`, form "timed": M and
+    num_valid_rows constants) spills nothing and issues its 48 weight / g loads (LDG.128) before the wait with no
+    instruction before them that waits on one of the program's own loads (`load_stalls`; production issues all 48
+    behind the positions' range check). Gluon kernels do not run on the CPU: the device run checks q / K / V bitwise
+    against production."""
+    monkeypatch.syspath_prepend(str(BENCH / "explore"))
+    from explore47 import variant_sources
+    from llama_prologue_sm90 import chain_after_wait, launch_spec, load_stalls
+    from sampling_stats import compile_sm90
+
+    from lowlat.config import preset
+    from lowlat.kernels import attn_prologue_held as aph
+
+    src = open(aph.__file__).read()
+    sources = variant_sources(src)
+    assert sources["prod"] == src
+
+    def before_wait(s):
+        return s.split("def _held_prologue_kernel(")[1].split("    pdl_wait_then_release(")[0]
+    assert "_rope_inputs(" in before_wait(src) and "_rope" not in before_wait(sources["rope_late"])
+    split = before_wait(sources["rope_split"])
+    assert "_rope_slots(" in split and "_rope_cos_sin(" not in split and "_rope_inputs(" not in split
+    (tmp_path / "e47_rope_late_test.py").write_text(sources["rope_late"])
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    spec = dict(launch_spec(preset("Llama-3.2-1B"), 1, aph.SLICES, True, "timed"), dump=str(tmp_path / "rope_late"))
+    assert spec["constexprs"]["M"] == spec["constexprs"]["nvr_int"] == 1
+    info, = compile_sm90("e47_rope_late_test:_held_prologue_kernel", [spec])
+    sass = (tmp_path / "rope_late.sass").read_text()
+    assert info["spill_bytes"] == 0 and chain_after_wait(sass)["ldg128_before"] == 48
+    assert load_stalls(sass)["ldg128_behind_stall"] == 0, load_stalls(sass)
