@@ -200,9 +200,9 @@ SM90_COLUMNS = [("variant", "variant"), ("rows", "M"), ("registers", "regs"), ("
 
 def sm90_table(rows: list) -> str:
     """`rows` (`sm90_rows`') as a markdown table of `SM90_COLUMNS`."""
-    head = "| " + " | ".join(h for _, h in SM90_COLUMNS) + " |"
-    sep = "|" + "|".join(" --- " for _ in SM90_COLUMNS) + "|"
-    return "\n".join([head, sep] + ["| " + " | ".join(str(r[k]) for k, _ in SM90_COLUMNS) + " |" for r in rows])
+    from llama_prologue_sm90 import table
+
+    return table(rows, SM90_COLUMNS)
 
 
 def main() -> None:

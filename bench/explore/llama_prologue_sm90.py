@@ -280,11 +280,12 @@ COLUMNS = [("variant", "variant"), ("rows", "M"), ("registers", "regs"), ("spill
            ("hmul2_after", "hmul2"), ("ldg_after", "ldg>"), ("ldg_after_store", "ldg>stg"), ("bar_after", "bar>")]
 
 
-def table(rows: list) -> str:
-    """The rows as a markdown table (`COLUMNS`' short names)."""
-    head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
-    sep = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
-    return "\n".join([head, sep] + ["| " + " | ".join(str(r[k]) for k, _ in COLUMNS) + " |" for r in rows])
+def table(rows: list, columns: list | None = None) -> str:
+    """The rows as a markdown table of `columns` ([(key, short name)]; default `COLUMNS`)."""
+    columns = COLUMNS if columns is None else columns
+    head = "| " + " | ".join(h for _, h in columns) + " |"
+    sep = "|" + "|".join(" --- " for _ in columns) + "|"
+    return "\n".join([head, sep] + ["| " + " | ".join(str(r[k]) for k, _ in columns) + " |" for r in rows])
 
 
 def main() -> None:
