@@ -28,12 +28,14 @@ END=555
 # cap LIMIT: LIMIT seconds or what is left before END, whichever is less (at least 1)
 cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 cp lowlat/kernels/moe.py /tmp/moe.py.tree
+mkdir -p /tmp/plans
+# files back (at most 8): all.log, comm_tests.log, e46.json, e47.json, plans.tgz, e46_cpasync.json, allreduce.json
 trap 'cp /tmp/moe.py.tree lowlat/kernels/moe.py' EXIT
 
 echo "== (a) test_draft_sampling.py -k probs (${SECONDS}s)"
 timeout "$(cap 90)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 150 -rf tests/unit/test_draft_sampling.py \
-  -k probs > "$OUT/draft_probs.log" 2>&1; echo "pytest rc $?"
-grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/draft_probs.log" | cut -c1-300 | tail -8
+  -k probs > /tmp/draft_probs.log 2>&1; echo "pytest rc $?"
+grep -E "FAILED|ERROR|^E |[0-9]+ passed|[0-9]+ failed" /tmp/draft_probs.log | cut -c1-300 | tail -20
 
 echo "== (a2) tests/multi_gpu + tests/fault whole (${SECONDS}s)"
 timeout "$(cap 150)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 120 -rf tests/multi_gpu tests/fault \
@@ -49,21 +51,24 @@ echo "== (b2) explore47: Llama's held prologue, the first block's RoPE inputs af
 timeout "$(cap 90)" python3 bench/explore/explore47.py --rows 1,6,16 --out "$OUT/e47.json" 2>&1 | grep -v -i warn \
   | tail -5; echo "explore47 rc ${PIPESTATUS[0]}"
 
+n=0
 for form in production keys32 production; do
+  n=$((n + 1))
   (( SECONDS > 380 )) && { echo "skip route/plan $form: ${SECONDS}s used"; continue; }
   cp /tmp/moe.py.tree lowlat/kernels/moe.py
   [ $form = keys32 ] && python3 bench/explore/plan_keys32.py lowlat/kernels/moe.py
   echo "== (c) route/plan $form (${SECONDS}s)"
   timeout "$(cap 80)" python3 -m lowlat.bench --sections moe,profile --models "" --rows 1,6,48 --budget-s 60 \
-    --out "$OUT/plan_$form.json" > /tmp/plan.log 2>&1; echo "bench rc $?"
-  python3 bench/explore/plan_profile.py "$OUT/plan_$form.json"
+    --out "/tmp/plans/plan_${n}_$form.json" > /tmp/plan.log 2>&1; echo "bench rc $?"
+  python3 bench/explore/plan_profile.py "/tmp/plans/plan_${n}_$form.json"
 done
+tar czf "$OUT/plans.tgz" -C /tmp plans     # one file: at most 8 come back
 cp /tmp/moe.py.tree lowlat/kernels/moe.py
 python3 bench/explore/plan_keys32.py lowlat/kernels/moe.py
 echo "== (c) test_moe.py with int32 keys (${SECONDS}s)"
 timeout "$(cap 150)" python3 -m pytest -q -n 8 -p no:cacheprovider --timeout 120 -rf tests/unit/test_moe.py \
-  > "$OUT/moe-tests-keys32.log" 2>&1; echo "pytest rc $?"
-grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/moe-tests-keys32.log" | cut -c1-300 | tail -12
+  > /tmp/moe-tests-keys32.log 2>&1; echo "pytest rc $?"
+grep -E "FAILED|ERROR|^E |[0-9]+ passed|[0-9]+ failed" /tmp/moe-tests-keys32.log | cut -c1-300 | tail -20
 cp /tmp/moe.py.tree lowlat/kernels/moe.py
 
 if (( SECONDS < 500 )); then
