@@ -17,7 +17,7 @@ import torch
 
 from lowlat.comm.deadline import MAX_EPOCH, Deadline, error_from_word
 from lowlat.comm.fault import Fault, FaultKind
-from lowlat.comm.ordered_reduce import (ReduceBuffers, TilePlan, check_group_shape, check_partials, ctrl_len,
+from lowlat.comm.ordered_reduce import (ReduceBuffers, TilePlan, check_call, check_group_shape, ctrl_len,
                                         interpreting, launch_all_reduce, max_tiles_for)
 from lowlat.errors import CollectiveTimeout, UnsupportedConfigError
 
@@ -107,7 +107,7 @@ class EmulatedGroup:
         has_delay = any(d > 0 for d in delays)
         if has_delay:
             self.bufs.delays.copy_(torch.tensor([int(d * 1e9) for d in delays], dtype=torch.int64))
-        check_partials(self.bufs, partials, out, self.world)
+        check_call(self.bufs, partials, out, self.world, stage)
         self.epoch = epoch
         self.bufs.epoch.add_(1)
         self.last_plan = launch_all_reduce(

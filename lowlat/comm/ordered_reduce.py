@@ -50,7 +50,7 @@ Receive buffer of each rank: [2 parity][N src][max_rows][H] in the partials' dty
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -460,6 +460,9 @@ class ReduceBuffers:
     buffer [2][world][max_rows][hidden] (dtype) and control block (int64 [ctrl_len]).
     epoch: int64 [1] device counter the kernel reads (bumped on the device before each launch, so a
     CUDA graph replays correctly).
+    spans (computed at construction: one copy of the pointer tables to the host): [2 * world, 2] int64
+    byte addresses [start, end) of every rank's receive buffer and control block, which no call's
+    partial or output may overlap (`check_call`).
     """
 
     world: int
@@ -472,6 +475,14 @@ class ReduceBuffers:
     delays: torch.Tensor
     max_tiles: int
     scope: str
+    spans: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        data = torch.tensor(self.data_ptrs.tolist(), dtype=torch.int64)
+        ctrl = torch.tensor(self.ctrl_ptrs.tolist(), dtype=torch.int64)
+        data_bytes = 2 * self.world * self.slot_elems * torch.empty((), dtype=self.dtype).element_size()
+        ctrl_bytes = ctrl_len(self.world, self.max_tiles) * 8
+        self.spans = torch.cat([torch.stack([data, data + data_bytes], 1), torch.stack([ctrl, ctrl + ctrl_bytes], 1)])
 
     @property
     def slot_elems(self) -> int:
@@ -549,6 +560,10 @@ def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks:
     if not same_view(out, inp) and _spans_overlap(out_rows, _row_spans(inp)):
         raise StepContractError("out overlaps inp without being the same view of it: a tile's output would "
                                 "overwrite input a later tile still pushes (out may be inp itself)")
+    for name, rows in (("inp", _row_spans(inp)), ("out", out_rows)):
+        if _spans_overlap(rows, bufs.spans):
+            raise StepContractError(f"{name} overlaps the group's receive buffers or control blocks: the peers' "
+                                    "pushes and flags would overwrite it")
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
         raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
     return m

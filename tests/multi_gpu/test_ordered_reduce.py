@@ -139,6 +139,10 @@ def test_emulated_rejects_bad_input_before_launch(device):
         g.all_reduce(torch.ones(3, 1, 640, dtype=torch.bfloat16, device=device))
     with pytest.raises(StepContractError, match="dtype"):
         g.all_reduce(torch.ones(2, 1, 640, dtype=torch.float16, device=device))
+    with pytest.raises(StepContractError, match="out overlaps the group's receive buffers"):
+        g.all_reduce(torch.ones(2, 1, 640, dtype=torch.bfloat16, device=device), g.data[:, 1, 0, :1])
+    with pytest.raises(StepContractError, match="inp overlaps the group's receive buffers"):
+        g.all_reduce(g.data[:, 1, 1, :1])
     assert g.epoch == 0 and int(g.bufs.epoch.item()) == 0
 
 

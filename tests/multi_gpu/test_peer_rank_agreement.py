@@ -81,6 +81,7 @@ REFUSALS = {  # a call rank 2 refuses on the host, and the error it raises there
     "not_a_tensor": (lambda p: p.tolist(), StepContractError, "got list"),
     "strides": (lambda p: p.t().contiguous().t(), StepContractError, "contiguous along H"),
     "out_overlaps": ("overlap", StepContractError, "out overlaps inp"),
+    "out_in_the_group": ("group", StepContractError, "overlaps the group's receive buffers"),
     "stage": (None, UnsupportedConfigError, r"stage=70000.*\(rank 2, step 2\)"),
 }
 
@@ -90,6 +91,8 @@ def _refuse(pr, case, part, **kw):
     with pytest.raises(exc, match=match):
         if bad is None:
             pr.all_reduce(part, stage=70000, **kw)
+        elif bad == "group":            # out inside the group's own receive buffers (the peers push there)
+            pr.all_reduce(part, pr.data[pr.rank, 0, 0, :part.shape[0]], **kw)
         elif bad == "overlap":          # out one column off the partial: a tile would overwrite the next one's input
             buf = torch.cat([part, part[:, :1]], dim=1)
             pr.all_reduce(buf[:, :-1], buf[:, 1:], **kw)
