@@ -22,8 +22,9 @@ the rank that timed out and `missing_peer` the lowest rank whose flag it did not
 Bit 14 of the stage field (CONTRACT_STAGE_BIT) marks an abort for a broken call contract, not a
 timeout: `origin_rank` found `missing_peer`'s flag of this step and tile carrying other rows than
 its own (rows 0: that peer refused its call on the host). Every rank then raises
-`StepContractError` (field "rows") instead of `CollectiveTimeout`, at once, not at the deadline
-(`error_from_word`).
+`StepContractError` (field "partial" when a rank refused, else "rows") instead of `CollectiveTimeout`,
+once every peer's flag of the step has arrived, not at the deadline (`error_from_word`). Stage ids
+are 0..MAX_STAGE = 16383; bit 15 marks the confirm round.
 """
 
 from __future__ import annotations

@@ -89,10 +89,14 @@ class EmulatedGroup:
         delays_s: per-rank delay before pushing (s; GPU only), to randomise arrival order.
         fault: overrides the group's fault for this call. check: read the status and raise.
         Raises `CollectiveTimeout` (of the lowest rank; `.per_rank` lists every rank's) when the step
-        was aborted; `StepContractError` on bad shapes (nothing launched).
+        was aborted; before anything is launched or the epoch taken: `StepContractError` on bad
+        tensors (`check_call`: not a tensor, shapes, dtype, device, layout, overlaps), and
+        `UnsupportedConfigError` on a stage outside 0..MAX_STAGE, a delays_s of the wrong length or a
+        delay under the CPU interpreter (no clock there).
         Mutates: out, the group's receive buffers, control blocks and epoch.
         """
-        out = torch.empty_like(partials) if out is None else out
+        if out is None and isinstance(partials, torch.Tensor):
+            out = torch.empty_like(partials)
         fault = self.fault if fault is None else fault
         fault.check_world(self.world)
         epoch = self.epoch + 1
@@ -105,9 +109,11 @@ class EmulatedGroup:
         if kind == FaultKind.LATE:
             delays[fault.rank] = max(delays[fault.rank], fault.delay_s)
         has_delay = any(d > 0 for d in delays)
+        if has_delay and interpreting():
+            raise UnsupportedConfigError("delays_s", delays_s, "needs %globaltimer: not under the CPU interpreter")
+        check_call(self.bufs, partials, out, self.world, stage)
         if has_delay:
             self.bufs.delays.copy_(torch.tensor([int(d * 1e9) for d in delays], dtype=torch.int64))
-        check_call(self.bufs, partials, out, self.world, stage)
         self.epoch = epoch
         self.bufs.epoch.add_(1)
         self.last_plan = launch_all_reduce(

@@ -15,10 +15,12 @@ Protocol (per collective call = one *epoch*, per tile of columns):
    later wait);
 2. wait: each block polls its own rank's N flags with acquire loads, one flag address per thread
    (no atomic read-modify-write in the spin loop), until all carry this epoch's tag. A flag of this
-   epoch and tile with OTHER rows ends the wait at once: the ranks' calls disagree on M (rows 0: the
-   peer refused its call on the host and published only its flags, `publish_refusal`); the block
-   writes a contract abort word (deadline.CONTRACT_STAGE_BIT) and every rank raises
-   `StepContractError`, so no rank sums rows a peer never pushed;
+   epoch and tile with OTHER rows fails the step (state CONTRACT): the ranks' calls disagree on M
+   (rows 0: the peer refused its call on the host and published only its flags, `publish_refusal`);
+   the block goes on waiting for every peer's flag of the step (any rows, abort words ignored, to
+   the deadline: no rank leaves a step before every peer pushed it), writes a contract abort word
+   (deadline.CONTRACT_STAGE_BIT) and does not sum; every rank raises `StepContractError`, so no
+   rank sums rows a peer never pushed;
 3. sum: the slots are read and summed in rank order 0..N-1 in fp32, rounded once to the dtype.
 `parity = epoch % 2` double-buffers slots and flags: a rank may start step k+1 while a peer still
 reads step k, but it cannot reach step k+2 before every peer has pushed (so finished reading) k+1.
@@ -29,7 +31,8 @@ deadline given at build (lowlat/comm/deadline.py). On expiry the block writes th
 compare-and-swap (the step's first cause is kept); blocks that see an abort word of this or a later
 epoch stop waiting; a block that did not complete never
 writes its output tile. The host reads the abort words after the step and raises
-`CollectiveTimeout` on every rank. The decisions (arrived / timed out / aborted) are block-uniform:
+`CollectiveTimeout` (`StepContractError` for a contract word) on every rank. The decisions
+(arrived / timed out / aborted / contract) are block-uniform:
 they are reductions over the per-thread polls, so no thread of a block proceeds while another
 aborts.
 
@@ -233,6 +236,7 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
     lanes = tl.arange(0, POLL)
     src = lanes % WORLD
     ptrs = flag_base + src * stride_src
+    fresh = state == 0
     v = _ld_acquire(ptrs, SCOPE, USE_ASM)
     missing, other, absent = _flag_misses(v, tag, src, WORLD)
     if REFUSAL:
@@ -241,7 +245,9 @@ def wait_flags(flag_base, tag, stride_src, abort_ptr, epoch, state, deadline_at,
         state = tl.where((other < WORLD) & (state == 0), 4, state)
         missing = tl.where(state == 4, absent, missing)
     contract = other
-    late = state * 0                    # 1: the deadline passed while waiting for the flags of a CONTRACT step
+    # 1: nothing more to wait for in CONTRACT (its flags' deadline passed, or the state was CONTRACT on entry: a
+    # later wait of the same block, e.g. the confirm round's, waits for nothing, as for any non-zero state)
+    late = tl.where(fresh, 0, 1)
     spins = 0
     while (missing < WORLD) & ((state == 0) | ((state == 4) & (late == 0))):
         spins += 1
@@ -277,7 +283,7 @@ def abort_peers(ctrl_ptrs, epoch, stage, rank, missing, state, WORLD: tl.constex
                 WORLD_P2: tl.constexpr, SCOPE: tl.constexpr):
     """After `wait_flags` returned `state`: when it is TIMED_OUT 1 or CONTRACT 4, write the abort word
     (epoch, stage (| CONTRACT_STAGE_BIT for 4), rank, missing) into every rank's control block, unless
-    that block already holds a word of this epoch (the first cause is kept). One compare-and-swap per
+    that block already holds a word of this or a later epoch (the first cause is kept). One compare-and-swap per
     rank, not a spin."""
     if (state == 1) | (state == 4):
         peers = tl.arange(0, WORLD_P2) % WORLD
@@ -575,8 +581,9 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
                       spin_limit: int = 64, abort_every: int = 8, phases: int | None = None) -> TilePlan:
     """Launch the ordered all-reduce for `ranks` ranks rank_base.. of the group (inp / out
     [ranks, M, H]). The caller has bumped `bufs.epoch`. Under the CPU interpreter the phases run as
-    separate launches. phases: run only these (PUSH | SUM | CONFIRM_*; tests interleaving separate
-    ranks' launches under the interpreter); None: all. Returns the tile plan used."""
+    separate launches. phases: one launch of exactly these (PUSH | SUM | CONFIRM_*; the confirm bits
+    dropped without `confirm`), for tests interleaving separate ranks' launches under the interpreter or
+    running a GPU-style single launch there; None: the whole call. Returns the tile plan used."""
     m = check_call(bufs, inp, out, ranks, stage)
     interp = interpreting()
     if interp and has_delay:
@@ -598,7 +605,7 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
     else:
         runs = [PUSH | SUM | ((CONFIRM_PUBLISH | CONFIRM_WAIT) if confirm else 0)]
     if phases is not None:
-        runs = [ph & phases for ph in runs if ph & phases]
+        runs = [phases & ~((CONFIRM_PUBLISH | CONFIRM_WAIT) if not confirm else 0)]
     for ph in runs:
         _ordered_all_reduce_kernel[grid](*args, PHASES=ph, **common)
     return plan
@@ -608,13 +615,14 @@ def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: in
                     spin_limit: int = 64, phases: int | None = None) -> None:
     """Rank `rank`'s part of a call it refused on the host (after bumping `bufs.epoch`, as for a call it
     makes): its flags of the step, every tile, carry rows 0 and no data is pushed, so every peer's wait
-    ends at once with a contract abort (`StepContractError` on every rank: `deadline.error_from_word`)
-    instead of a timeout at the deadline; then it waits (in stream order, on the device) for every
+    for the step turns into a contract abort (`StepContractError` on every rank, field "partial":
+    `deadline.error_from_word`), ending once every peer pushed the step, instead of a timeout at the
+    deadline; then it waits (in stream order, on the device) for every
     peer's flag of the step, any rows, so that its next call cannot overwrite slots a peer still reads
     (the k+2 guard), and writes a timeout abort word if one does not come within the deadline. The
     ranks' epochs stay aligned. The all-reduce kernel with M = 0 and REFUSAL on; phases as in
-    `launch_all_reduce` (the interpreter runs push and wait as two launches). stage: 0..MAX_STAGE (the
-    timeout word's)."""
+    `launch_all_reduce` (the interpreter runs push and wait as two launches). stage: the timeout word's
+    (a value outside 0..MAX_STAGE, the reason of a refusal, is written as 0)."""
     dev = bufs.data_ptrs.device
     dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=dev)
     plan = plan_tiles(1, bufs.hidden, tiles_cap)
@@ -622,7 +630,7 @@ def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: in
     stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE else 0
     runs = [PUSH, SUM] if interp else [PUSH | SUM]
     if phases is not None:
-        runs = [ph & phases for ph in runs if ph & phases]
+        runs = [phases & (PUSH | SUM)] if phases & (PUSH | SUM) else []
     for ph in runs:
         _ordered_all_reduce_kernel[(plan.n_tiles, 1)](
             dummy, dummy, 0, dummy.stride(1), 0, dummy.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch,

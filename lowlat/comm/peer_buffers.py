@@ -6,12 +6,14 @@ NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=
 
 Flags and abort words live in a symmetric int64 control block (64-bit tags), not in PyTorch's
 uint32 signal pads. Flags are released and acquired at system scope (`.sys`), and the confirm round
-is on, so a rank whose own waits succeeded still raises when a peer timed out.
+is on by default (`confirm=True`), so a rank whose own waits succeeded still raises when a peer timed
+out. Unlike `HostGroup.from_process_group`, construction does not compare its arguments (hidden,
+max_rows, dtype, confirm) across ranks: pass the same on every rank (`lowlat.comm.agreement.agree`).
 
 The ranks' calls are agreed on the device, not by an extra collective: a flag's tag carries the
 call's rows M, so a peer that passed another M (or refused its call on the host: its flags carry
-rows 0, `publish_refusal`) ends every rank's wait at once with `StepContractError`, instead of a
-rank summing rows its peer never pushed or waiting out the deadline. `PeerRank` is that per-rank
+rows 0, `publish_refusal`) turns every rank's wait into `StepContractError` once every peer pushed
+the step, instead of a rank summing rows its peer never pushed or waiting out the deadline. `PeerRank` is that per-rank
 logic over any `ReduceBuffers` (`PeerGroup` gives it symmetric memory; the tests also run it over
 one device's buffers, `lowlat.comm.testing.ranks_on_one_device`).
 """
@@ -56,6 +58,9 @@ class PeerRank:
                  fault: Fault, confirm: bool, tiles_cap: int, spin_limit: int = 64,
                  stage_names: dict[int, str] | None = None) -> None:
         check_group_shape(bufs.world, bufs.max_rows, bufs.hidden, bufs.dtype)
+        if bufs.data_ptrs.device.type == "cpu" and not interpreting():
+            raise UnsupportedConfigError("device", "cpu", "a group on the CPU needs TRITON_INTERPRET=1 (set before "
+                                         "triton is imported)")
         if not 0 <= rank < bufs.world:
             raise UnsupportedConfigError("rank", rank, f"must be in 0..{bufs.world - 1}")
         want = (ctrl_len(bufs.world, bufs.max_tiles),)
@@ -97,9 +102,9 @@ class PeerRank:
         if has_delay and interpreting():
             return UnsupportedConfigError("fault", "late", f"needs %globaltimer: not under the CPU interpreter {where}")
         try:
-            check_call(self.bufs, partial[None], out[None], 1, stage)      # aliasing, rows apart, runnable
+            check_call(self.bufs, partial[None], out[None], 1, stage)      # aliasing, rows apart, placement
         except StepContractError as e:
-            return step_error(r, epoch, "partial", None, r, str(e))
+            return step_error(r, epoch, "out" if str(e).startswith("out") else "partial", None, r, str(e))
         return None
 
     def all_reduce(self, partial: torch.Tensor, out: torch.Tensor | None = None, *, stage: int = 0,
@@ -117,8 +122,8 @@ class PeerRank:
         Raises `CollectiveTimeout` when a wait missed the deadline (check=True; else read `status`).
         phases: None, the whole call. Tests under the CPU interpreter (whose programs run one after
         another) split a call across ranks: first `phases=PUSH` on each rank (takes the step, pushes),
-        then the same call with `phases=SUM` (| CONFIRM_*), which continues that step (a refused call
-        too: its push, then its wait).
+        then the same call with `phases=SUM` (| CONFIRM_*: one launch of exactly those), which
+        continues that step (a refused call too: its push, then its wait).
         Mutates: out, the group's receive buffers and control blocks, this rank's epoch counter."""
         fault = self.fault if fault is None else fault
         fault.check_world(self.world)

@@ -1,6 +1,7 @@
 """Helpers shared by the collective tests (tests/multi_gpu, tests/fault) and bench_allreduce: seeded
-partials, a bit-level equality check, a timed-step wrapper, and an example producer kernel that uses
-the lowlat.comm device functions in its epilogue. The reference is always
+partials, a bit-level equality check, a timed-step wrapper, `ranks_on_one_device` (PeerRanks over one
+device's buffers), and an example producer kernel that uses the lowlat.comm device functions in its
+epilogue. The reference is always
 `lowlat.reference.tp.ordered_sum` (never redefined here)."""
 
 from __future__ import annotations

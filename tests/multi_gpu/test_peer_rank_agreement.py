@@ -343,3 +343,25 @@ def test_gpu_a_rank_that_saw_a_disagreement_ends_its_step_only_after_every_peer_
     assert [pr.status() for pr in ranks] == [None] * world, "the step after the disagreement must be aligned"
     for r in range(world):
         assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
+
+
+@pytest.mark.timeout(120)
+def test_a_disagreed_step_with_the_confirm_round_in_one_launch_does_not_wait_for_done_flags(device):
+    """On the GPU one launch runs the wait, the sum and the confirm round; nobody publishes a done flag for a step
+    that failed, so a block that saw the disagreement must not wait for done flags (it would spin to the deadline).
+    Here the GPU's single launch runs under the interpreter too, with a spin limit that would take minutes."""
+    world, hidden = 2, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S, confirm=True,
+                                spin_limit=10 ** 7)
+    _good_step(ranks, 2, hidden, seed=12, device=device)
+    full = make_partials(world, 3, hidden, seed=13, device=device)
+    parts = [full[0, :2], full[1]]
+    outs = [poison(torch.empty_like(p)) for p in parts]
+    for r, pr in enumerate(ranks):
+        pr.all_reduce(parts[r], outs[r], phases=PUSH, check=False)
+    for r, pr in enumerate(ranks):          # one launch: wait + sum + confirm publish + confirm wait
+        pr.all_reduce(parts[r], outs[r], phases=SUM | CONFIRM_PUBLISH | CONFIRM_WAIT, check=False)
+    errs = [pr.status() for pr in ranks]
+    assert all(isinstance(e, StepContractError) and e.value == {0: 2, 1: 3} for e in errs), errs
+    assert all(o.isnan().all() for o in outs)
+    _good_step(ranks, 3, hidden, seed=14, device=device)
