@@ -7,8 +7,8 @@ NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=
 Flags and abort words live in a symmetric int64 control block (64-bit tags), not in PyTorch's
 uint32 signal pads. Flags are released and acquired at system scope (`.sys`), and the confirm round
 is on by default (`confirm=True`), so a rank whose own waits succeeded still raises when a peer timed
-out. Unlike `HostGroup.from_process_group`, construction does not compare its arguments (hidden,
-max_rows, dtype, confirm) across ranks: pass the same on every rank (`lowlat.comm.agreement.agree`).
+out. Construction compares its arguments (hidden, max_rows, dtype, confirm, the SM count) across
+ranks first, as `HostGroup.from_process_group` does (`lowlat.comm.agreement.agree`).
 
 The ranks' calls are agreed on the device, not by an extra collective: a flag's tag carries the
 call's rows M, so a peer that passed another M (or refused its call on the host: its flags carry
@@ -25,6 +25,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from lowlat.comm.agreement import agree
 from lowlat.comm.deadline import MAX_EPOCH, MAX_STAGE, Deadline, error_from_word, step_error, unpack_abort
 from lowlat.comm.fault import Fault, FaultKind
 from lowlat.comm.ordered_reduce import (FAILED_WORD, PUSH, ReduceBuffers, check_call, check_group_shape, ctrl_len,
@@ -177,7 +178,9 @@ class PeerGroup(PeerRank):
 
     hidden, max_rows, dtype: H, largest M, partials' dtype. group: the NCCL (device) process group
     (default: world). deadline: `Deadline` (serving: >= 5 s) or test seconds. fault: default
-    LOWLAT_FAULT's. Construction is collective over `group`. Calls: `PeerRank.all_reduce`.
+    LOWLAT_FAULT's. Construction is collective over `group`: the ranks' hidden, max_rows, dtype, confirm
+    and SM counts (the tile plan) are compared first (`agree`: `RankDisagreement` on every rank). Calls:
+    `PeerRank.all_reduce`.
     """
 
     def __init__(self, hidden: int, *, group: dist.ProcessGroup | None = None, max_rows: int = 48,
@@ -189,9 +192,13 @@ class PeerGroup(PeerRank):
         check_no_multicast()
         self.group = group or dist.group.WORLD
         rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        # ranks built with other shapes would push at other offsets and cut other tiles: refused on every rank
+        agree({"hidden": hidden, "max_rows": max_rows, "dtype": str(dtype), "confirm": bool(confirm),
+               "tiles_cap": sms}, self.group, name="PeerGroup's construction arguments")
         check_group_shape(world, max_rows, hidden, dtype)
         self.hidden, self.max_rows, self.dtype = hidden, max_rows, dtype
-        dev = torch.device("cuda", torch.cuda.current_device())
         max_tiles = max_tiles_for(hidden)
         self.data = symm_mem.empty(2 * world * max_rows * hidden, dtype=dtype, device=dev)
         ctrl = symm_mem.empty(ctrl_len(world, max_tiles), dtype=torch.int64, device=dev)
@@ -208,5 +215,4 @@ class PeerGroup(PeerRank):
             delays=torch.zeros(world, **i64), max_tiles=max_tiles, scope="sys")
         self._handles = (h_data, h_ctrl)
         super().__init__(bufs, ctrl, rank, deadline=deadline, fault=Fault.from_env() if fault is None else fault,
-                         confirm=confirm, tiles_cap=torch.cuda.get_device_properties(dev).multi_processor_count,
-                         stage_names=stage_names)
+                         confirm=confirm, tiles_cap=sms, stage_names=stage_names)

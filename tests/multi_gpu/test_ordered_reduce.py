@@ -304,6 +304,10 @@ def _nccl_wrap(rank: int, world: int) -> list[str]:
     nccl = dist.new_group(list(range(world)), backend="nccl")
     from lowlat.comm.peer_buffers import PeerGroup
 
+    from lowlat.comm.agreement import RankDisagreement
+
+    with pytest.raises(RankDisagreement, match="max_rows"):       # shapes differ: refused on every rank
+        PeerGroup(4096, group=nccl, max_rows=16 if rank else 8, deadline=OK_DEADLINE_S)
     g = PeerGroup(4096, group=nccl, max_rows=16, deadline=OK_DEADLINE_S)
     out = []
     for step in range(4):
