@@ -113,6 +113,17 @@ class Deadline:
         return cls(seconds, serving=False)
 
 
+def is_stage(stage: Any) -> bool:
+    """Whether `stage` is a valid stage id: an int (not a bool) in 0..MAX_STAGE."""
+    return isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE
+
+
+def check_stage(stage: Any, where: str = "") -> None:
+    """Raise `UnsupportedConfigError` (field "stage") unless `is_stage(stage)`; where: appended context."""
+    if not is_stage(stage):
+        raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}{where}")
+
+
 def pack_abort(epoch: int, stage: int, origin: int, missing: int) -> int:
     """The abort word (see module docstring). Raises ValueError when a field is out of range."""
     if not 1 <= epoch <= MAX_EPOCH:

@@ -43,8 +43,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, MAX_STAGE, Deadline, error_from_word, pack_abort,
-                                  stage_label, step_error, unpack_abort)
+from lowlat.comm.deadline import (CONFIRM_STAGE_BIT, MAX_EPOCH, Deadline, check_stage, error_from_word, is_stage,
+                                  pack_abort, stage_label, step_error, unpack_abort)
 from lowlat.comm.fault import EXIT_CODE, Fault, FaultKind
 from lowlat.comm.ordered_reduce import MAX_TAG_ROWS, ROWS_SHIFT, check_group_shape, ctrl_len, flag_index, make_tag
 from lowlat.errors import CollectiveTimeout, LowlatError, UnsupportedConfigError
@@ -216,7 +216,7 @@ class HostGroup:
             for p in range(self.world):
                 self.ctrl[self._flag(p, par, r, t)] = make_tag(epoch, t, 0)
         clock: list = [None]
-        valid_stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE else 0
+        valid_stage = stage if is_stage(stage) else 0
         try:
             for src in range(self.world):
                 self._wait(self._flag(r, par, src, 0)[1], make_tag(epoch, 0, 0), epoch, valid_stage, src, clock,
@@ -272,9 +272,9 @@ class HostGroup:
             raise UnsupportedConfigError("step_id", step_id, f"must be an int in 0..2**62 (rank {r}, step {epoch})")
         else:
             sid = step_id
-        if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
+        if not is_stage(stage):
             self._publish_refusal(epoch, sid, stage)
-            raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE} (rank {r}, step {epoch})")
+            check_stage(stage, f" (rank {r}, step {epoch})")
         if not isinstance(partial, torch.Tensor) or partial.dim() != 2 or partial.shape[1] != self.hidden \
                 or partial.dtype != self.dtype or partial.device.type != "cpu":
             self._publish_refusal(epoch, sid, stage)

@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowlat.comm.deadline import CONTRACT_STAGE_BIT, MAX_RANKS, MAX_STAGE
+from lowlat.comm.deadline import CONTRACT_STAGE_BIT, MAX_RANKS, check_stage, is_stage
 from lowlat.comm.fault import FaultKind
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import interpreting, require_runnable
@@ -466,9 +466,9 @@ class ReduceBuffers:
     buffer [2][world][max_rows][hidden] (dtype) and control block (int64 [ctrl_len]).
     epoch: int64 [1] device counter the kernel reads (bumped on the device before each launch, so a
     CUDA graph replays correctly).
-    spans (computed at construction: one copy of the pointer tables to the host): [2 * world, 2] int64
-    byte addresses [start, end) of every rank's receive buffer and control block, which no call's
-    partial or output may overlap (`check_call`).
+    spans (computed at construction: one copy of the pointer tables to the host): [(start, end)] byte
+    addresses of every rank's receive buffer and control block, which no call's partial or output may
+    overlap (`check_call`).
     """
 
     world: int
@@ -481,14 +481,13 @@ class ReduceBuffers:
     delays: torch.Tensor
     max_tiles: int
     scope: str
-    spans: torch.Tensor = field(init=False, repr=False, compare=False)
+    spans: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        data = torch.tensor(self.data_ptrs.tolist(), dtype=torch.int64)
-        ctrl = torch.tensor(self.ctrl_ptrs.tolist(), dtype=torch.int64)
         data_bytes = 2 * self.world * self.slot_elems * torch.empty((), dtype=self.dtype).element_size()
         ctrl_bytes = ctrl_len(self.world, self.max_tiles) * 8
-        self.spans = torch.cat([torch.stack([data, data + data_bytes], 1), torch.stack([ctrl, ctrl + ctrl_bytes], 1)])
+        self.spans = ([(p, p + data_bytes) for p in self.data_ptrs.tolist()]
+                      + [(p, p + ctrl_bytes) for p in self.ctrl_ptrs.tolist()])
 
     @property
     def slot_elems(self) -> int:
@@ -514,6 +513,8 @@ def check_partials(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ra
             raise StepContractError(f"{name} must be [{ranks}, M, {bufs.hidden}], got {tuple(t.shape)}")
         if t.dtype != bufs.dtype:
             raise StepContractError(f"{name} dtype {t.dtype} != group dtype {bufs.dtype}")
+        if t.layout != torch.strided:
+            raise StepContractError(f"{name} must be a strided (dense) tensor, got {t.layout}")
         if t.stride(2) != 1:
             raise StepContractError(f"{name} must be contiguous in the hidden dim, strides {t.stride()}")
         if t.device != bufs.data_ptrs.device:
@@ -534,6 +535,16 @@ def _row_spans(t: torch.Tensor) -> torch.Tensor:
         start = start.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
     start = start.reshape(-1) * t.element_size() + t.data_ptr()
     return torch.stack([start, start + t.shape[-1] * t.element_size()], 1)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses of a strided tensor (strides included)."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _spans_overlap(a: torch.Tensor, b: torch.Tensor, *, same: bool = False) -> bool:
@@ -558,21 +569,38 @@ def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks:
             raise StepContractError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         require_runnable(name, t)
     m = check_partials(bufs, inp, out, ranks)
-    # a program writes its tile of out after pushing its tile of inp: out may be inp itself, no other overlap
-    out_rows = _row_spans(out)
-    if _spans_overlap(out_rows, out_rows, same=True):
+    # a program writes its tile of out after pushing its tile of inp: out may be inp itself, no other overlap.
+    # Whole-tensor byte ranges first (a few integer compares); the exact row spans only where those meet
+    ro, ri = _byte_range(out), _byte_range(inp)
+    if not out.is_contiguous() and _spans_overlap(_row_spans(out), _row_spans(out), same=True):
         raise StepContractError(f"out's rows overlap (strides {out.stride()}): every rank's and row's output needs "
                                 "memory of its own")
-    if not same_view(out, inp) and _spans_overlap(out_rows, _row_spans(inp)):
+    if _meets(ro, ri) and not same_view(out, inp) and _spans_overlap(_row_spans(out), _row_spans(inp)):
         raise StepContractError("out overlaps inp without being the same view of it: a tile's output would "
                                 "overwrite input a later tile still pushes (out may be inp itself)")
-    for name, rows in (("inp", _row_spans(inp)), ("out", out_rows)):
-        if _spans_overlap(rows, bufs.spans):
+    for name, t, rng in (("inp", inp, ri), ("out", out, ro)):
+        if any(_meets(rng, g) for g in bufs.spans) and _spans_overlap(_row_spans(t), torch.tensor(bufs.spans)):
             raise StepContractError(f"{name} overlaps the group's receive buffers or control blocks: the peers' "
                                     "pushes and flags would overwrite it")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
-        raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
+    check_stage(stage)
     return m
+
+
+def _launch(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, m: int, *, rank_base: int, ranks: int,
+            stage: int, deadline_ns: int, spin_limit: int, fault_rank: int, plan: TilePlan, runs: list,
+            **flags) -> None:
+    """The all-reduce kernel over grid (plan.n_tiles, ranks), once a PHASES of `runs`; flags: the
+    constexprs that differ between a call and a refusal (USE_DEADLINE, HAS_DELAY, FAULT, ABORT_EVERY,
+    REFUSAL)."""
+    interp = interpreting()
+    args = (inp, out, inp.stride(0) if ranks > 1 else 0, inp.stride(1), out.stride(0) if ranks > 1 else 0,
+            out.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, bufs.delays, m, bufs.hidden,
+            bufs.slot_elems, bufs.max_tiles, rank_base, stage, deadline_ns, spin_limit, fault_rank)
+    for ph in runs:
+        _ordered_all_reduce_kernel[(plan.n_tiles, ranks)](
+            *args, WORLD=bufs.world, WORLD_P2=max(2, triton.next_power_of_2(bufs.world)), POLL=32 * NUM_WARPS,
+            CHUNK=plan.chunk, N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp,
+            BLOCK_H=plan.block_h, PHASES=ph, SCOPE=bufs.scope, USE_ASM=not interp, num_warps=NUM_WARPS, **flags)
 
 
 def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, *, rank_base: int,
@@ -589,25 +617,16 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
     if interp and has_delay:
         raise UnsupportedConfigError("delays", "late arrival", "needs %globaltimer: not under the CPU interpreter")
     plan = plan_tiles(m, bufs.hidden, tiles_cap)
-    world = bufs.world
-    common = dict(
-        WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=plan.chunk,
-        N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp,
-        BLOCK_H=plan.block_h, SCOPE=bufs.scope, USE_ASM=not interp, USE_DEADLINE=use_deadline,
-        HAS_DELAY=has_delay, FAULT=int(fault_kind if fault_kind != FaultKind.LATE else FaultKind.NONE),
-        ABORT_EVERY=abort_every, REFUSAL=False, num_warps=NUM_WARPS)
-    args = (inp, out, inp.stride(0) if ranks > 1 else 0, inp.stride(1), out.stride(0) if ranks > 1 else 0,
-            out.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, bufs.delays, m, bufs.hidden,
-            bufs.slot_elems, bufs.max_tiles, rank_base, stage, deadline_ns, spin_limit, fault_rank)
-    grid = (plan.n_tiles, ranks)
-    if interp:
+    if phases is not None:
+        runs = [phases if confirm else phases & (PUSH | SUM)]
+    elif interp:
         runs = [PUSH, SUM | (CONFIRM_PUBLISH if confirm else 0)] + ([CONFIRM_WAIT] if confirm else [])
     else:
         runs = [PUSH | SUM | ((CONFIRM_PUBLISH | CONFIRM_WAIT) if confirm else 0)]
-    if phases is not None:
-        runs = [phases & ~((CONFIRM_PUBLISH | CONFIRM_WAIT) if not confirm else 0)]
-    for ph in runs:
-        _ordered_all_reduce_kernel[grid](*args, PHASES=ph, **common)
+    _launch(bufs, inp, out, m, rank_base=rank_base, ranks=ranks, stage=stage, deadline_ns=deadline_ns,
+            spin_limit=spin_limit, fault_rank=fault_rank, plan=plan, runs=runs, USE_DEADLINE=use_deadline,
+            HAS_DELAY=has_delay, FAULT=int(fault_kind if fault_kind != FaultKind.LATE else FaultKind.NONE),
+            ABORT_EVERY=abort_every, REFUSAL=False)
     return plan
 
 
@@ -617,28 +636,20 @@ def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: in
     makes): its flags of the step, every tile, carry rows 0 and no data is pushed, so every peer's wait
     for the step turns into a contract abort (`StepContractError` on every rank, field "partial":
     `deadline.error_from_word`), ending once every peer pushed the step, instead of a timeout at the
-    deadline; then it waits (in stream order, on the device) for every
-    peer's flag of the step, any rows, so that its next call cannot overwrite slots a peer still reads
-    (the k+2 guard), and writes a timeout abort word if one does not come within the deadline. The
-    ranks' epochs stay aligned. The all-reduce kernel with M = 0 and REFUSAL on; phases as in
-    `launch_all_reduce` (the interpreter runs push and wait as two launches). stage: the timeout word's
-    (a value outside 0..MAX_STAGE, the reason of a refusal, is written as 0)."""
-    dev = bufs.data_ptrs.device
-    dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=dev)
-    plan = plan_tiles(1, bufs.hidden, tiles_cap)
-    world, interp = bufs.world, interpreting()
-    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= MAX_STAGE else 0
-    runs = [PUSH, SUM] if interp else [PUSH | SUM]
+    deadline; then it waits (in stream order, on the device) for every peer's flag of the step, any
+    rows, so that its next call cannot overwrite slots a peer still reads (the k+2 guard), and writes a
+    timeout abort word if one does not come within the deadline. The ranks' epochs stay aligned. The
+    all-reduce kernel with M = 0 and REFUSAL on; phases as in `launch_all_reduce` (the interpreter runs
+    push and wait as two launches; confirm bits are dropped). stage: the timeout word's (a value outside
+    0..MAX_STAGE, the reason of a refusal, is written as 0)."""
+    dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=bufs.data_ptrs.device)
     if phases is not None:
         runs = [phases & (PUSH | SUM)] if phases & (PUSH | SUM) else []
-    for ph in runs:
-        _ordered_all_reduce_kernel[(plan.n_tiles, 1)](
-            dummy, dummy, 0, dummy.stride(1), 0, dummy.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch,
-            bufs.delays, 0, bufs.hidden, bufs.slot_elems, bufs.max_tiles, rank, stage, deadline_ns, spin_limit, 0,
-            WORLD=world, WORLD_P2=max(2, triton.next_power_of_2(world)), POLL=32 * NUM_WARPS, CHUNK=plan.chunk,
-            N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp, BLOCK_H=plan.block_h, PHASES=ph,
-            SCOPE=bufs.scope, USE_ASM=not interp, USE_DEADLINE=True, HAS_DELAY=False, FAULT=0, ABORT_EVERY=8,
-            REFUSAL=True, num_warps=NUM_WARPS)
+    else:
+        runs = [PUSH, SUM] if interpreting() else [PUSH | SUM]
+    _launch(bufs, dummy, dummy, 0, rank_base=rank, ranks=1, stage=stage if is_stage(stage) else 0,
+            deadline_ns=deadline_ns, spin_limit=spin_limit, fault_rank=0, plan=plan_tiles(1, bufs.hidden, tiles_cap),
+            runs=runs, USE_DEADLINE=True, HAS_DELAY=False, FAULT=0, ABORT_EVERY=8, REFUSAL=True)
 
 
 def compile_sm90(*, dtype: str = "bf16", world: int = 4, phases: int = PUSH | SUM | CONFIRM_PUBLISH | CONFIRM_WAIT,

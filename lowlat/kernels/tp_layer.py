@@ -86,7 +86,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from lowlat.comm.deadline import MAX_STAGE
+from lowlat.comm.deadline import check_stage
 from lowlat.comm.fault import FaultKind
 from lowlat.comm.ordered_reduce import (MIN_BLOCK_H, ReduceBuffers, abort_peers, flag_tag, interpreting,
                                         ordered_sum_tile, publish, push_to_peers, round_to, wait_flags)
@@ -324,8 +324,7 @@ def reduce_residual_norm(bufs: ReduceBuffers, residual: torch.Tensor, out: torch
     m = residual.shape[1]
     if not 1 <= m <= bufs.max_rows:
         raise StepContractError(f"rows M={m} must be in 1..max_rows={bufs.max_rows}")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= MAX_STAGE:
-        raise UnsupportedConfigError("stage", stage, f"must be an int in 0..{MAX_STAGE}")
+    check_stage(stage)
     _check("residual", residual, (n, m, hdim), dev)
     _check("out", out, (n, m, hdim), dev)
     if out.data_ptr() == residual.data_ptr():

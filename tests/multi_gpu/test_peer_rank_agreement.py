@@ -74,21 +74,23 @@ def test_ranks_passing_different_rows_raise_on_every_rank_and_stay_aligned(devic
     _good_step(ranks, 5, hidden, seed=4, device=device)
 
 
-REFUSALS = {  # a call rank 2 refuses on the host, and the error it raises there
-    "rows": (lambda p: torch.cat([p, p, p]), StepContractError, r"^rank \d, step \d: rows M=\d+ must be in 1\.\."),
-    "dtype": (lambda p: p.float(), StepContractError, "must be torch.bfloat16 .*got torch.float32"),
-    "hidden": (lambda p: p[:, :-1], StepContractError, r"\[M, 700\]"),
-    "not_a_tensor": (lambda p: p.tolist(), StepContractError, "got list"),
-    "strides": (lambda p: p.t().contiguous().t(), StepContractError, "contiguous along H"),
-    "out_overlaps": ("overlap", StepContractError, "out overlaps inp"),
-    "out_in_the_group": ("group", StepContractError, "overlaps the group's receive buffers"),
-    "stage": (None, UnsupportedConfigError, r"stage=70000.*\(rank 2, step 2\)"),
+REFUSALS = {  # a call rank 2 refuses on the host, the error it raises there and its field
+    "rows": (lambda p: torch.cat([p, p, p]), StepContractError, r"^rank \d, step \d: rows M=\d+ must be in 1\.\.",
+             "rows"),
+    "dtype": (lambda p: p.float(), StepContractError, "dtype torch.float32 != group dtype torch.bfloat16", "partial"),
+    "hidden": (lambda p: p[:, :-1], StepContractError, r"\[M, 700\]", "partial"),
+    "not_a_tensor": (lambda p: p.tolist(), StepContractError, "got list", "partial"),
+    "strides": (lambda p: p.t().contiguous().t(), StepContractError, "contiguous in the hidden dim", "partial"),
+    "sparse": (lambda p: p.to_sparse(), StepContractError, "must be a strided", "partial"),
+    "out_overlaps": ("overlap", StepContractError, "out overlaps inp", "out"),
+    "out_in_the_group": ("group", StepContractError, "out overlaps the group's receive buffers", "out"),
+    "stage": (None, UnsupportedConfigError, r"stage=70000.*\(rank 2, step 2\)", "stage"),
 }
 
 
 def _refuse(pr, case, part, **kw):
-    bad, exc, match = REFUSALS[case]
-    with pytest.raises(exc, match=match):
+    bad, exc, match, field = REFUSALS[case]
+    with pytest.raises(exc, match=match) as ei:
         if bad is None:
             pr.all_reduce(part, stage=70000, **kw)
         elif bad == "group":            # out inside the group's own receive buffers (the peers push there)
@@ -98,6 +100,7 @@ def _refuse(pr, case, part, **kw):
             pr.all_reduce(buf[:, :-1], buf[:, 1:], **kw)
         else:
             pr.all_reduce(bad(part), **kw)
+    assert ei.value.field == field, (case, ei.value.field)
 
 
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
@@ -365,3 +368,29 @@ def test_a_disagreed_step_with_the_confirm_round_in_one_launch_does_not_wait_for
     assert all(isinstance(e, StepContractError) and e.value == {0: 2, 1: 3} for e in errs), errs
     assert all(o.isnan().all() for o in outs)
     _good_step(ranks, 3, hidden, seed=14, device=device)
+
+
+def test_an_older_steps_flag_of_other_rows_reads_as_not_arrived_not_as_a_disagreement(device):
+    """Flags are double-buffered by parity: when rank 0 waits at step 3, rank 1's flag in that parity may still be
+    step 1's, of other rows. It must read as "not arrived" (here, with rank 1 not calling, a timeout at the spin
+    limit naming rank 1), never as a disagreement of step 3."""
+    if device.type == "cuda":
+        pytest.skip("a rank calling alone on a GPU spins to the deadline")
+    world, hidden = 2, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=6, device=device, deadline=DEADLINE_S, spin_limit=8)
+    _good_step(ranks, 5, hidden, seed=15, device=device)           # step 1: rows 5 (parity 1)
+    _good_step(ranks, 3, hidden, seed=16, device=device)           # step 2: rows 3 (parity 0)
+    part = make_partials(world, 3, hidden, seed=17, device=device)[0]
+    ranks[0].all_reduce(part, check=False)
+    err = ranks[0].status()
+    assert isinstance(err, CollectiveTimeout) and err.missing_peer == 1, repr(err)
+
+
+def test_an_overlap_of_one_element_is_refused(device):
+    """The byte-range fast path of the overlap checks must count the last element: an output whose first element
+    is the partial's last one is refused (the exact row spans decide)."""
+    world, hidden = 2, 300
+    ranks = ranks_on_one_device(world, hidden, max_rows=4, device=device, deadline=DEADLINE_S)
+    base = make_partials(world, 1, 2 * hidden, seed=18, device=device)[0]        # [1, 2H]
+    with pytest.raises(StepContractError, match="out overlaps inp"):
+        ranks[0].all_reduce(base[:, :hidden], base[:, hidden - 1:2 * hidden - 1], phases=PUSH)
