@@ -62,3 +62,6 @@ tune_shape() {
   grep -v -i warn /tmp/tune.log | grep -E "\[tune\]|rror" | cut -c1-600 | tail -6
   python3 -c "import json; print([e for e in json.load(open('$OUT/plans_$3.json')) if e['kind']+':'+str(e['n'])+'x'+str(e['k'])=='$2'])"
 }
+# a part's timeout: LIMIT seconds or what is left before $END (the script's last second), whichever is less, at
+# least 1 (session 33-34 scripts): timeout "$(cap LIMIT)" ...
+cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }

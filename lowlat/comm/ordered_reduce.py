@@ -325,7 +325,10 @@ def _sum_chunk(c, out_ptr, out_off, stride_om, cols, cmask, M, H, ok, my_data, p
     tl.store(out_ptr + out_off + rows[:, None] * stride_om + cols[None, :], round_to(acc, DT), mask=mask & ok)
 
 
-@triton.jit
+# rank_base / stage / fault_rank are not specialized: every rank of a group (and every stage) runs the same
+# compiled kernel, so ranks that share a process (tests, ranks_on_one_device) do not each load their own variant
+# while a peer's launch spins (see `_launch`'s load_only)
+@triton.jit(do_not_specialize=["rank_base", "stage", "fault_rank"])
 def _ordered_all_reduce_kernel(
         inp_ptr, out_ptr, stride_ir, stride_im, stride_or, stride_om,
         data_ptrs, ctrl_ptrs, epoch_ptr, delay_ptr,
@@ -588,30 +591,44 @@ def check_call(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, ranks:
 
 def _launch(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, m: int, *, rank_base: int, ranks: int,
             stage: int, deadline_ns: int, spin_limit: int, fault_rank: int, plan: TilePlan, runs: list,
-            **flags) -> None:
+            load_only: bool = False, **flags) -> None:
     """The all-reduce kernel over grid (plan.n_tiles, ranks), once a PHASES of `runs`; flags: the
     constexprs that differ between a call and a refusal (USE_DEADLINE, HAS_DELAY, FAULT, ABORT_EVERY,
-    REFUSAL)."""
+    REFUSAL). load_only (GPU): compile the variant and load it into the CUDA context, launching
+    nothing. Loading a module may synchronize the context (CUDA lazy loading, PyTorch's default
+    CUDA_MODULE_LOADING=LAZY): a call that first loads its variant while another rank's launch spins in
+    the same process waits for that launch, i.e. until its deadline (session 34's device run)."""
     interp = interpreting()
+    if load_only and interp:
+        return                  # nothing is loaded under the interpreter
     args = (inp, out, inp.stride(0) if ranks > 1 else 0, inp.stride(1), out.stride(0) if ranks > 1 else 0,
             out.stride(1), bufs.data_ptrs, bufs.ctrl_ptrs, bufs.epoch, bufs.delays, m, bufs.hidden,
             bufs.slot_elems, bufs.max_tiles, rank_base, stage, deadline_ns, spin_limit, fault_rank)
     for ph in runs:
-        _ordered_all_reduce_kernel[(plan.n_tiles, ranks)](
-            *args, WORLD=bufs.world, WORLD_P2=max(2, triton.next_power_of_2(bufs.world)), POLL=32 * NUM_WARPS,
-            CHUNK=plan.chunk, N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp,
-            BLOCK_H=plan.block_h, PHASES=ph, SCOPE=bufs.scope, USE_ASM=not interp, num_warps=NUM_WARPS, **flags)
+        kw = dict(WORLD=bufs.world, WORLD_P2=max(2, triton.next_power_of_2(bufs.world)), POLL=32 * NUM_WARPS,
+                  CHUNK=plan.chunk, N_CHUNKS=plan.n_chunks if interp else 0, RUNTIME_ROWS=not interp,
+                  BLOCK_H=plan.block_h, PHASES=ph, SCOPE=bufs.scope, USE_ASM=not interp, num_warps=NUM_WARPS,
+                  **flags)
+        if load_only:
+            compiled = _ordered_all_reduce_kernel.warmup(*args, grid=(plan.n_tiles, ranks), **kw)
+            compiled = compiled.result() if hasattr(compiled, "result") else compiled
+            compiled._init_handles()    # cuModuleLoadData + cuModuleGetFunction (triton 3.6 is pinned)
+        else:
+            _ordered_all_reduce_kernel[(plan.n_tiles, ranks)](*args, **kw)
 
 
 def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, *, rank_base: int,
                       ranks: int, stage: int, deadline_ns: int, fault_kind: FaultKind, fault_rank: int,
                       tiles_cap: int, confirm: bool, use_deadline: bool = True, has_delay: bool = False,
-                      spin_limit: int = 64, abort_every: int = 8, phases: int | None = None) -> TilePlan:
+                      spin_limit: int = 64, abort_every: int = 8, phases: int | None = None,
+                      load_only: bool = False) -> TilePlan:
     """Launch the ordered all-reduce for `ranks` ranks rank_base.. of the group (inp / out
     [ranks, M, H]). The caller has bumped `bufs.epoch`. Under the CPU interpreter the phases run as
     separate launches. phases: one launch of exactly these (PUSH | SUM | CONFIRM_*; the confirm bits
     dropped without `confirm`), for tests interleaving separate ranks' launches under the interpreter or
-    running a GPU-style single launch there; None: the whole call. Returns the tile plan used."""
+    running a GPU-style single launch there; None: the whole call. load_only: compile and load this
+    call's kernel variant without launching it (`_launch`; a no-op under the interpreter). Returns the
+    tile plan used."""
     m = check_call(bufs, inp, out, ranks, stage)
     interp = interpreting()
     if interp and has_delay:
@@ -626,12 +643,12 @@ def launch_all_reduce(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor,
     _launch(bufs, inp, out, m, rank_base=rank_base, ranks=ranks, stage=stage, deadline_ns=deadline_ns,
             spin_limit=spin_limit, fault_rank=fault_rank, plan=plan, runs=runs, USE_DEADLINE=use_deadline,
             HAS_DELAY=has_delay, FAULT=int(fault_kind if fault_kind != FaultKind.LATE else FaultKind.NONE),
-            ABORT_EVERY=abort_every, REFUSAL=False)
+            ABORT_EVERY=abort_every, REFUSAL=False, load_only=load_only)
     return plan
 
 
 def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: int, deadline_ns: int,
-                    spin_limit: int = 64, phases: int | None = None) -> None:
+                    spin_limit: int = 64, phases: int | None = None, load_only: bool = False) -> None:
     """Rank `rank`'s part of a call it refused on the host (after bumping `bufs.epoch`, as for a call it
     makes): its flags of the step, every tile, carry rows 0 and no data is pushed, so every peer's wait
     for the step turns into a contract abort (`StepContractError` on every rank, field "partial":
@@ -641,7 +658,8 @@ def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: in
     timeout abort word if one does not come within the deadline. The ranks' epochs stay aligned. The
     all-reduce kernel with M = 0 and REFUSAL on; phases as in `launch_all_reduce` (the interpreter runs
     push and wait as two launches; confirm bits are dropped). stage: the timeout word's (a value outside
-    0..MAX_STAGE, the reason of a refusal, is written as 0)."""
+    0..MAX_STAGE, the reason of a refusal, is written as 0). load_only: compile and load the refusal's
+    kernel variant without launching it (`PeerRank` does at construction on a GPU)."""
     dummy = torch.empty(1, 1, bufs.hidden, dtype=bufs.dtype, device=bufs.data_ptrs.device)
     if phases is not None:
         runs = [phases & (PUSH | SUM)] if phases & (PUSH | SUM) else []
@@ -649,7 +667,8 @@ def publish_refusal(bufs: ReduceBuffers, rank: int, *, stage: int, tiles_cap: in
         runs = [PUSH, SUM] if interpreting() else [PUSH | SUM]
     _launch(bufs, dummy, dummy, 0, rank_base=rank, ranks=1, stage=stage if is_stage(stage) else 0,
             deadline_ns=deadline_ns, spin_limit=spin_limit, fault_rank=0, plan=plan_tiles(1, bufs.hidden, tiles_cap),
-            runs=runs, USE_DEADLINE=True, HAS_DELAY=False, FAULT=0, ABORT_EVERY=8, REFUSAL=True)
+            runs=runs, USE_DEADLINE=True, HAS_DELAY=False, FAULT=0, ABORT_EVERY=8, REFUSAL=True,
+            load_only=load_only)
 
 
 def compile_sm90(*, dtype: str = "bf16", world: int = 4, phases: int = PUSH | SUM | CONFIRM_PUBLISH | CONFIRM_WAIT,

@@ -76,6 +76,36 @@ class PeerRank:
         self.stage_names = {0: "all_reduce"} if stage_names is None else stage_names
         self.max_tiles = bufs.max_tiles
         self.epoch = 0
+        self.preload()
+
+    def preload(self, rows: tuple[int, ...] | list[int] = ()) -> None:
+        """Compile and load into this process's CUDA context, launching nothing, the kernel variants of
+        this rank's refusal and of its calls of each M in `rows` (contiguous [M, H] partial and out, this
+        rank's fault), so that no later call compiles or loads one while a peer's launch spins. Ranks that
+        share one process (`lowlat.comm.testing.ranks_on_one_device`) need it: under CUDA lazy loading
+        (PyTorch's default) loading a module may wait for every running kernel of the context, and a
+        spinning peer's launch ends only at its deadline (session 34 measured a 20 s timeout so). In a
+        process of its own it takes the first refusal's compile (~1 s) out of the step. Construction
+        preloads the refusal; a no-op under the CPU interpreter. Raises UnsupportedConfigError for an M
+        outside 1..max_rows."""
+        b = self.bufs
+        for m in rows:
+            if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= b.max_rows:
+                raise UnsupportedConfigError("rows", m, f"must be an int in 1..{b.max_rows}")
+        if interpreting():
+            return
+        with torch.cuda.device(b.data_ptrs.device):
+            publish_refusal(b, self.rank, stage=0, tiles_cap=self.tiles_cap, deadline_ns=self.deadline.ns,
+                            spin_limit=self.spin_limit, load_only=True)
+            kinds = {FaultKind.NONE, self.fault.kind}
+            for m in rows:
+                part = torch.empty(1, m, b.hidden, dtype=b.dtype, device=b.data_ptrs.device)
+                out = torch.empty_like(part)
+                for kind in kinds:
+                    launch_all_reduce(b, part, out, rank_base=self.rank, ranks=1, stage=0, deadline_ns=self.deadline.ns,
+                                      fault_kind=kind, fault_rank=self.fault.rank, tiles_cap=self.tiles_cap,
+                                      confirm=self.confirm, spin_limit=self.spin_limit, load_only=True,
+                                      has_delay=kind == FaultKind.LATE and self.fault.rank == self.rank)
 
     def _refusal(self, epoch: int, partial, out, stage, has_delay: bool) -> LowlatError | None:
         """Why this rank refuses the call (the error it raises, naming rank, step and value), or None."""

@@ -201,14 +201,14 @@ def test_legitimate_layouts_are_not_refused_and_aliases_through_another_storage_
             ranks[0].all_reduce(base[:, :-1], alias, phases=PUSH)
 
 
-def test_tags_and_contract_words():
+def test_tags_and_contract_words(device):
     assert make_tag(5, 3, 48) == 5 << 32 | 48 << 20 | 3
     assert tag_rows(make_tag(5, 0, 48), 5) == 48 and tag_rows(make_tag(5, 0, 0), 5) == 0
     assert tag_rows(make_tag(4, 0, 48), 5) is None, "a flag of another step carries no rows for this one"
     assert make_tag(5, 3, MAX_TAG_ROWS, done=True) >> 32 == 5, "rows must not spill into the epoch"
     with pytest.raises(UnsupportedConfigError, match="max_rows"):
         check_group_shape(2, MAX_TAG_ROWS + 1, 256, torch.bfloat16)
-    pr = ranks_on_one_device(2, 128, max_rows=4)[0]          # PeerRank checks hand-built buffers too
+    pr = ranks_on_one_device(2, 128, max_rows=4, device=device)[0]      # PeerRank checks hand-built buffers too
     pr.bufs.max_rows = MAX_TAG_ROWS + 1
     with pytest.raises(UnsupportedConfigError, match="max_rows"):
         type(pr)(pr.bufs, pr.ctrl, 0, deadline=1.0, fault=pr.fault, confirm=False, tiles_cap=4)
@@ -239,8 +239,10 @@ def test_gpu_a_spinning_rank_sees_its_peers_disagreement(case):
     world, hidden = 2, 4096
     ranks = ranks_on_one_device(world, hidden, max_rows=8, device="cuda", deadline=DEADLINE_S, confirm=True,
                                 tiles_cap=8)
+    for pr in ranks:        # no call may load a kernel while a peer's launch spins in this process (preload)
+        pr.preload([8, 5])
     parts = make_partials(world, 8, hidden, seed=8, device="cuda")
-    for _ in range(2):          # compile, both parities; whole calls, each rank on its own stream
+    for _ in range(2):          # both parities; whole calls, each rank on its own stream
         outs = [poison(torch.empty_like(p)) for p in parts]
         streams = [torch.cuda.Stream() for _ in ranks]
         for r, pr in enumerate(ranks):
@@ -276,6 +278,48 @@ def test_gpu_a_spinning_rank_sees_its_peers_disagreement(case):
         assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="kernel loads happen only on a GPU")
+def test_gpu_preloaded_ranks_load_no_kernel_in_their_calls_and_refusals(device):
+    """After `preload`, no call of a preloaded M and no refusal loads a kernel (Triton's load hook): ranks sharing
+    a process whose call loaded a module while a peer's launch spun timed out (session 34: a 20 s deadline)."""
+    from triton import knobs
+
+    world, hidden = 3, 4096
+    ranks = ranks_on_one_device(world, hidden, max_rows=8, device=device, deadline=DEADLINE_S, confirm=True,
+                                tiles_cap=8)
+    for pr in ranks:
+        pr.preload([8, 3])
+    with pytest.raises(UnsupportedConfigError, match="rows"):
+        ranks[0].preload([9])
+    parts = make_partials(world, 8, hidden, seed=12, device=device)
+    streams = [torch.cuda.Stream(device) for _ in ranks]
+    loads, hook = [], knobs.runtime.kernel_load_start_hook
+    knobs.runtime.kernel_load_start_hook = lambda module, function, name, *rest: loads.append(name)
+    try:
+        for m in (8, 3, 8):
+            outs = [poison(torch.empty_like(p[:m])) for p in parts]
+            for r, pr in enumerate(ranks):
+                with torch.cuda.stream(streams[r]):
+                    pr.all_reduce(parts[r][:m], outs[r], check=False)
+            torch.cuda.synchronize(device)
+            assert [pr.status() for pr in ranks] == [None] * world
+            for r in range(world):
+                assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts[:, :m]), output=f"m{m}_{r}")
+        for r, pr in enumerate(ranks):
+            with torch.cuda.stream(streams[r]):
+                if r == 1:
+                    with pytest.raises(StepContractError):
+                        pr.all_reduce(parts[r][:, :100])
+                else:
+                    pr.all_reduce(parts[r], check=False)
+        torch.cuda.synchronize(device)
+    finally:
+        knobs.runtime.kernel_load_start_hook = hook
+    assert all(isinstance(pr.status(), StepContractError) for pr in ranks)
+    assert loads == [], f"kernels loaded during the calls: {loads}"
+
+
 def test_a_step_this_rank_did_not_complete_still_fails_after_a_later_abort_overwrote_its_word(device):
     """Rank 1's step 1 was aborted (rank 0 refused it) but rank 1 reads its status only after step 2's abort
     replaced the abort word: its own programs recorded that step 1 did not complete (the failed-epoch word),
@@ -307,6 +351,8 @@ def test_gpu_a_rank_that_saw_a_disagreement_ends_its_step_only_after_every_peer_
 
     world, hidden = 3, 4096
     ranks = ranks_on_one_device(world, hidden, max_rows=8, device="cuda", deadline=DEADLINE_S, tiles_cap=8)
+    for pr in ranks:
+        pr.preload([8])
     parts = make_partials(world, 8, hidden, seed=11, device="cuda")
     streams = [torch.cuda.Stream() for _ in ranks]
 
@@ -314,7 +360,7 @@ def test_gpu_a_rank_that_saw_a_disagreement_ends_its_step_only_after_every_peer_
         with torch.cuda.stream(streams[r]):
             return ranks[r].all_reduce(part, out, check=False)
 
-    for _ in range(2):          # compile, both parities
+    for _ in range(2):          # both parities
         outs = [poison(torch.empty_like(p)) for p in parts]
         for r in range(world):
             call(r, parts[r], outs[r])
@@ -322,7 +368,7 @@ def test_gpu_a_rank_that_saw_a_disagreement_ends_its_step_only_after_every_peer_
         assert [pr.status() for pr in ranks] == [None] * world
     with torch.cuda.stream(streams[2]):
         with pytest.raises(StepContractError):
-            ranks[2].all_reduce(parts[2][:, :100])                  # compiles the refusal form first
+            ranks[2].all_reduce(parts[2][:, :100])                  # a first disagreed step
     outs = [poison(torch.empty_like(p)) for p in parts]
     call(1, parts[1], outs[1])
     call(0, parts[0], outs[0])
