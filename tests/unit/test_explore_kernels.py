@@ -607,32 +607,6 @@ def test_explore46_smem_norm_weights_stored_before_the_wait_and_read_after_the_b
     assert "ld.shared.b16" not in tail[:barrier] and tail[barrier:].count("ld.shared.b16") == 2
 
 
-@pytest.mark.parametrize("m", [5, 20, 40])
-@pytest.mark.parametrize("mode", ["random", "duplicate", "all_equal", "one_expert"])
-def test_plan_keys32_routes_like_the_reference_with_ties(device, m, mode, monkeypatch):
-    """bench/explore/plan_keys32.py (the route / plan kernel's top-k on int32 keys, prepared for session 30): its edit
-    of kernels/moe.py applies, and the edited module's `route` chooses exactly the reference's experts (ties: the
-    lower index first) with gates within the policy, at one and several plan programs, under the interpreter or on
-    the GPU."""
-    monkeypatch.syspath_prepend(str(BENCH / "explore"))
-    from _common import module_from_source
-    from plan_keys32 import keys32_source
-    from test_moe import exact_router_inputs
-
-    from lowlat.kernels import moe
-    from lowlat.numerics import check_accuracy, oracle_cast
-    from lowlat.reference.moe import route_topk
-
-    mod = module_from_source("moe_keys32_test", keys32_source(open(moe.__file__).read()))
-    hidden, experts, top_k, nv = 48, 12, 3, max(1, m - 2)
-    h, router = exact_router_inputs(torch.Generator().manual_seed(m), m, hidden, experts, mode, device)
-    bitmap, gates = mod.route(h, router, top_k, True, nv)
-    ref_bitmap, ref_gates = route_topk(h, router, top_k, True, nv)
-    _, orc_gates = route_topk(oracle_cast(h), oracle_cast(router), top_k, True, nv)
-    assert torch.equal(bitmap, ref_bitmap), (mode, m)
-    check_accuracy("moe", gates, orc_gates, ref_gates, output="gates")
-
-
 #: a hand-written sm_90 listing: a step input (8 bytes) and a weight (16 bytes) loaded before the PDL wait, a range
 #: check that waits on the step input, a register copy that waits on the weight, then x, a chain of three dependent
 #: mma (one through a move) beside an independent one, and the output's store
