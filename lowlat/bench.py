@@ -1021,8 +1021,13 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--rows: {item.strip()!r} is not a row count in 1..{MAX_ROWS}"
     models = [m.strip() for m in (args.models or "").split(",") if m.strip()]
     unknown = [m for m in models if m not in PRESET_NAMES]
-    if unknown or not models:
+    if unknown:
         return f"--models {args.models!r}: unknown presets {unknown}; known: {list(PRESET_NAMES)}"
+    # the moe section (one Qwen3-30B-A3B layer, its profile too) and copy need no preset: --models "" skips the models
+    per_model = {"tune", "kernels", "step", "compiled"} | ({"profile"} if "moe" not in sections else set())
+    if not models and per_model & set(sections):
+        return (f"--models {args.models!r} names no preset, but sections {sorted(per_model & set(sections))} run per "
+                f"model; known: {list(PRESET_NAMES)}")
     if args.ctx < 1:
         return f"--ctx {args.ctx}: cached tokens per request must be at least 1"
     for flag, v in (("--budget-s", args.budget_s), ("--tune-budget-s", args.tune_budget_s)):

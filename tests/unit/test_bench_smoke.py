@@ -13,6 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.mark.parametrize("script", ["bench_allreduce.py", "bench_draft_sampling.py", "bench_tp_layer.py"])
+@pytest.mark.interpreter
 def test_bench_smoke_mode_runs(script, tmp_path):
     res = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True,
                          timeout=600, cwd=tmp_path)
@@ -23,6 +24,8 @@ def test_bench_smoke_mode_runs(script, tmp_path):
     (["--rows", "1,abc"], "--rows: 'abc' is not a row count in 1..48"),
     (["--rows", "8,64"], "--rows: '64' is not a row count in 1..48"),
     (["--models", "SmolLM2-135M,Nope"], "unknown presets ['Nope']"),
+    (["--models", "", "--sections", "step,moe"], "sections ['step'] run per model"),
+    (["--models", ",", "--sections", "profile"], "sections ['profile'] run per model"),
     (["--sections", "step,foo"], "unknown sections ['foo']"),
     (["--sections", ","], "names no section"),
     (["--ctx", "0"], "--ctx 0"),
@@ -37,6 +40,18 @@ def test_lowlat_bench_refuses_a_bad_argument_before_any_device_work(args, messag
     assert main(["bench", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "needs a CUDA GPU" not in err
+
+
+def test_lowlat_bench_runs_the_moe_layer_without_a_model_preset(capsys):
+    """--models "" with only the preset-free sections (the MoE layer and its profile) passes the argument checks
+    (session 34's device script was refused so)."""
+    import argparse
+
+    from lowlat.bench import check_args
+
+    ns = argparse.Namespace(rows="1,6,48", models="", sections="moe,profile", ctx=512, budget_s=60.0,
+                            tune_budget_s=120.0, tune_shapes=None, tune_wide_rows=None)
+    assert check_args(ns) is None
 
 
 def test_lowlat_bench_on_the_cpu_says_it_needs_a_gpu(capsys):
