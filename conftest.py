@@ -33,10 +33,20 @@ settings.load_profile(os.environ.get("LOWLAT_HYPOTHESIS_PROFILE", "gpu" if HAS_C
 
 
 def pytest_collection_modifyitems(config, items):
+    from lowlat.kernels._attn_common import interpreting
+
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    # a GPU runner (TRITON_INTERPRET unset there) compiles every Triton kernel for the GPU: the CPU-interpreter
+    # tests would fail on their CPU tensors. They run in CI, or there with `CUDA_VISIBLE_DEVICES= pytest -m interpreter`
+    skip_interp = pytest.mark.skip(reason="runs Triton kernels on CPU tensors under the Triton CPU interpreter, which "
+                                          "is off here (TRITON_INTERPRET unset or 0, as on a GPU runner): run with "
+                                          "`CUDA_VISIBLE_DEVICES= pytest -m interpreter`")
+    interp = interpreting()
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if item.get_closest_marker("interpreter") is not None and not interp:
+            item.add_marker(skip_interp)
 
 
 pytest_plugins = ("lowlat.pytest_plugin",)   # numerics records -> each test's report

@@ -71,6 +71,7 @@ def test_abort_word_names_epoch_stage_origin_and_missing_peer():
         pack_abort(0, 0, 0, 0)
 
 
+@pytest.mark.interpreter
 def test_lowlat_fault_env_parsing(monkeypatch):
     monkeypatch.delenv("LOWLAT_FAULT", raising=False)
     assert Fault.from_env().kind == FaultKind.NONE and not Fault.from_env().active

@@ -103,6 +103,7 @@ def check_layer(cfg, lw, case, x, out, kc, vc):
 
 # ------------------------------------------------------------------------------------------- CPU
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.interpreter
 def test_tp_fused_layer_equals_tp1_reference_and_is_bitwise_identical_on_every_rank(world):
     """Decode + verify rows with padding; two runs bitwise equal (fresh caches each)."""
     cfg = tiny_tp(world)
@@ -115,6 +116,7 @@ def test_tp_fused_layer_equals_tp1_reference_and_is_bitwise_identical_on_every_r
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.interpreter
 def test_push_epilogue_and_per_tile_reduce_equal_ordered_sum_bitwise(world):
     """The two TP kernels alone: partials with cancelling pairs (so any other sum order changes bits,
     world >= 3) produced by an exact GEMV (W = identity), pushed by the GEMV epilogue, reduced per
@@ -143,6 +145,7 @@ def test_push_epilogue_and_per_tile_reduce_equal_ordered_sum_bitwise(world):
 
 @pytest.mark.parametrize("kind,stage", [(FaultKind.NEVER, "out_proj all-reduce"),
                                         (FaultKind.WRONG_EPOCH, "down_proj all-reduce")])
+@pytest.mark.interpreter
 def test_rank_that_never_arrives_raises_on_every_rank_and_next_step_is_correct(kind, stage):
     """World 3: rank 1's push is withheld (or tagged with the previous epoch) in one collective;
     every rank raises CollectiveTimeout naming the stage and rank 1; x is untouched; the next step
@@ -170,6 +173,7 @@ def test_rank_that_never_arrives_raises_on_every_rank_and_next_step_is_correct(k
     check_layer(cfg, lw, case, x, out, kc, vc)
 
 
+@pytest.mark.interpreter
 def test_refuses_bad_configs_and_inputs_before_any_launch():
     cfg = tiny_tp(2)
     lw, case, x = make_case(cfg, 1, [2], [1])
@@ -192,6 +196,7 @@ def test_refuses_bad_configs_and_inputs_before_any_launch():
                   output="kv_untouched_after_refusal")
 
 
+@pytest.mark.interpreter
 def test_overlap_falls_back_to_the_serial_order_under_the_interpreter():
     """No PDL on the CPU: overlap=True runs push then reduce as separate, ordered launches (a reduce
     program spinning before the push programs ran would never finish) and equals the serial layer."""
@@ -206,6 +211,7 @@ def test_overlap_falls_back_to_the_serial_order_under_the_interpreter():
     check_bitwise(OP, a, b, output="overlap_vs_serial")
 
 
+@pytest.mark.interpreter
 def test_overlap_mode_launches_both_kernels_with_pdl(monkeypatch):
     """The host wiring of the overlap, which bitwise tests cannot see (the serial order gives the same bits):
     where PDL is available, each collective's push AND reduce get USE_PDL and `launch_pdl`; with

@@ -120,6 +120,7 @@ def check_same(ref, new, tag=""):
        mode=st.sampled_from(PLAN_MODES), split=st.sampled_from([1, 2, 3]),
        grouping=st.sampled_from(["one", "pre_kv", "groups"]), seed=st.integers(0, 2 ** 16))
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_folded_combine_bitwise_equals_attention_combine(m, pad, group, hkv, d, num_splits, kind, mode, split,
                                                         grouping, seed):
     """1-48 rows over 1-3 row blocks, GQA 1 / 3 / 4 / 8, D 16 / 32 (D 32 in the explicit examples), 1-8 splits of
@@ -144,6 +145,7 @@ def test_folded_combine_bitwise_equals_attention_combine(m, pad, group, hkv, d, 
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.interpreter
 def test_folded_combine_padding_rows_and_grid_order(monkeypatch, order):
     """Every column tile folds its own K slice before reading it, so no program order may matter (the interpreter's
     programs in grid order and reversed, `reverse_interpreter_grid`; several column tiles, splits and row blocks),
@@ -166,6 +168,7 @@ def test_folded_combine_padding_rows_and_grid_order(monkeypatch, order):
     check_bitwise("out_proj", new2[1][0][:n], new[1][0][:n], output="x_valid_rows")
 
 
+@pytest.mark.interpreter
 def test_folded_combine_keeps_split_order_and_skips_masked_slots():
     """The attention test's adversarial case through the fold: one row of L = 48 over 3 splits (num_splits 4: a
     chunk with a masked 4th slot), scores far below 0 (a masked slot's weight 2^(0 - m_max) would be inf, inf * 0
@@ -198,6 +201,7 @@ def test_fold_pieces_bound_the_partials_a_round_trip():
     assert fold_pieces(3, 4096, 128, 4) == dict(F_HS=32, F_HP=32, F_RB=1, F_NRB=3, F_CHUNK=4)
 
 
+@pytest.mark.interpreter
 def test_fold_refuses_bad_deferred_attention_before_writing():
     """A plan slicing K through a head, a malformed DeferredAttention, outputs overlapping the attention's buffers or
     an attention output overlapping the residual: a typed error naming it, and nothing written."""

@@ -323,6 +323,7 @@ def test_attn_prologue_strided_x_out_q_v_cache(device):
     assert torch.equal(kc2.nan_to_num(), kc1.nan_to_num()) and torch.equal(vs.nan_to_num(), vc1.nan_to_num())
 
 
+@pytest.mark.interpreter
 def test_prologue_plan_raises_bn_to_a_rotary_half():
     """bn below D/2 is raised to D/2 (a tile holds whole heads), and a workspace whose plan is narrower
     than D/2 is refused by the wrapper, naming the plan, with nothing written."""
@@ -338,6 +339,7 @@ def test_prologue_plan_raises_bn_to_a_rotary_half():
     assert torch.equal(kc.nan_to_num(), kc0.nan_to_num())
 
 
+@pytest.mark.interpreter
 def test_workspace_too_small_refused():
     """A workspace whose GEMV scratch is narrower than the plan's N / 2 pair rows is refused, naming the
     sizes, with nothing written."""
@@ -489,6 +491,7 @@ def test_last_dim_stride_checked_only_where_it_is_used():
 
 
 @pytest.mark.parametrize("case", range(len(_error_cases()[2])))
+@pytest.mark.interpreter
 def test_attn_prologue_bad_input_raises_typed_error_and_writes_nothing(case):
     cfg, base, cases = _error_cases()
     name, change, msg = cases[case]
@@ -727,6 +730,7 @@ def _held_error_cases():
 
 
 @pytest.mark.parametrize("case", range(len(_held_error_cases()[2])))
+@pytest.mark.interpreter
 def test_held_prologue_bad_input_raises_typed_error_before_any_launch(case):
     """Every refusal of attn_prologue_held, on the CPU: a StepContractError naming the value, the caches and out_q
     untouched. (The kernel cannot launch on the CPU, so what this proves is the message and that nothing else runs

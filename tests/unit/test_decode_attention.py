@@ -105,6 +105,7 @@ def test_decode_attention_split_and_block_edges(device, length):
                                               out_cache_loc=step.out_cache_loc, pre_kv=True), out, output="pre_kv")
 
 
+@pytest.mark.interpreter
 def test_decode_attention_chooses_the_early_kv_path_by_the_grid(monkeypatch):
     """out_cache_loc with pre_kv None loads early only under PDL and while num_splits x Hkv x M programs fit on
     the GPU at once (PRE_KV_PROGRAMS_PER_SM by head_dim, at most 16 query heads per KV head); pre_kv True / False
@@ -319,6 +320,7 @@ def test_decode_attention_split_groups_give_the_same_bits(device, pre_kv):
                   output="pre_kv_without_out_cache_loc")
 
 
+@pytest.mark.interpreter
 def test_default_split_groups_groups_only_wide_grids(monkeypatch):
     """One program per split unless num_splits x Hkv x M exceeds WIDE_GRID at head_dim <= WIDE_MAX_HEAD_DIM, then
     num_splits halved while the grid exceeds WIDE_TARGET (at least 1); the launch uses it when split_groups is None
@@ -351,6 +353,7 @@ def test_default_split_groups_groups_only_wide_grids(monkeypatch):
     assert seen == [((32, 2, 3), 32), ((4, 2, 3), 4), ((16, 2, 3), 16), ((32, 2, 3), 32), ((8, 2, 3), 8)]
 
 
+@pytest.mark.interpreter
 def test_decode_attention_launches_kv_stages_as_num_stages(monkeypatch):
     """kv_stages reaches the launch as Triton's num_stages: by default KV_STAGES, GROUPED_KV_STAGES where a program
     runs at least 16 splits' share of its row, PRE_KV_STAGES on the early path (its PRE_KV_PROGRAMS_PER_SM table was
@@ -384,6 +387,7 @@ def test_decode_attention_launches_kv_stages_as_num_stages(monkeypatch):
 
 @pytest.mark.parametrize("name, bad", [("split_groups", v) for v in (0, 3, 64, -2, True, 2.0)]
                          + [("kv_stages", v) for v in (0, 9, -1, True, 3.0, "3")])
+@pytest.mark.interpreter
 def test_decode_attention_bad_split_groups_or_kv_stages_raises_before_writing(name, bad):
     base, _ = _error_cases()
     out = poison(torch.empty_like(base["q"]))
@@ -455,6 +459,7 @@ def _error_cases():
 
 
 @pytest.mark.parametrize("case", range(len(_error_cases()[1])))
+@pytest.mark.interpreter
 def test_decode_attention_bad_input_raises_typed_error(case):
     """Each refusal names the value; nothing is written to a given out (NaN-poisoned before the call)."""
     base, cases = _error_cases()
@@ -468,6 +473,7 @@ def test_decode_attention_bad_input_raises_typed_error(case):
         assert args["out"].isnan().all(), "nothing may be written on bad input"
 
 
+@pytest.mark.interpreter
 def test_decode_attention_unknown_pdl_trigger_raises_before_writing():
     base, _ = _error_cases()
     out = poison(torch.empty_like(base["q"]))
@@ -477,6 +483,7 @@ def test_decode_attention_unknown_pdl_trigger_raises_before_writing():
 
 
 @pytest.mark.parametrize("trigger", ["after_kv", "start"])
+@pytest.mark.interpreter
 def test_decode_attention_passes_pdl_trigger_to_the_kernel(monkeypatch, trigger):
     """The wrapper's pdl_trigger reaches the kernel as TRIGGER_AFTER_KV under PDL (the launch recorded by a
     stand-in kernel: the interpreter runs no PDL, and the arithmetic is the same either way)."""

@@ -95,6 +95,7 @@ def check_same(ref, new, rows=slice(None), tag=""):
        split_down=st.sampled_from([2, 3]), split_pro=st.sampled_from([1, 2, 3]), preload_pro=st.booleans(),
        early=st.booleans(), seed=st.integers(0, 2 ** 16))
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_deferred_down_into_prologue_bitwise_equals_down_finisher(m, pad, hidden, qk_norm, bias, mode_down,
                                                                   split_down, split_pro, preload_pro, early, seed):
     """Every plan mode of the down projection (preload / stream, bn, split 2-3) into every prologue plan (split 1-3,
@@ -111,6 +112,7 @@ def test_deferred_down_into_prologue_bitwise_equals_down_finisher(m, pad, hidden
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.interpreter
 def test_deferred_prologue_padding_rows_never_change_valid_rows(monkeypatch, order):
     """NaN in the padding rows' act and residual stays in those rows (x, q; the caches get only valid rows). Run with
     the interpreter's programs in grid order and reversed (`reverse_interpreter_grid`): every program reduces its own
@@ -132,6 +134,7 @@ def test_deferred_prologue_padding_rows_never_change_valid_rows(monkeypatch, ord
     check_same(new, new2, rows=slice(0, n), tag="_valid_rows")
 
 
+@pytest.mark.interpreter
 def test_prologue_reduces_the_partials_in_split_order():
     """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
     and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
@@ -146,6 +149,7 @@ def test_prologue_reduces_the_partials_in_split_order():
     assert bool((d.out == 1).all()), f"x not partials in split order, then r: {d.out.unique().tolist()}"
 
 
+@pytest.mark.interpreter
 def test_prologue_refuses_deferred_buffers_it_writes():
     """The DeferredX's out, residual or partials sharing bytes with out_q or a KV cache, and a malformed DeferredX:
     a typed error, and nothing written (the caches and out_q unchanged)."""

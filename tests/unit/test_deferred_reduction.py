@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lowlat.errors import StepContractError
 from lowlat.kernels._gemv import GemvWorkspace, plan_gemv
-from lowlat.kernels.mlp import gate_up_act, pack_gate_up
+from lowlat.kernels.mlp import gate_up_act
 from lowlat.kernels.out_proj import DeferredX, check_deferred, residual_gemv, residual_gemv_deferred
 from lowlat.numerics import check_bitwise, poison
 from lowlat.testing import reverse_interpreter_grid
@@ -63,6 +63,7 @@ def both_ways(attn, wo, x, wgu, nw, plan_o, plan_gu, ws, use_pdl=False):
        mode_gu=st.sampled_from(PLAN_MODES), split_o=st.sampled_from([2, 3]), split_gu=st.sampled_from([1, 2]),
        seed=st.integers(0, 2 ** 16))
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_deferred_reduction_bitwise_equals_out_proj_finisher(m, shape, mode_o, mode_gu, split_o, split_gu, seed):
     h, q, i = shape
     attn, wo, x, wgu, nw = make_inputs(m, h, q, i, seed, "cpu")
@@ -76,6 +77,7 @@ def test_deferred_reduction_bitwise_equals_out_proj_finisher(m, shape, mode_o, m
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.interpreter
 def test_deferred_reduction_padding_rows_never_change_valid_rows(monkeypatch, order):
     """NaN in padding rows' attention and residual stays in those rows. Run with the interpreter's programs in grid
     order and reversed (`reverse_interpreter_grid`): every gate/up program reduces its own K slice before reading it,
@@ -98,6 +100,7 @@ def test_deferred_reduction_padding_rows_never_change_valid_rows(monkeypatch, or
     check_bitwise("mlp", act2[:n], act[:n], output="act_valid_rows")
 
 
+@pytest.mark.interpreter
 def test_each_partial_slot_holds_its_splits_k_slice():
     """partials[s] = a[:, ks] W[:, ks]^T over split s's K slice ks = [s * CPS * BK, (s + 1) * CPS * BK): against a
     float64 product, within an fp32 accumulation bound (2^-20 times sum |a||w| over the slice: the kernel adds at most
@@ -118,6 +121,7 @@ def test_each_partial_slot_holds_its_splits_k_slice():
         assert bool(((got - want).abs() <= bound).all()), f"partials[{s_}] is not split {s_}'s product"
 
 
+@pytest.mark.interpreter
 def test_gate_up_reduces_the_partials_in_split_order():
     """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
     and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
@@ -147,6 +151,7 @@ def _args(m=3):
     (lambda a: a.update(partials=torch.empty(2, 64, 3).transpose(1, 2)), "partials must be contiguous"),
     (lambda a: a.update(wo=a["wo"][:, :32]), r"wo|w has shape|contiguous|plan"),
 ])
+@pytest.mark.interpreter
 def test_residual_gemv_deferred_bad_input_raises_typed_error_and_writes_nothing(change, match):
     a = _args()
     change(a)
@@ -159,6 +164,7 @@ def test_residual_gemv_deferred_bad_input_raises_typed_error_and_writes_nothing(
         assert torch.equal(a["out"].isnan(), out_before.isnan())
 
 
+@pytest.mark.interpreter
 def test_overlapping_deferred_buffers_are_refused():
     """out sharing bytes with the residual or the partials, also through strided views (rows with gaps), and act
     sharing bytes with the DeferredX: the consuming launch would read what it (or another program) writes."""
@@ -184,6 +190,7 @@ def test_overlapping_deferred_buffers_are_refused():
         gate_up_act(DeferredX(parts, x, base[:192].view(3, 64)), wgu, norm_weight=nw, eps=EPS, out=base.view(3, 96))
 
 
+@pytest.mark.interpreter
 def test_gate_up_act_bad_deferred_raises_typed_error():
     a = _args()
     x, nw, wgu = a["x"], a["nw"], a["wgu"]

@@ -84,6 +84,7 @@ def compare_step(cfg, weights, case, *, seed=0, widths=(1, 2, 4, 6, 8, 12, 16, 2
     return logits
 
 
+@pytest.mark.interpreter
 def test_one_layer_decode_and_verify_rows_within_policy():
     cfg = tiny()
     w = random_model_weights(cfg, seed=1)
@@ -93,6 +94,7 @@ def test_one_layer_decode_and_verify_rows_within_policy():
     compare_step(cfg, w, case)
 
 
+@pytest.mark.interpreter
 def test_two_layer_model_padded_to_width_within_policy():
     """7 rows padded to width 8: two decode rows and a 5-row prefill chunk, Qwen2-style QKV bias."""
     cfg = tiny(num_layers=2, qkv_bias=True)
@@ -120,6 +122,7 @@ def _split_out_proj_table(cfg, tmp_path, monkeypatch, split=2, down_split=None):
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.defers`: up to `defer` rows a dense layer's out_proj with split-K stores its split partials and
     the gate/up launch reduces them (`out_proj.residual_gemv_deferred`). The step is within the policy of the
@@ -143,6 +146,7 @@ def test_deferred_out_proj_reduction_within_policy_and_same_bits_as_without(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.defers_down`: up to `defer_down` rows a dense layer's down projection with split-K stores its split
     partials and the next layer's attention prologue reduces them; the last layer never defers (its x feeds the LM
@@ -184,6 +188,7 @@ def test_deferred_down_reduction_within_policy_and_same_bits_as_without(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_folded_attention_combine_within_policy_and_same_bits_as_without(tmp_path, monkeypatch):
     """`FusedModel.folds`: up to `fold` rows the decode attention stores its split partials and the output projection
     combines them (`decode_attention(fold_combine=True)`); alone, and with both split-K reductions deferred too (the
@@ -306,6 +311,7 @@ def assert_tokens_equal_or_near_tie(cfg, weights, device, prompts, got, want, *,
     return exact
 
 
+@pytest.mark.interpreter
 def test_engine_greedy_generation_matches_reference_engine():
     """`Engine(cfg, FusedModel(...), pool)` runs a batch of two prompts (prefill chunks, then shared
     decode steps padded to a width); its greedy tokens equal the reference engine's."""
@@ -324,6 +330,7 @@ def test_engine_greedy_generation_matches_reference_engine():
 
 
 @pytest.mark.parametrize("moe_out_proj", ["split_k", "norm_epilogue"])
+@pytest.mark.interpreter
 def test_moe_layer_runs_through_moe_kernels(moe_out_proj):
     """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference: with the split-K
     residual GEMV and the RMSNorm in the MoE's router launch (from whole rows of x), and with out_proj's RMSNorm
@@ -356,6 +363,7 @@ def test_bad_step_raises_before_any_kv_write():
         fm.forward(big.step, SimpleNamespace(k_caches=[big.k_cache], v_caches=[big.v_cache]))
 
 
+@pytest.mark.interpreter
 def test_a_pool_with_a_bad_later_layer_is_refused_before_any_kv_write():
     """Every layer's K and V cache must be bf16, on the model's device, of layer 0's shape: a float32 (or
     resized) layer 1 is refused before layer 0's K/V is written (only layer 0 was checked before)."""
@@ -526,6 +534,7 @@ def test_gpu_deferred_out_proj_reduction_same_bits_as_without(device):
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_early_release_reaches_the_dense_residual_gemvs_only(tmp_path, monkeypatch):
     """`FusedModel(early_release=...)` (default EARLY_RELEASE) reaches the dense layers' out_proj and / or down
     projection launches it names, deferred or not (out_proj deferred at 1 row, down deferred to the next prologue at 1 row
@@ -774,6 +783,7 @@ def _early_exit_case(cfg, seed):
     return case, *layer_caches(case, cfg.num_layers, seed)
 
 
+@pytest.mark.interpreter
 def test_early_exit_hidden_matches_reference_first_layers():
     """The self-speculation draft forward: layers 0..n-1 fused, final RMSNorm, no LM head, vs
     ReferenceModel.hidden_states(num_layers=n); K/V written for layers < n only, padding rows 0."""
@@ -798,6 +808,7 @@ def test_early_exit_hidden_matches_reference_first_layers():
         fm.early_exit_hidden(case.step, pool, 4)
 
 
+@pytest.mark.interpreter
 def test_early_exit_leaves_the_full_steps_outputs_alone():
     """A draft forward runs no LM head: the logits and tokens the last full step returned (views of the
     runner's static buffers) are unchanged by it."""
@@ -900,6 +911,7 @@ def one_row_case(cfg, seed):
 
 
 @pytest.mark.parametrize("rows_case", list(DRAFT_ROWS))
+@pytest.mark.interpreter
 def test_draft_position_tokens_equal_reference_pipeline(rows_case):
     """A draft position (embed, layers 0..n-1, final RMSNorm, draft sampler: one launch chain) vs its spec,
     ReferenceModel.hidden_states(num_layers=n) + reference draft_sample, on the same Philox counters:
@@ -948,6 +960,7 @@ def test_draft_position_tokens_equal_reference_pipeline(rows_case):
                           output=f"v_cache_{i}")
 
 
+@pytest.mark.interpreter
 def test_draft_position_padding_rows_get_neutral_parameters():
     """Padding rows of the width run as greedy rows with zero counters (temperature 0, top_k 0, top_p 1,
     seed 0, offset 0), whatever an earlier call at the same width left there: a sampled draft of 3 rows,
@@ -1094,6 +1107,7 @@ def test_layer_skip_drafter_uses_the_fused_runner_when_built():
     assert seen == [2, 2] and runner.calls == []
 
 
+@pytest.mark.interpreter
 def test_layer_skip_drafter_draft_position_route_equals_early_exit_route():
     """`Engine(cfg, FusedModel(...), pool)` (the runner is the backend itself), three requests (top-k + top-p,
     greedy, temperature only), two drafts each: the draft_position route proposes exactly the tokens of the
@@ -1135,6 +1149,7 @@ def test_layer_skip_drafter_draft_position_route_equals_early_exit_route():
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter
 def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monkeypatch):
     """The fused contract backend on a tiny model (CPU: the Triton interpreter), built for verify steps of
     k + 1 rows: greedy speculative decoding whose every draft position runs through

@@ -115,6 +115,7 @@ def test_candidates_start_with_default_include_legacy_and_are_distinct(model):
 
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
                                         ("lm_head", 200, 64)])
+@pytest.mark.interpreter
 def test_every_candidate_passes_the_tuners_check_on_cpu(kind, n, k):
     """The tuner's correctness gate (policy at 48 rows, rows bitwise independent of row blocks) on
     every candidate plan of a tiny shape, under the interpreter (out_proj: the norm epilogue's h and x)."""
@@ -141,6 +142,7 @@ def test_wide_candidates_cover_the_bandwidth_shapes_and_are_valid():
 
 
 @pytest.mark.parametrize("kind, n, k", [("lm_head", 300, 96), ("residual", 96, 512)])
+@pytest.mark.interpreter
 def test_wide_candidate_fields_pass_the_tuners_check_on_cpu(kind, n, k):
     """The wide candidates' tilings (bn 32..128, block_k 64..256, split 4 / 8, masked K) forced on a
     tiny shape pass the tuner's correctness gate under the interpreter."""
@@ -150,6 +152,7 @@ def test_wide_candidate_fields_pass_the_tuners_check_on_cpu(kind, n, k):
 
 
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 128), ("gate_up", 80, 128)])
+@pytest.mark.interpreter
 def test_max_split_with_a_partial_last_tile_passes_the_tuners_check_on_cpu(kind, n, k):
     """Split-K MAX_SPLIT with N not a multiple of bn (the last tile's partials are stored and read only
     for the columns n < N, so nothing lands in the next slot): within the policy at 20 rows and the
@@ -216,6 +219,7 @@ def test_rstd_of_is_correctly_rounded_on_sm90(runtime_k):
     assert ptx.count("div.rn.f32") >= 2 and "sqrt.rn.f32" in ptx, ptx[-2000:]
 
 
+@pytest.mark.interpreter
 def test_tuner_case_of_out_proj_checks_h_and_x():
     """`_GemvCase("out_proj")` (the tuner's case of the MoE layers' out_proj with its RMSNorm epilogue) fails a
     plan whose h is wrong, and one whose x is wrong: its check reads both outputs."""
@@ -279,6 +283,7 @@ def test_committed_width_dependent_plans():
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
                                         ("lm_head", 200, 256)])
 @pytest.mark.parametrize("stream_at", [1, 2])
+@pytest.mark.interpreter
 def test_width_dependent_weight_stream_keeps_rows_bitwise(kind, n, k, stream_at):
     """A plan that streams at one row-block count and preloads at the other passes the tuner's gate under the
     interpreter: the policy at 20 rows (2 row blocks) and the first 3 rows (1 row block) bitwise equal to it.
@@ -295,6 +300,7 @@ def test_width_dependent_weight_stream_keeps_rows_bitwise(kind, n, k, stream_at)
 
 @pytest.mark.parametrize("kind, module", [("residual", "out_proj"), ("out_proj", "out_proj"), ("gate_up", "mlp"),
                                           ("lm_head", "lm_head")])
+@pytest.mark.interpreter
 def test_launchers_run_the_plan_of_their_row_block_count(kind, module, monkeypatch):
     """Every GEMV launcher launches a width-dependent plan (`by_row_blocks`: preload at 2 row blocks only) with the
     weight stream of its launch's row-block count: 3 / 20 / 40 rows run stream / preload / stream."""
@@ -354,6 +360,7 @@ def test_tuner_keeps_a_width_dependent_plan_that_ties_at_the_timed_widths():
     assert pick_tuned(timed, (1, 48))[1] == everywhere        # 48 rows: the table streams, the winner preloads
 
 
+@pytest.mark.interpreter
 def test_bn_may_depend_on_the_width_for_residual_and_qkv_only():
     """Session 17: bn may be set per row-block count (`by_row_blocks` {b: {"bn": ...}}, `GemvPlan.bn_by_width`) for the
     kinds of BN_BY_ROW_BLOCKS_KINDS (residual, qkv: bn changes the MMA instruction, not the summation order; equal
@@ -388,6 +395,7 @@ def test_bn_may_depend_on_the_width_for_residual_and_qkv_only():
         assert all(bool(torch.isnan(t).all()) for t in outs), kind
 
 
+@pytest.mark.interpreter
 def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
     """A residual plan of bn 64 that runs bn 16 at 1 row block and bn 32 at 2 is launched with each width's own grid
     (6 / 3 / 2 tiles of 96 columns: the base plan's 2 tiles would leave most columns of 3 rows unwritten, which the

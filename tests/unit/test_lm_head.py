@@ -58,6 +58,7 @@ def check_against_reference(x, nw, w, nvalid, r) -> None:
 
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), pad=st.integers(0, 5),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_lm_head_within_2x_baseline_error(m, shape, pad, seed):
     h, v = shape
     x, nw, w = make_inputs(m, h, v, seed, "cpu")
@@ -71,6 +72,7 @@ def test_lm_head_within_2x_baseline_error(m, shape, pad, seed):
        mode=st.sampled_from([dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload=False, bn=32),
                              dict(preload=False, bn=128)]),
        block_k=st.sampled_from([16, 32]), seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_lm_head_every_plan_mode_within_2x_baseline_error(m, shape, pad, mode, block_k, seed):
     h, v = shape
     x, nw, w = make_inputs(m, h, v, seed, "cpu")
@@ -83,6 +85,7 @@ def test_lm_head_every_plan_mode_within_2x_baseline_error(m, shape, pad, mode, b
 
 
 @pytest.mark.parametrize("tied", [(5, 7), (5, 200), (63, 64), (3, 129, 250)])
+@pytest.mark.interpreter
 def test_lm_head_ties_go_to_the_lowest_token_id(tied):
     """Identical weight rows give bitwise-equal maximal logits; the lowest id must win, whether the
     tied ids share a program's tile (5, 7) or sit in different programs (5, 200; 63, 64)."""
@@ -97,6 +100,7 @@ def test_lm_head_ties_go_to_the_lowest_token_id(tied):
     check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
 
 
+@pytest.mark.interpreter
 def test_lm_head_device_valid_rows_and_repeated_calls():
     """num_valid_rows as a device tensor; the keys and counters are reset after each launch."""
     x, nw, w = make_inputs(20, 64, 200, 10, "cpu")
@@ -166,6 +170,7 @@ def overlay(a: dict, key: str, shape: tuple, dtype: torch.dtype, first_byte: int
     (lambda a: a.update(num_valid_rows=torch.tensor([3], dtype=torch.int32)) or
      a.update(tokens_out=overlay(a, "num_valid_rows", (3,), torch.int64)), "tokens_out overlaps num_valid_rows"),
 ])
+@pytest.mark.interpreter
 def test_lm_head_bad_input_raises_typed_error(change, match):
     """Each bad argument: a StepContractError naming it, and nothing written (logits / tokens poisoned, every buffer
     compared byte for byte)."""
@@ -181,6 +186,7 @@ def test_lm_head_bad_input_raises_typed_error(change, match):
         assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
 
 
+@pytest.mark.interpreter
 def test_lm_head_int_and_int32_tensor_valid_rows_still_accepted():
     """The accepted forms of num_valid_rows: a Python int in 1..M and a [1] / 0-d int32 tensor, same bits."""
     x, nw, w = make_inputs(4, 64, 128, 15, "cpu")

@@ -70,6 +70,7 @@ def cpu_plans(h, i, split):
 
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 1, 3]),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_mlp_norm_on_load_within_2x_baseline_error(m, shape, split, seed):
     h, i = shape
     x, wg, wu, wd, nw = make_inputs(m, h, i, seed, "cpu")
@@ -80,6 +81,7 @@ def test_mlp_norm_on_load_within_2x_baseline_error(m, shape, split, seed):
 @settings(max_examples=6)
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 2]),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_mlp_given_h_within_2x_baseline_error(m, shape, split, seed):
     """h given (already normed), separate residual: residual + swiglu_mlp(h)."""
     h, i = shape
@@ -97,6 +99,7 @@ PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload
 @settings(max_examples=10)
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
        split=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_mlp_in_kernel_norm_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
     """As the fused step runs it: rstd computed in the gate/up kernel from eps (factored RMSNorm; with
     split-K the splits' sums of squares are added in split order), any tile plan."""
@@ -113,6 +116,7 @@ def test_mlp_in_kernel_norm_every_plan_mode_within_2x_baseline_error(m, shape, m
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.interpreter
 def test_gate_up_in_kernel_norm_rows_independent():
     """In-kernel rstd: a row's act is bitwise the same whatever M and whatever the other rows hold."""
     x, wg, wu, _, nw = make_inputs(40, 64, 96, 22, "cpu")
@@ -129,6 +133,7 @@ def test_gate_up_in_kernel_norm_rows_independent():
                           full[:m], output=f"act_m{m}")
 
 
+@pytest.mark.interpreter
 def test_gate_up_act_matches_silu_times_up():
     x, wg, wu, _, _ = make_inputs(11, 64, 96, 4, "cpu")
     act = poison(torch.empty(11, 96, dtype=torch.bfloat16))
@@ -139,6 +144,7 @@ def test_gate_up_act_matches_silu_times_up():
     check_accuracy("mlp", act, oracle, baseline, output="act")
 
 
+@pytest.mark.interpreter
 def test_mlp_padding_rows_never_change_valid_rows():
     m, n = 18, 5
     x, wg, wu, wd, nw = make_inputs(m, 64, 96, 6, "cpu")
@@ -152,6 +158,7 @@ def test_mlp_padding_rows_never_change_valid_rows():
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.interpreter
 def test_mlp_in_place_residual():
     """The fused model's call: x is input, residual and output at once."""
     x, wg, wu, wd, nw = make_inputs(9, 64, 128, 7, "cpu")
@@ -240,6 +247,7 @@ def overlay(a: dict, key: str, shape: tuple, first: int = 0) -> torch.Tensor:
     (lambda a: a.update(out=overlay(a, "x", (M, H), 1)), "out overlaps x without being the same view"),
     (lambda a: a.update(out=within(a["w_down"], (M, H))), "out overlaps w_down"),
 ])
+@pytest.mark.interpreter
 def test_mlp_bad_input_raises_typed_error(change, match):
     """Each bad argument: a StepContractError naming it, raised before either launch, so act and out (poisoned) and
     every input keep every byte."""
@@ -253,6 +261,7 @@ def test_mlp_bad_input_raises_typed_error(change, match):
         assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
 
 
+@pytest.mark.interpreter
 def test_mlp_allowed_aliasing_matches_separate_buffers():
     """The documented in-place forms: out = residual (a second view of its exact elements too), and out = x with a
     separate residual (x is read by the gate/up launch only): bitwise the result into separate buffers."""
@@ -277,6 +286,7 @@ def test_mlp_allowed_aliasing_matches_separate_buffers():
     (dict(x="x"), "x must be a torch.Tensor, got str"),
     (dict(w_gate_up=np.zeros((2 * I, H), np.float32)), "w_gate_up must be a torch.Tensor, got ndarray"),
 ])
+@pytest.mark.interpreter
 def test_gate_up_act_bad_input_raises_typed_error(change, match):
     x, wg, wu, _, nw = make_inputs(M, H, I, 13, "cpu")
     args = dict(x=x, w_gate_up=pack_gate_up(wg, wu), norm_weight=nw, eps=EPS,
@@ -290,6 +300,7 @@ def test_gate_up_act_bad_input_raises_typed_error(change, match):
         assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
 
 
+@pytest.mark.interpreter
 def test_gate_up_act_refuses_out_overlapping_its_inputs():
     """act out over x (its column tiles read all of x) or over the weights / rstd: refused naming both, nothing
     written."""

@@ -59,6 +59,7 @@ def check_against_reference(attn, wo, x, nw, r) -> None:
 
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), split=st.sampled_from([None, 1, 2, 3]),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_out_proj_within_2x_baseline_error(m, shape, split, seed):
     h, k = shape
     attn, wo, x, nw = make_inputs(m, h, k, seed, "cpu")
@@ -76,6 +77,7 @@ PLAN_MODES = [dict(preload=True, bn=64), dict(preload=True, bn=16), dict(preload
 @settings(max_examples=10)
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
        split=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_out_proj_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
     h, k = shape
     attn, wo, x, nw = make_inputs(m, h, k, seed, "cpu")
@@ -86,6 +88,7 @@ def test_out_proj_every_plan_mode_within_2x_baseline_error(m, shape, mode, split
 @settings(max_examples=10)
 @given(m=st.integers(1, 48), shape=st.sampled_from(CPU_SHAPES), mode=st.sampled_from(PLAN_MODES),
        split=st.sampled_from([None, 1, 3]), seed=st.integers(0, 2 ** 16))
+@pytest.mark.interpreter
 def test_residual_gemv_every_plan_mode_within_2x_baseline_error(m, shape, mode, split, seed):
     """The fused step's output projection: out = residual + attn Wo^T, in place as the step runs it."""
     h, k = shape
@@ -99,6 +102,7 @@ def test_residual_gemv_every_plan_mode_within_2x_baseline_error(m, shape, mode, 
     check_bitwise("residual_gemv", xi, out, output="in_place")
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_rows_independent_across_modes_and_widths():
     """A row's output is bitwise the same whatever M (1, 16, 17, 33) and whatever the other rows
     hold; checked for a preload and a stream plan with split-K."""
@@ -115,6 +119,7 @@ def test_residual_gemv_rows_independent_across_modes_and_widths():
             check_bitwise("residual_gemv", part, full[:m], output=f"rows_m{m}")
 
 
+@pytest.mark.interpreter
 def test_out_proj_in_place_residual_matches_out_of_place():
     attn, wo, x, nw = make_inputs(7, 96, 128, 1, "cpu")
     plan = plan_gemv(96, 128, block_k=32, split=2)
@@ -126,6 +131,7 @@ def test_out_proj_in_place_residual_matches_out_of_place():
     check_bitwise("out_proj", got.h, want.h, output="h")
 
 
+@pytest.mark.interpreter
 def test_out_proj_padding_rows_never_change_valid_rows():
     """Rows are independent: NaN / huge padding rows leave every other row's outputs bitwise unchanged."""
     m, n = 20, 13
@@ -142,6 +148,7 @@ def test_out_proj_padding_rows_never_change_valid_rows():
         check_bitwise("out_proj", a[:n], b[:n], output=name)
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_matches_reference_add():
     """The down-projection variant (no norm): out = residual + a W^T."""
     g = torch.Generator().manual_seed(5)
@@ -156,6 +163,7 @@ def test_residual_gemv_matches_reference_add():
 
 
 @pytest.mark.parametrize("split", [2, 3])
+@pytest.mark.interpreter
 def test_out_proj_workspace_reused_across_calls_is_deterministic(split):
     """Counters return to 0 after each launch (split 2 and 3): a second call on the same workspace gives
     the same bits."""
@@ -214,6 +222,7 @@ def poisoned_outputs(m: int, n: int) -> dict:
     (dict(out=poison(torch.empty(2 * 64, dtype=torch.bfloat16)).as_strided((3, 64), (32, 1))),
      r"out's rows overlap \(row stride 32 < N=64\)"),
 ])
+@pytest.mark.interpreter
 def test_out_proj_bad_input_raises_typed_error(bad, match):
     """Each bad argument: a StepContractError naming it, and nothing written (outputs poisoned with NaN and the
     inputs compared byte for byte before / after)."""
@@ -228,6 +237,7 @@ def test_out_proj_bad_input_raises_typed_error(bad, match):
     assert_unwritten(bufs, before)
 
 
+@pytest.mark.interpreter
 def test_out_proj_refuses_outputs_overlapping_inputs_and_writes_nothing():
     """An output sharing bytes with an input (or another output) that the kernel reads while other programs write it:
     refused naming both tensors, before anything is written. out over attn (K = N) gave x off by 5.5 (the column
@@ -266,6 +276,7 @@ def test_out_proj_refuses_outputs_overlapping_inputs_and_writes_nothing():
                 assert bool(t.isnan().all()), f"{match}: {k} written"
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_refuses_out_overlapping_inputs_and_writes_nothing():
     """residual_gemv(out=a) (K = N) gave out off by 5.5; out over w, a shifted view of the residual, and out rows
     sharing memory are refused too, naming the tensors, and nothing is written."""
@@ -289,6 +300,7 @@ def test_residual_gemv_refuses_out_overlapping_inputs_and_writes_nothing():
         assert torch.equal(storage_bytes(out), out_before), match
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_in_place_forms_match_out_of_place():
     """The allowed aliasing: out is the residual itself (`FusedModel`'s output projection: out=x), or another view
     of exactly its elements (same data_ptr and strides; at one row the row stride is free): bitwise the out-of-place
@@ -310,6 +322,7 @@ def test_residual_gemv_in_place_forms_match_out_of_place():
             check_bitwise("residual_gemv", wide[:, :96], want, output="out_row_stride_free_m1")
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_deferred_refuses_overlapping_partials_and_out_rows():
     """residual_gemv_deferred writes the partials: over a, w or the residual (which the consumer reads after) they
     are refused; so is a deferred out whose rows share memory. Nothing is written."""
@@ -344,6 +357,7 @@ def test_residual_gemv_deferred_refuses_overlapping_partials_and_out_rows():
     (lambda a, w, r: residual_gemv(a, w, r.tolist()), "residual must be a torch.Tensor, got list"),
     (lambda a, w, r: residual_gemv_deferred(a.tolist(), w, r, torch.empty_like(r)), "a must be a torch.Tensor"),
 ])
+@pytest.mark.interpreter
 def test_residual_gemv_non_tensor_arguments_raise_typed_error(call, match):
     attn, wo, res, _ = make_inputs(3, 64, 64, 10, "cpu")
     with pytest.raises(StepContractError, match=match):
@@ -463,6 +477,7 @@ def test_residual_gemv_early_release_sits_before_the_wait_in_the_sm90_ptx():
     assert (early["registers"], early["shared"]) == (late["registers"], late["shared"]), (early, late)
 
 
+@pytest.mark.interpreter
 def test_residual_gemv_passes_early_release_to_the_launch(monkeypatch):
     """residual_gemv / residual_gemv_deferred launch EARLY_RELEASE as asked (False by default), with PDL as asked, and
     refuse an early_release that is not a bool before any launch."""

@@ -312,6 +312,7 @@ def test_weights_are_views_of_the_loaded_model(tiny):
 
 @needs_sglang
 @pytest.mark.skipif(not HAS_FUSED, reason="lowlat/runtime/fused_model.py (helper k1b, issue 3) not there yet")
+@pytest.mark.interpreter
 def test_decode_forward_with_fused_model_under_interpreter(tiny, monkeypatch):
     """FusedModel gives logits, not hidden states, so the output is LogitsProcessorOutput(next_token_logits=...).
     SGLang's logits_processor module needs GPU-only packages to import: a stand-in with the same

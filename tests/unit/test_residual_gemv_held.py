@@ -166,6 +166,7 @@ def _bad_inputs(device):
 
 
 @pytest.mark.parametrize("case", range(17))
+@pytest.mark.interpreter
 def test_bad_inputs_raise_typed_errors_and_write_nothing(case):
     cases, (a, w, res) = _bad_inputs("cpu")
     _, override, match = cases[case]
@@ -187,6 +188,7 @@ def test_bad_inputs_raise_typed_errors_and_write_nothing(case):
 
 
 @pytest.mark.parametrize("name", ["a", "w", "residual", "out"])
+@pytest.mark.interpreter
 def test_sum_sq_out_overlapping_a_tensor_is_refused(name):
     t = dict(a=torch.zeros(2, 1024, dtype=torch.bfloat16), w=torch.zeros(32, 1024, dtype=torch.bfloat16),
              residual=torch.zeros(2, 32, dtype=torch.bfloat16), out=torch.zeros(2, 32, dtype=torch.bfloat16))
@@ -195,6 +197,7 @@ def test_sum_sq_out_overlapping_a_tensor_is_refused(name):
         residual_gemv_held(t["a"], t["w"], t["residual"], out=t["out"], sum_sq_out=ss)
 
 
+@pytest.mark.interpreter
 def test_out_overlapping_a_is_refused():
     a = torch.zeros(2, 1024, dtype=torch.bfloat16)
     with pytest.raises(StepContractError, match="out overlaps a"):

@@ -69,6 +69,7 @@ def check_reference_bits(x, w, out) -> None:
 # ------------------------------------------------------------------------------------------------- CPU
 @given(m=st.integers(1, 48), h=st.sampled_from(CPU_HIDDEN), row_pad=st.sampled_from([0, 8, 37]),
        seed=st.integers(0, 2 ** 16), scale=st.sampled_from([1.0, 2.0 ** -10]))
+@pytest.mark.interpreter
 def test_rms_norm_within_2x_baseline_error(m, h, row_pad, seed, scale):
     x, w = make_inputs(m, h, seed, "cpu", row_pad=row_pad, scale=scale)
     check_policy(x, w, run_kernel(x, w, out_pad=row_pad // 2))
@@ -77,6 +78,7 @@ def test_rms_norm_within_2x_baseline_error(m, h, row_pad, seed, scale):
 @pytest.mark.parametrize("scale", [1.0, 2.0 ** -10])
 @pytest.mark.parametrize("h", [64, 96, 576])
 @pytest.mark.parametrize("m", [1, 5, 48])
+@pytest.mark.interpreter
 def test_rms_norm_rounds_twice_in_the_references_order(m, h, scale):
     """Exact sum of squares: output bitwise the bf16 reference's, bf16(w * bf16(x * rstd)) rounded to nearest
     (rstd's mean, + eps, sqrt and reciprocal correctly rounded, as torch's); rows with mean(x^2) far above
@@ -86,6 +88,7 @@ def test_rms_norm_rounds_twice_in_the_references_order(m, h, scale):
 
 
 @pytest.mark.parametrize("h", [96, 576])
+@pytest.mark.interpreter
 def test_rms_norm_row_invariant(h):
     """Every row of 48 gives the same bits alone (one launch each), among the first m rows, and as a view of a
     buffer with another row stride."""
@@ -100,6 +103,7 @@ def test_rms_norm_row_invariant(h):
     check_bitwise("rms_norm", run_kernel(wide[:, 5:5 + h], w, out_pad=11), full, output="row_stride")
 
 
+@pytest.mark.interpreter
 def test_rms_norm_zero_rows_writes_nothing():
     x, w = make_inputs(1, 64, 0, "cpu")
     out = torch.full((0, 64), SENTINEL, dtype=torch.bfloat16)
@@ -134,6 +138,7 @@ def _bad_cases():
 
 
 @pytest.mark.parametrize("args,match", _bad_cases())
+@pytest.mark.interpreter
 def test_rms_norm_bad_input_raises_typed_error_before_any_write(args, match):
     before = args["out"].clone() if args["out"].device.type != "meta" else None
     with pytest.raises(StepContractError, match=match):
@@ -142,6 +147,7 @@ def test_rms_norm_bad_input_raises_typed_error_before_any_write(args, match):
         check_bitwise("rms_norm", args["out"], before, output="out_untouched")
 
 
+@pytest.mark.interpreter
 def test_rms_norm_out_overlapping_x_is_refused():
     x, w = make_inputs(4, 64, 2, "cpu", row_pad=64)
     base = x.clone()

@@ -148,6 +148,7 @@ def tuner(monkeypatch):
     return case, timed, checked, rec, run
 
 
+@pytest.mark.interpreter
 def test_tuner_proposes_a_row_block_override_that_passes_the_check_and_survives_json(tuner):
     """Stream wins at 1 and 6 rows; at 24 rows (2 row blocks) too; at 48 (3) the preload: the entry's plan is the
     stream with a preload override at 3 row blocks, checked (`_GemvCase.check`, every row-block count) before it is
@@ -167,6 +168,7 @@ def test_tuner_proposes_a_row_block_override_that_passes_the_check_and_survives_
     assert plan_gemv(N, K, kind="residual", table=table) == want
 
 
+@pytest.mark.interpreter
 def test_tuner_keeps_the_winner_when_the_composed_plan_fails_its_check(tuner):
     """(The candidates' own checks are skipped here: the previous test runs them.)"""
     case, _, _, rec, run = tuner
@@ -181,6 +183,7 @@ def test_tuner_keeps_the_winner_when_the_composed_plan_fails_its_check(tuner):
     assert [e["where"] for e in rec.doc["errors"]] == ["tiny/by_row_blocks"]
 
 
+@pytest.mark.interpreter
 def test_tuner_skips_the_wide_stage_when_the_budget_runs_short(tuner):
     """A budget spent after the narrow timings (3 candidates x 2 rows): no wide launch is timed, the narrow winner is
     kept and the skip recorded; wide_rows=() turns the stage off, and so do rows of one row block (the narrow
@@ -197,6 +200,7 @@ def test_tuner_skips_the_wide_stage_when_the_budget_runs_short(tuner):
         assert len(timed) == 6 and entry["label"] == "stream" and entry["wide_us"] == {}
 
 
+@pytest.mark.interpreter
 def test_tuner_proposes_a_wider_bn_of_the_winners_tiling_for_the_residual_kind(tuner):
     """WIDER (the stream's block_k / split / warps, bn 32, 4 stages) is slower narrow, faster than the stream at 24
     rows (2.0 against 10.0 us) and than the preload at 48 (2.0 against 5.0): for the residual kind its bn and stream
@@ -212,6 +216,7 @@ def test_tuner_proposes_a_wider_bn_of_the_winners_tiling_for_the_residual_kind(t
     assert plan_gemv(N, K, kind="residual", table=plans_from_json(json.loads(json.dumps([entry])))) == want
 
 
+@pytest.mark.interpreter
 def test_a_bn_by_width_winner_keeps_its_bn_and_every_row_records_the_launched_plan(tuner):
     """A candidate that launches the stream plan at 1 row block and bn 32 at 3 (`by_row_blocks` bn, allowed for the
     residual kind) ties with the stream at 1 and 6 rows, so `pick_tuned` keeps it; at 48 rows the plans of its
