@@ -9,7 +9,7 @@
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
-END=560
+END=${END:-560}
 
 echo "== (a) tests not marked gpu (${SECONDS}s)"
 timeout "$(cap 300)" python3 -m pytest -v -n 8 -m "not gpu" -p no:cacheprovider --timeout 120 -rfE --tb=short tests \
