@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 35's first call (one GPU; ends by END, default 560 s): what session 34's call 3 could not reach.
+# (a) test_moe.py + test_fused_model.py -m gpu: the int32 route / plan keys (1fa63cb) in the MoE block and the fused
+# model on the GPU (test_moe.py passed with them in session 34 call 1, test_fused_model.py not yet);
+# (b) the unmarked tests call 3 did not reach: test_peer_rank_agreement.py (its device-fixture tests on the GPU) and
+# test_rank_agreement.py (gloo processes, device "cpu", on a GPU machine);
+# (c) every single-GPU test (bench/device/common.sh's gpu_tests) with what is left.
+cd "$(dirname "$0")/../.."
+source bench/device/common.sh
+exec > >(tee "$OUT/all.log") 2>&1
+END=${END:-560}
+
+echo "== (a) test_moe.py + test_fused_model.py -m gpu (${SECONDS}s)"
+timeout "$(cap 200)" python3 -m pytest -v -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider \
+  --timeout 200 -rf tests/unit/test_moe.py tests/unit/test_fused_model.py > "$OUT/moe_fused_gpu.log" 2>&1
+echo "pytest rc $?"
+grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/moe_fused_gpu.log" | grep -v " PASSED " | cut -c1-300 | tail -12
+
+echo "== (b) unmarked: test_peer_rank_agreement.py, test_rank_agreement.py (${SECONDS}s)"
+timeout "$(cap 150)" python3 -m pytest -v -n 8 -m "not gpu" -p no:cacheprovider --timeout 120 -rfE --tb=short \
+  tests/multi_gpu/test_peer_rank_agreement.py tests/multi_gpu/test_rank_agreement.py > "$OUT/unmarked_rest.log" 2>&1
+echo "pytest rc $?"
+grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/unmarked_rest.log" | grep -v " PASSED " | cut -c1-300 | tail -12
+
+echo "== (c) every single-GPU test (${SECONDS}s)"
+gpu_tests_verbose "$(cap 400)"
+echo "done at ${SECONDS}s"
