@@ -43,6 +43,64 @@ def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
     assert (out / "numerics.png").stat().st_size > 1000
 
 
+def test_signoff_runs_the_interpreter_tests_again_where_the_first_run_skipped_them(tmp_path, monkeypatch):
+    """On a GPU machine the first run skips the `interpreter` tests (conftest: the interpreter is off there); the
+    sign-off runs them again in a process with no GPU visible and TRITON_INTERPRET=1, and their outcomes replace
+    the skips (one passes, one fails: the sign-off fails). Here the first run is given TRITON_INTERPRET=0 and the
+    fake suite's conftest skips as the repo's does; a -m of the caller narrows both runs."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(textwrap.dedent('''
+        import os, pytest
+
+        def pytest_configure(config):
+            config.addinivalue_line("markers", "interpreter: CPU interpreter")
+            config.addinivalue_line("markers", "other: another marker")
+
+        def pytest_collection_modifyitems(config, items):
+            for item in items:
+                if item.get_closest_marker("interpreter") and os.environ.get("TRITON_INTERPRET") != "1":
+                    item.add_marker(pytest.mark.skip(reason="interpreter off"))
+    '''))
+    # a module name of its own: the in-process runs of the other test import a test_fake.py
+    (suite / "test_fake_interpreter.py").write_text(textwrap.dedent('''
+        import os, pytest
+
+        @pytest.mark.interpreter
+        @pytest.mark.other
+        def test_on_the_interpreter():
+            assert os.environ["TRITON_INTERPRET"] == "1" and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+        @pytest.mark.interpreter
+        @pytest.mark.other
+        def test_broken_on_the_interpreter():
+            assert False
+
+        @pytest.mark.interpreter
+        def test_left_out_by_the_callers_marker():
+            pass
+
+        @pytest.mark.other
+        def test_anywhere():
+            pass
+    '''))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    out = tmp_path / "report"
+    code = run_signoff(str(out), workers="0", paths=[str(suite)], extra=["-p", "no:randomly", "-m", "other"],
+                       interpreter_pass=True)
+    assert code == 1
+    rep = json.loads((out / "signoff.json").read_text())
+    by_name = {t["test"].split("::")[-1]: t for t in rep["tests"]}
+    assert by_name["test_on_the_interpreter"]["outcome"] == "passed"
+    assert by_name["test_on_the_interpreter"]["run"] == "interpreter"
+    assert by_name["test_broken_on_the_interpreter"]["outcome"] == "failed"
+    assert by_name["test_anywhere"]["outcome"] == "passed" and "run" not in by_name["test_anywhere"]
+    assert "test_left_out_by_the_callers_marker" not in by_name
+    assert rep["summary"] == {"passed": 2, "failed": 1, "not run": 0}
+    assert rep["runs"][1]["pytest_args"][-1] == "interpreter and (other)"
+    assert "second run, the `interpreter` tests" in (out / "signoff.md").read_text()
+
+
 def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp_path):
     """`lowlat signoff --quality-only` goes straight to the task-quality sign-off (no pytest suite) and
     its exit code is that sign-off's verdict; --quick or pytest arguments with it, or --quality beside it,
