@@ -105,7 +105,24 @@ def _pytest_in_process(args: list[str]) -> tuple[int, dict[str, dict]]:
     return int(code), collector.tests
 
 
-def _interpreter_pass(args: list[str], quick: bool) -> tuple[int, dict[str, dict], list[str]]:
+def _split_markexpr(args: list[str]) -> tuple[list[str], str | None]:
+    """(args without their -m EXPR / -mEXPR, the mark expression pytest would use: the last one, or None)."""
+    rest, expr, i = [], None, 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m" and i + 1 < len(args):
+            expr, i = args[i + 1], i + 2
+            continue
+        if a.startswith("-m") and len(a) > 2:
+            expr, i = a[2:], i + 1
+            continue
+        rest.append(a)
+        i += 1
+    return rest, expr
+
+
+def _interpreter_pass(args: list[str], quick: bool,
+                      markexpr: str | None = None) -> tuple[int, dict[str, dict], list[str]]:
     """The `interpreter` tests (Triton kernels on CPU tensors), which a GPU machine's run skips, run again in a
     process of their own with no GPU visible and TRITON_INTERPRET=1 (set before triton is imported there), as CI
     runs them: (exit code, records by test id, its pytest args). Raises RuntimeError when that process writes no
@@ -113,23 +130,17 @@ def _interpreter_pass(args: list[str], quick: bool) -> tuple[int, dict[str, dict
     import subprocess
     import tempfile
 
-    marks = ["interpreter"] + (["not slow"] if quick else [])
-    rest, i = [], 0
-    while i < len(args):            # a -m of the caller's narrows this run too
-        if args[i] == "-m" and i + 1 < len(args):
-            marks.append(f"({args[i + 1]})")
-            i += 2
-            continue
-        rest.append(args[i])
-        i += 1
-    pass_args = [*rest, "-m", " and ".join(marks)]
+    # a -m of the caller's (args carry none: `_split_markexpr`) narrows this run too
+    marks = ["interpreter"] + (["not slow"] if quick else []) + ([f"({markexpr})"] if markexpr else [])
+    pass_args = [*args, "-m", " and ".join(marks)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.json"
-        subprocess.run([sys.executable, "-m", "lowlat.signoff", str(path), *pass_args], cwd=REPO_ROOT, env=env,
-                       check=False)
+        res = subprocess.run([sys.executable, "-m", "lowlat.signoff", str(path), *pass_args], cwd=REPO_ROOT, env=env,
+                             check=False)
         if not path.exists():
-            raise RuntimeError(f"the interpreter pass wrote no records ({sys.executable} -m lowlat.signoff ...)")
+            raise RuntimeError(f"the interpreter pass wrote no records ({sys.executable} -m lowlat.signoff ...: "
+                               f"exit status {res.returncode})")
         doc = json.loads(path.read_text())
     return int(doc["exit_code"]), doc["tests"], pass_args
 
@@ -152,8 +163,11 @@ def run_signoff(out_dir: str = "signoff-report", *, quick: bool = False, workers
             "lowlat.pytest_plugin", "--rootdir", str(REPO_ROOT)]
     if workers not in ("0", ""):
         base += ["-n", workers]
-    base += list(extra or [])
-    args = base + (["-m", "not slow"] if quick else [])
+    rest, markexpr = _split_markexpr(list(extra or []))
+    base += rest
+    # quick and a caller's -m narrow the run together (pytest keeps only the last -m it is given)
+    first = " and ".join(f"({m})" for m in (["not slow"] if quick else []) + ([markexpr] if markexpr else []))
+    args = base + (["-m", first] if first else [])
     t0 = time.perf_counter()
     code, records = _pytest_in_process(args)
     runs = [{"pytest_args": args, "exit_code": code}]
@@ -161,8 +175,14 @@ def run_signoff(out_dir: str = "signoff-report", *, quick: bool = False, workers
         interpreter_pass = bool(hw["cuda"]) and not _interpreter_on()
     if interpreter_pass:
         print("[signoff] the interpreter tests: a second run, no GPU visible, TRITON_INTERPRET=1", file=sys.stderr)
-        code2, records2, args2 = _interpreter_pass(base, quick)
-        runs.append({"pytest_args": args2, "exit_code": code2, "env": "CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1"})
+        error = None
+        try:
+            code2, records2, args2 = _interpreter_pass(base, quick, markexpr)
+        except RuntimeError as e:      # keep the first run's report: the sign-off fails, naming why
+            print(f"[signoff] {e}", file=sys.stderr)
+            code2, records2, args2, error = 3, {}, ["-m", "interpreter"], str(e)
+        runs.append({"pytest_args": args2, "exit_code": code2, "env": "CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1",
+                     **({"error": error} if error else {})})
         for test_id, rec in records2.items():
             if records.get(test_id, {"outcome": "not run"})["outcome"] == "not run" and rec["outcome"] != "not run":
                 records[test_id] = dict(rec, run="interpreter")
@@ -191,7 +211,8 @@ def _markdown(r: dict) -> str:
              f"- hardware: {hw['gpus']} GPU(s) {', '.join(hw['gpu_names']) or '(none)'}; torch {hw['torch']}, "
              f"triton {hw['triton']}, python {hw['python']}",
              *[f"- second run, the `interpreter` tests (`{run['env']} pytest -m \"{run['pytest_args'][-1]}\"`): "
-               f"pytest exit code {run['exit_code']}; their outcomes replace the first run's skips"
+               f"pytest exit code {run['exit_code']}; " + (f"**it crashed: {run['error']}**; the first run's skips "
+               "stand" if run.get("error") else "their outcomes replace the first run's skips")
                for run in r.get("runs", [])[1:]],
              f"- **{r['summary']['passed']} passed, {r['summary']['failed']} failed, "
              f"{r['summary']['not run']} not run**", "", "## Numerics checks", "",

@@ -72,6 +72,9 @@ class PeerRank:
         self.deadline = Deadline.coerce(deadline)
         self.fault = fault
         self.fault.check_world(self.world)
+        for name, v in (("tiles_cap", tiles_cap), ("spin_limit", spin_limit)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:     # preload uses them (GPU) before a call does
+                raise UnsupportedConfigError(name, v, "must be an int >= 1")
         self.confirm, self.tiles_cap, self.spin_limit = confirm, tiles_cap, spin_limit
         self.stage_names = {0: "all_reduce"} if stage_names is None else stage_names
         self.max_tiles = bufs.max_tiles
@@ -89,6 +92,9 @@ class PeerRank:
         preloads the refusal; a no-op under the CPU interpreter. Raises UnsupportedConfigError for an M
         outside 1..max_rows."""
         b = self.bufs
+        if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+            raise UnsupportedConfigError("rows", rows, f"must be a sequence of ints in 1..{b.max_rows}")
+        rows = tuple(rows)          # iterated twice below: a generator would preload no call variant on a GPU
         for m in rows:
             if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= b.max_rows:
                 raise UnsupportedConfigError("rows", m, f"must be an int in 1..{b.max_rows}")

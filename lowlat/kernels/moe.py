@@ -40,10 +40,13 @@ preallocated in a `MoEWorkspace`, so the whole block can be captured in a CUDA g
    renormalisation. Writes the routing bitmap [M, E] (uint8 0/1) and gates [M, E]
    fp32 (0 where not chosen). Ties: the k chosen experts are the k largest bf16 logits, and among
    equal logits the lower expert index wins — the reference's stable descending sort of the
-   probabilities. (Softmax is monotone, so equal logits give equal probabilities; the one case that
-   can differ is two distinct bf16 logits whose fp32 probabilities round to the same value, which
-   needs logits within ~2^-17 of zero: the reference then takes the lower index, this kernel the
-   larger logit.) Padding rows (m >= num_valid_rows) get an all-zero bitmap row and zero gates.
+   probabilities. (Softmax is monotone, so equal logits give equal probabilities; the cases that
+   can differ are two distinct bf16 logits whose fp32 probabilities round to the same value — logits
+   within ~2^-17 of zero, or logits ~88+ below the row's max whose probabilities underflow (to 0 beyond
+   ~104): the reference then takes the lower index, this kernel the larger logit, gates equal — and a row
+   with a NaN or +inf logit, whose probabilities are all NaN: the reference takes the first K experts,
+   this kernel the NaN / +inf ones first, gates NaN either way.) Padding rows (m >= num_valid_rows) get an
+   all-zero bitmap row and zero gates.
    Then the plan: an expert is active when its bitmap column has a set bit (population count > 0);
    plan = [A, the A active experts in increasing index]; with several programs each ORs its experts
    into `MoEWorkspace.plan_sync` and the last to arrive (an atomic count) writes the plan: no program

@@ -278,6 +278,34 @@ def test_gpu_a_spinning_rank_sees_its_peers_disagreement(case):
         assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
 
 
+def test_preload_takes_each_row_count_once_and_refuses_what_is_not_a_sequence_of_row_counts(monkeypatch):
+    """`PeerRank.preload`'s GPU path, its launches recorded (the interpreter loads nothing): the refusal's variant,
+    then each M's call variant, from a list or a generator alike (a generator used to be spent by the validation,
+    preloading no call); an int, a string, None, or an M outside 1..max_rows is refused by name before any load;
+    tiles_cap / spin_limit (which the GPU path's preload uses at construction) are checked there."""
+    import lowlat.comm.peer_buffers as pb
+
+    pr = ranks_on_one_device(2, 128, max_rows=4)[0]
+    for name in ("tiles_cap", "spin_limit"):
+        with pytest.raises(UnsupportedConfigError, match=name):
+            type(pr)(pr.bufs, pr.ctrl, 0, deadline=1.0, fault=pr.fault, confirm=False,
+                     **{"tiles_cap": 4, "spin_limit": 64, name: 0})
+    loads = []
+    monkeypatch.setattr(pb, "interpreting", lambda: False)
+    monkeypatch.setattr(pb.torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(pb, "publish_refusal", lambda *a, **kw: loads.append(("refusal", kw["load_only"])))
+    monkeypatch.setattr(pb, "launch_all_reduce", lambda b, part, out, **kw: loads.append((part.shape[1],
+                                                                                           kw["load_only"])))
+    pr.preload([2, 4])
+    pr.preload(m for m in (3,))
+    assert loads == [("refusal", True), (2, True), (4, True), ("refusal", True), (3, True)]
+    for bad in (8, "12", None, [0], [5], [True], [2.0]):
+        loads.clear()
+        with pytest.raises(UnsupportedConfigError, match="rows"):
+            pr.preload(bad)
+        assert loads == [], bad
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="kernel loads happen only on a GPU")
 def test_gpu_preloaded_ranks_load_no_kernel_in_their_calls_and_refusals(device):

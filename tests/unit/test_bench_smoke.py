@@ -49,9 +49,10 @@ def test_lowlat_bench_runs_the_moe_layer_without_a_model_preset(capsys):
 
     from lowlat.bench import check_args
 
-    ns = argparse.Namespace(rows="1,6,48", models="", sections="moe,profile", ctx=512, budget_s=60.0,
-                            tune_budget_s=120.0, tune_shapes=None, tune_wide_rows=None)
-    assert check_args(ns) is None
+    for sections in ("moe,profile", "moe,compiled", "moe,profile,compiled,copy"):
+        ns = argparse.Namespace(rows="1,6,48", models="", sections=sections, ctx=512, budget_s=60.0,
+                                tune_budget_s=120.0, tune_shapes=None, tune_wide_rows=None)
+        assert check_args(ns) is None, sections
 
 
 def test_lowlat_bench_on_the_cpu_says_it_needs_a_gpu(capsys):

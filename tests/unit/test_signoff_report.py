@@ -101,6 +101,76 @@ def test_signoff_runs_the_interpreter_tests_again_where_the_first_run_skipped_th
     assert "second run, the `interpreter` tests" in (out / "signoff.md").read_text()
 
 
+def test_signoff_quick_and_an_attached_m_narrow_both_runs(tmp_path, monkeypatch):
+    """`-mEXPR` (pytest's attached form) narrows the interpreter pass as `-m EXPR` does, and --quick's "not slow"
+    is ANDed with it in the first run too (pytest keeps only the last -m: either one was dropped)."""
+    from lowlat.signoff import _split_markexpr
+
+    assert _split_markexpr(["-k", "x", "-mother", "-q"]) == (["-k", "x", "-q"], "other")
+    assert _split_markexpr(["-m", "a", "-m", "b"]) == ([], "b")
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(textwrap.dedent('''
+        import os, pytest
+
+        def pytest_configure(config):
+            for m in ("interpreter", "other", "slow"):
+                config.addinivalue_line("markers", f"{m}: a marker")
+
+        def pytest_collection_modifyitems(config, items):
+            for item in items:
+                if item.get_closest_marker("interpreter") and os.environ.get("TRITON_INTERPRET") != "1":
+                    item.add_marker(pytest.mark.skip(reason="interpreter off"))
+    '''))
+    (suite / "test_fake_quick_marks.py").write_text(textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.interpreter
+        @pytest.mark.other
+        def test_interp_other(): pass
+
+        @pytest.mark.interpreter
+        def test_interp_plain(): pass
+
+        @pytest.mark.other
+        @pytest.mark.slow
+        def test_other_slow(): pass
+
+        @pytest.mark.other
+        def test_other(): pass
+
+        def test_plain(): pass
+    '''))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    out = tmp_path / "report"
+    assert run_signoff(str(out), workers="0", paths=[str(suite)], extra=["-p", "no:randomly", "-mother"], quick=True,
+                       interpreter_pass=True) == 0
+    rep = json.loads((out / "signoff.json").read_text())
+    assert sorted(t["test"].split("::")[-1] for t in rep["tests"]) == ["test_interp_other", "test_other"]
+    assert rep["summary"] == {"passed": 2, "failed": 0, "not run": 0}
+
+
+def test_a_crashed_interpreter_pass_keeps_the_first_runs_report_and_fails_the_signoff(tmp_path, monkeypatch):
+    """The second run's process dying without records (a segfault) fails the sign-off, naming it, and keeps the
+    first run's records and report (a GPU suite's run may have taken hours)."""
+    import lowlat.signoff as so
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_fake_crash.py").write_text("def test_fine():\n    pass\n")
+
+    def crash(*a, **kw):
+        raise RuntimeError("the interpreter pass wrote no records (python -m lowlat.signoff ...: exit status -11)")
+
+    monkeypatch.setattr(so, "_interpreter_pass", crash)
+    out = tmp_path / "report"
+    assert run_signoff(str(out), workers="0", paths=[str(suite)], extra=["-p", "no:randomly"],
+                       interpreter_pass=True) == 1
+    rep = json.loads((out / "signoff.json").read_text())
+    assert rep["summary"] == {"passed": 1, "failed": 0, "not run": 0} and "exit status -11" in rep["runs"][1]["error"]
+    assert "it crashed" in (out / "signoff.md").read_text()
+
+
 def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp_path):
     """`lowlat signoff --quality-only` goes straight to the task-quality sign-off (no pytest suite) and
     its exit code is that sign-off's verdict; --quick or pytest arguments with it, or --quality beside it,
