@@ -43,25 +43,32 @@ def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
     assert (out / "numerics.png").stat().st_size > 1000
 
 
-def test_signoff_runs_the_interpreter_tests_again_where_the_first_run_skipped_them(tmp_path, monkeypatch):
-    """On a GPU machine the first run skips the `interpreter` tests (conftest: the interpreter is off there); the
-    sign-off runs them again in a process with no GPU visible and TRITON_INTERPRET=1, and their outcomes replace
-    the skips (one passes, one fails: the sign-off fails). Here the first run is given TRITON_INTERPRET=0 and the
-    fake suite's conftest skips as the repo's does; a -m of the caller narrows both runs."""
+def _fake_suite(tmp_path):
+    """A suite folder whose conftest skips `interpreter` tests unless TRITON_INTERPRET=1, as the repo's does where
+    the interpreter is off; markers interpreter / other / slow."""
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "conftest.py").write_text(textwrap.dedent('''
         import os, pytest
 
         def pytest_configure(config):
-            config.addinivalue_line("markers", "interpreter: CPU interpreter")
-            config.addinivalue_line("markers", "other: another marker")
+            for m in ("interpreter", "other", "slow"):
+                config.addinivalue_line("markers", f"{m}: a marker")
 
         def pytest_collection_modifyitems(config, items):
             for item in items:
                 if item.get_closest_marker("interpreter") and os.environ.get("TRITON_INTERPRET") != "1":
                     item.add_marker(pytest.mark.skip(reason="interpreter off"))
     '''))
+    return suite
+
+
+def test_signoff_runs_the_interpreter_tests_again_where_the_first_run_skipped_them(tmp_path, monkeypatch):
+    """On a GPU machine the first run skips the `interpreter` tests (conftest: the interpreter is off there); the
+    sign-off runs them again in a process with no GPU visible and TRITON_INTERPRET=1, and their outcomes replace
+    the skips (one passes, one fails: the sign-off fails). Here the first run is given TRITON_INTERPRET=0 and the
+    fake suite's conftest skips as the repo's does; a -m of the caller narrows both runs."""
+    suite = _fake_suite(tmp_path)
     # a module name of its own: the in-process runs of the other test import a test_fake.py
     (suite / "test_fake_interpreter.py").write_text(textwrap.dedent('''
         import os, pytest
@@ -108,20 +115,7 @@ def test_signoff_quick_and_an_attached_m_narrow_both_runs(tmp_path, monkeypatch)
 
     assert _split_markexpr(["-k", "x", "-mother", "-q"]) == (["-k", "x", "-q"], "other")
     assert _split_markexpr(["-m", "a", "-m", "b"]) == ([], "b")
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "conftest.py").write_text(textwrap.dedent('''
-        import os, pytest
-
-        def pytest_configure(config):
-            for m in ("interpreter", "other", "slow"):
-                config.addinivalue_line("markers", f"{m}: a marker")
-
-        def pytest_collection_modifyitems(config, items):
-            for item in items:
-                if item.get_closest_marker("interpreter") and os.environ.get("TRITON_INTERPRET") != "1":
-                    item.add_marker(pytest.mark.skip(reason="interpreter off"))
-    '''))
+    suite = _fake_suite(tmp_path)
     (suite / "test_fake_quick_marks.py").write_text(textwrap.dedent('''
         import pytest
 
