@@ -4,7 +4,8 @@
 # model on the GPU (test_moe.py passed with them in session 34 call 1, test_fused_model.py not yet);
 # (b) the unmarked tests call 3 did not reach: test_peer_rank_agreement.py (its device-fixture tests on the GPU) and
 # test_rank_agreement.py (gloo processes, device "cpu", on a GPU machine);
-# (c) every single-GPU test (bench/device/common.sh's gpu_tests) with what is left.
+# (d) `lowlat signoff --quick -- -k rms_norm`: the GPU run, then the interpreter tests' second run (session 34, not
+# yet run on a GPU machine); (c) every single-GPU test (bench/device/common.sh's gpu_tests) with what is left.
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
@@ -21,6 +22,11 @@ timeout "$(cap 150)" python3 -m pytest -v -n 8 -m "not gpu" -p no:cacheprovider 
   tests/multi_gpu/test_peer_rank_agreement.py tests/multi_gpu/test_rank_agreement.py > "$OUT/unmarked_rest.log" 2>&1
 echo "pytest rc $?"
 grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/unmarked_rest.log" | grep -v " PASSED " | cut -c1-300 | tail -12
+
+echo "== (d) lowlat signoff's two runs on a GPU machine, narrowed to the RMSNorm tests (${SECONDS}s)"
+timeout "$(cap 90)" python3 -m lowlat signoff --out "$OUT/signoff" --quick --workers 8 -- -k rms_norm \
+  > /tmp/signoff.log 2>&1; echo "signoff rc $?"
+grep -E "^\[signoff\]|second run|passed, " /tmp/signoff.log "$OUT/signoff/signoff.md" | cut -c1-250 | tail -8
 
 echo "== (c) every single-GPU test (${SECONDS}s)"
 gpu_tests_verbose "$(cap 400)"
