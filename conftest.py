@@ -37,10 +37,13 @@ def pytest_collection_modifyitems(config, items):
 
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
     # a GPU runner (TRITON_INTERPRET unset there) compiles every Triton kernel for the GPU: the CPU-interpreter
-    # tests would fail on their CPU tensors. They run in CI, or there with `CUDA_VISIBLE_DEVICES= pytest -m interpreter`
+    # tests would fail on their CPU tensors. CI (no GPU) runs them in the plain suite; a GPU runner with
+    # `CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 pytest -m interpreter`
+    interp_env = "unset" if "TRITON_INTERPRET" not in os.environ else f"={os.environ['TRITON_INTERPRET']!r}"
     skip_interp = pytest.mark.skip(reason="runs Triton kernels on CPU tensors under the Triton CPU interpreter, which "
-                                          "is off here (TRITON_INTERPRET unset or 0, as on a GPU runner): run with "
-                                          "`CUDA_VISIBLE_DEVICES= pytest -m interpreter`")
+                                          f"is off here (TRITON_INTERPRET {interp_env}; a GPU runner's default): "
+                                          "run with `CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 "
+                                          "pytest -m interpreter`")
     interp = interpreting()
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:

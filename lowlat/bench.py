@@ -1028,7 +1028,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     per_model = {"tune", "kernels", "step"} | ({"profile", "compiled"} if "moe" not in sections else set())
     if not models and per_model & set(sections):
         return (f"--models {args.models!r} names no preset, but sections {sorted(per_model & set(sections))} run per "
-                f"model; known: {list(PRESET_NAMES)}")
+                f"model: name one (e.g. --models {PRESET_NAMES[0]}) or keep to moe / copy; known: {list(PRESET_NAMES)}")
     if args.ctx < 1:
         return f"--ctx {args.ctx}: cached tokens per request must be at least 1"
     for flag, v in (("--budget-s", args.budget_s), ("--tune-budget-s", args.tune_budget_s)):

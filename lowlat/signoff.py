@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,7 @@ class _Collector:
         elif report.failed:
             rec["outcome"] = "failed"
             rec["reason"] = str(report.longrepr).splitlines()[-1][:300] if report.longrepr else ""
-        for key, value in report.user_properties:
+        for key, value in report.user_properties if report.when == "call" else ():   # teardown's repeat them
             if key == "numerics":
                 _merge_check(rec["numerics"], value)
         if report.when == "teardown":
@@ -99,7 +100,7 @@ def _pytest_in_process(args: list[str]) -> tuple[int, dict[str, dict]]:
     cwd = os.getcwd()
     os.chdir(REPO_ROOT)
     try:
-        code = pytest.main(args, plugins=[collector])
+        code = pytest.main(list(args), plugins=[collector])     # a copy: pytest.main edits its list
     finally:
         os.chdir(cwd)
     return int(code), collector.tests
@@ -198,7 +199,10 @@ def run_signoff(out_dir: str = "signoff-report", *, quick: bool = False, workers
     (out / "signoff.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "signoff.md").write_text(_markdown(report))
     _plot(tests, out / "numerics.png")
-    ok = summary["failed"] == 0 and int(code) in (0, 5)
+    ran = summary["passed"] + summary["failed"]
+    ok = summary["failed"] == 0 and int(code) in (0, 5) and ran > 0     # nothing run signs nothing off
+    if ran == 0:
+        print("[signoff] no test ran (a -k / -m that selects nothing here?): the sign-off fails", file=sys.stderr)
     print(f"[signoff] {summary['passed']} passed, {summary['failed']} failed, {summary['not run']} not run; "
           f"report in {out}/signoff.md", file=sys.stderr)
     return 0 if ok else 1
@@ -210,7 +214,7 @@ def _markdown(r: dict) -> str:
              f"- command: `{r['command']}`; pytest exit code {r['pytest_exit_code']}; wall {r['wall_s']} s",
              f"- hardware: {hw['gpus']} GPU(s) {', '.join(hw['gpu_names']) or '(none)'}; torch {hw['torch']}, "
              f"triton {hw['triton']}, python {hw['python']}",
-             *[f"- second run, the `interpreter` tests (`{run['env']} pytest -m \"{run['pytest_args'][-1]}\"`): "
+             *[f"- second run, the `interpreter` tests (`{run['env']} pytest {shlex.join(run['pytest_args'])}`): "
                f"pytest exit code {run['exit_code']}; " + (f"**it crashed: {run['error']}**; the first run's skips "
                "stand" if run.get("error") else "their outcomes replace the first run's skips")
                for run in r.get("runs", [])[1:]],

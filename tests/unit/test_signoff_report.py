@@ -35,6 +35,7 @@ def test_signoff_report_lists_checks_failures_and_not_run(tmp_path):
     by_name = {t["test"].split("::")[-1]: t for t in rep["tests"]}
     ok = by_name["test_within_policy"]["numerics"][0]
     assert ok["passed"] and ok["max_err"] <= ok["allowed"] and "2x" in ok["tolerance"]
+    assert ok["examples"] == 1, "one check made once (the teardown report repeats the call's records)"
     bad = by_name["test_broken"]["numerics"][0]
     assert not bad["passed"] and bad["max_err"] == 1.0
     assert by_name["test_needs_hardware"]["reason"].endswith("needs 8 GPUs")
@@ -163,6 +164,18 @@ def test_a_crashed_interpreter_pass_keeps_the_first_runs_report_and_fails_the_si
     rep = json.loads((out / "signoff.json").read_text())
     assert rep["summary"] == {"passed": 1, "failed": 0, "not run": 0} and "exit status -11" in rep["runs"][1]["error"]
     assert "it crashed" in (out / "signoff.md").read_text()
+
+
+def test_a_signoff_in_which_no_test_ran_fails(tmp_path):
+    """A -k that selects nothing (a typo) signs nothing off: exit 1, not 0 (pytest's exit code 5 was taken as
+    success)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_fake_none.py").write_text("def test_fine():\n    pass\n")
+    out = tmp_path / "report"
+    assert run_signoff(str(out), workers="0", paths=[str(suite)], extra=["-k", "no_such_test"],
+                       interpreter_pass=False) == 1
+    assert json.loads((out / "signoff.json").read_text())["summary"] == {"passed": 0, "failed": 0, "not run": 0}
 
 
 def test_quality_only_runs_no_suite_and_refuses_suite_arguments(monkeypatch, tmp_path):
