@@ -595,9 +595,9 @@ def _launch(bufs: ReduceBuffers, inp: torch.Tensor, out: torch.Tensor, m: int, *
     """The all-reduce kernel over grid (plan.n_tiles, ranks), once a PHASES of `runs`; flags: the
     constexprs that differ between a call and a refusal (USE_DEADLINE, HAS_DELAY, FAULT, ABORT_EVERY,
     REFUSAL). load_only (GPU): compile the variant and load it into the CUDA context, launching
-    nothing. Loading a module may synchronize the context (CUDA lazy loading, PyTorch's default
-    CUDA_MODULE_LOADING=LAZY): a call that first loads its variant while another rank's launch spins in
-    the same process waits for that launch, i.e. until its deadline (session 34's device run)."""
+    nothing. Loading a module waits for the context's running kernels (CUDA_MODULE_LOADING LAZY and
+    EAGER alike): a call that first loads its variant while another rank's launch spins in the same
+    process waits for that launch, i.e. until its deadline (session 34, bench/explore/lazy_load_deadlock.py)."""
     interp = interpreting()
     if load_only and interp:
         return                  # nothing is loaded under the interpreter

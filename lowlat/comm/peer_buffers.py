@@ -85,9 +85,9 @@ class PeerRank:
         """Compile and load into this process's CUDA context, launching nothing, the kernel variants of
         this rank's refusal and of its calls of each M in `rows` (contiguous [M, H] partial and out, this
         rank's fault), so that no later call compiles or loads one while a peer's launch spins. Ranks that
-        share one process (`lowlat.comm.testing.ranks_on_one_device`) need it: under CUDA lazy loading
-        (PyTorch's default) loading a module may wait for every running kernel of the context, and a
-        spinning peer's launch ends only at its deadline (session 34 measured a 20 s timeout so). In a
+        share one process (`lowlat.comm.testing.ranks_on_one_device`) need it: loading a module waits for
+        every running kernel of the context (lazy or eager module loading alike), and a spinning peer's
+        launch ends only at its deadline (session 34 measured a 20 s timeout so). In a
         process of its own it takes the first refusal's compile (~1 s) out of the step. Construction
         preloads the refusal; a no-op under the CPU interpreter. Raises UnsupportedConfigError for an M
         outside 1..max_rows."""

@@ -299,7 +299,7 @@ def test_preload_takes_each_row_count_once_and_refuses_what_is_not_a_sequence_of
     pr.preload([2, 4])
     pr.preload(m for m in (3,))
     assert loads == [("refusal", True), (2, True), (4, True), ("refusal", True), (3, True)]
-    for bad in (8, "12", None, [0], [5], [True], [2.0]):
+    for bad in (8, "12", "", None, [0], [5], [True], [2.0]):
         loads.clear()
         with pytest.raises(UnsupportedConfigError, match="rows"):
             pr.preload(bad)
