@@ -8,7 +8,8 @@ Every output, the attention output buffer and the attention's split partials are
 an element never written, or a partial the attention should have stored and did not, fails. CPU: tiny shapes under
 the interpreter (BLOCK_N 16, 1-8 splits, so short contexts cross split edges), every plan mode of the projection
 and every grouping of the attention; GPU: the production plans of Llama-3.2-1B, SmolLM2-135M (3 heads a K slice),
-Qwen2.5-0.5B (a ragged last slice) and Qwen3-0.6B (D 128) with PDL.
+Qwen2.5-0.5B (a ragged last slice) and Qwen3-0.6B (D 128) with PDL; the adversarial split-order case takes the
+`device` fixture, so it runs at its tiny shape on a GPU runner too.
 """
 
 from __future__ import annotations
@@ -168,23 +169,22 @@ def test_folded_combine_padding_rows_and_grid_order(monkeypatch, order):
     check_bitwise("out_proj", new2[1][0][:n], new[1][0][:n], output="x_valid_rows")
 
 
-@pytest.mark.interpreter
-def test_folded_combine_keeps_split_order_and_skips_masked_slots():
+def test_folded_combine_keeps_split_order_and_skips_masked_slots(device):
     """The attention test's adversarial case through the fold: one row of L = 48 over 3 splits (num_splits 4: a
     chunk with a masked 4th slot), scores far below 0 (a masked slot's weight 2^(0 - m_max) would be inf, inf * 0
     NaN) and V = +2^26 / -2^26 / N(0, 1) by block, so only split order 0, 1, 2 keeps the last block's mean."""
-    (q, kc, vc, wo, res, norm), step = make_case(1, 1, 4, 2, 16, 48, 47, 47, "cpu")    # 47 cached tokens
+    (q, kc, vc, wo, res, norm), step = make_case(1, 1, 4, 2, 16, 48, 47, 47, device)   # 47 cached tokens
     assert int(step.positions[0]) == 47
     g = torch.Generator().manual_seed(3)
     slots = step.page_table[int(step.req_indices[0]), :48].long()
     kc[slots] = -8.0
     vc[slots[:16]] = 2.0 ** 26
     vc[slots[16:32]] = -(2.0 ** 26)
-    vc[slots[32:48]] = torch.randn(16, 2, 16, generator=g).bfloat16()
+    vc[slots[32:48]] = torch.randn(16, 2, 16, generator=g).bfloat16().to(device)
     q.fill_(8.0)
     plan = plan_gemv(48, 64, kind="residual", block_k=16, split=2, preload=True, bn=16)
-    aws = make_decode_workspace(step.num_rows, 4, 2, 16, "cpu", num_splits=4, block_n=16)
-    ref, new = both_ways("residual", step, q, kc, vc, wo, res, norm, plan, aws, GemvWorkspace.create(48, "cpu"))
+    aws = make_decode_workspace(step.num_rows, 4, 2, 16, device, num_splits=4, block_n=16)
+    ref, new = both_ways("residual", step, q, kc, vc, wo, res, norm, plan, aws, GemvWorkspace.create(48, device))
     check_same(ref, new)
     want = vc[slots[32:48]].double().sum(0) / 48
     got = new[0][0].double().view(2, 2, 16)

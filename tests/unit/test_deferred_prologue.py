@@ -7,7 +7,8 @@ then the residual, one bf16 rounding) before its own GEMV.
 Outputs, the partials buffer and the KV caches' unowned slots are poisoned (NaN) before every run, so an element
 never written fails; the residual must come back untouched. CPU: tiny shapes under the interpreter, every plan mode
 of both launches; GPU: Llama-3.2-1B's down (2048 x 8192, split 4) into its prologue, SmolLM2-135M's (split 6),
-Qwen2.5-0.5B's (QKV bias) and Qwen3-0.6B's (QK-norm).
+Qwen2.5-0.5B's (QKV bias) and Qwen3-0.6B's (QK-norm). The split-order test takes the `device` fixture, so it runs
+at its tiny shape on a GPU runner too.
 """
 
 from __future__ import annotations
@@ -134,16 +135,16 @@ def test_deferred_prologue_padding_rows_never_change_valid_rows(monkeypatch, ord
     check_same(new, new2, rows=slice(0, n), tag="_valid_rows")
 
 
-@pytest.mark.interpreter
-def test_prologue_reduces_the_partials_in_split_order():
+def test_prologue_reduces_the_partials_in_split_order(device):
     """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
     and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
     come out 1 in every element of every row block."""
     cfg = tiny_config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=32)
-    lw, step, x, _, _, kc, vc = make_case(cfg, 20, 0, 80, 1, "cpu")
+    lw, step, x, _, _, kc, vc = make_case(cfg, 20, 0, 80, 1, device)
     m = step.num_rows
-    parts = torch.stack([torch.full((m, 64), v) for v in (1.0, 1e8, -1e8)])
-    d = DeferredX(parts, torch.ones(m, 64, dtype=torch.bfloat16), poison(torch.empty(m, 64, dtype=torch.bfloat16)))
+    parts = torch.stack([torch.full((m, 64), v, device=device) for v in (1.0, 1e8, -1e8)])
+    d = DeferredX(parts, torch.ones(m, 64, dtype=torch.bfloat16, device=device),
+                  poison(torch.empty(m, 64, dtype=torch.bfloat16, device=device)))
     ws_pro = make_prologue_workspace(pack_qkv(lw), cfg.head_dim, block_k=16, split=2)
     prologue(cfg, lw, step, d, kc, vc, ws_pro, False)
     assert bool((d.out == 1).all()), f"x not partials in split order, then r: {d.out.unique().tolist()}"

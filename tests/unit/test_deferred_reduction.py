@@ -5,7 +5,8 @@ finisher's arithmetic (partials added to zeros in split order, then the residual
 
 Outputs and the partials buffer are poisoned (NaN) before every run, so an element never written fails; the
 residual must come back untouched. CPU: tiny shapes under the interpreter, every plan mode; GPU: Llama-3.2-1B's
-out_proj (2048 x 2048, split 8) and SmolLM2-135M's shapes with a split-K plan forced, PDL on.
+out_proj (2048 x 2048, split 8) and SmolLM2-135M's shapes with a split-K plan forced, PDL on. The partial-slot and
+split-order tests take the `device` fixture, so they run at their tiny shapes on a GPU runner too.
 """
 
 from __future__ import annotations
@@ -100,17 +101,16 @@ def test_deferred_reduction_padding_rows_never_change_valid_rows(monkeypatch, or
     check_bitwise("mlp", act2[:n], act[:n], output="act_valid_rows")
 
 
-@pytest.mark.interpreter
-def test_each_partial_slot_holds_its_splits_k_slice():
+def test_each_partial_slot_holds_its_splits_k_slice(device):
     """partials[s] = a[:, ks] W[:, ks]^T over split s's K slice ks = [s * CPS * BK, (s + 1) * CPS * BK): against a
     float64 product, within an fp32 accumulation bound (2^-20 times sum |a||w| over the slice: the kernel adds at most
     80 bf16-exact products in fp32, whose rounding stays below 80 * 2^-24 of that sum). Another split's slice would
     be off by a whole partial sum."""
     h, q, i = CPU_SHAPES[1]
-    attn, wo, x, _, _ = make_inputs(7, h, q, i, 5, "cpu")
+    attn, wo, x, _, _ = make_inputs(7, h, q, i, 5, device)
     plan = plan_gemv(h, q, kind="residual", block_k=16, split=3, preload=False, bn=16)
     d = residual_gemv_deferred(attn, wo, x, poison(torch.empty_like(x)),
-                               partials=poison(torch.empty(3, 7, h, dtype=torch.float32)), plan=plan)
+                               partials=poison(torch.empty(3, 7, h, dtype=torch.float32, device=device)), plan=plan)
     width = plan.chunks_per_split * plan.block_k
     for s_ in range(plan.split):
         ks = slice(s_ * width, min((s_ + 1) * width, q))
@@ -121,15 +121,15 @@ def test_each_partial_slot_holds_its_splits_k_slice():
         assert bool(((got - want).abs() <= bound).all()), f"partials[{s_}] is not split {s_}'s product"
 
 
-@pytest.mark.interpreter
-def test_gate_up_reduces_the_partials_in_split_order():
+def test_gate_up_reduces_the_partials_in_split_order(device):
     """Partials chosen so that the order of the fp32 sum shows: (1 + 1e8) - 1e8 = 0 in split order, 1 in reverse,
     and the residual r = 1 added last (added first, ((1 + 1) + 1e8) - 1e8 = 0). x = bf16(((p0 + p1) + p2) + r) must
     come out 1 in every element."""
     m, h, i = 2, 64, 96
-    _, _, _, wgu, nw = make_inputs(m, h, 64, i, 1, "cpu")
-    parts = torch.stack([torch.full((m, h), v) for v in (1.0, 1e8, -1e8)])
-    d = DeferredX(parts, torch.ones(m, h, dtype=torch.bfloat16), poison(torch.empty(m, h, dtype=torch.bfloat16)))
+    _, _, _, wgu, nw = make_inputs(m, h, 64, i, 1, device)
+    parts = torch.stack([torch.full((m, h), v, device=device) for v in (1.0, 1e8, -1e8)])
+    d = DeferredX(parts, torch.ones(m, h, dtype=torch.bfloat16, device=device),
+                  poison(torch.empty(m, h, dtype=torch.bfloat16, device=device)))
     gate_up_act(d, wgu, norm_weight=nw, eps=EPS, plan=plan_gemv(i, h, kind="gate_up", block_k=16, split=2))
     assert bool((d.out == 1).all()), f"x not partials in split order, then r: {d.out.unique().tolist()}"
 

@@ -3,7 +3,8 @@
 Two input modes: the normed rows h given, or the residual x normalised on load (RMSNorm with a given
 rstd, as the fused model runs it) against residual + swiglu_mlp(rms_norm(x, mlp_norm)).
 CPU: tiny shapes under the interpreter; GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise
-determinism and row invariance.
+determinism and row invariance. The tiny-shape tests that take the `device` fixture (rows independence, padding rows,
+in-place and aliasing forms) run on a GPU runner too; the `interpreter` ones are skipped there.
 """
 
 from __future__ import annotations
@@ -116,10 +117,9 @@ def test_mlp_in_kernel_norm_every_plan_mode_within_2x_baseline_error(m, shape, m
     assert int(ws.counters.abs().sum()) == 0
 
 
-@pytest.mark.interpreter
-def test_gate_up_in_kernel_norm_rows_independent():
+def test_gate_up_in_kernel_norm_rows_independent(device):
     """In-kernel rstd: a row's act is bitwise the same whatever M and whatever the other rows hold."""
-    x, wg, wu, _, nw = make_inputs(40, 64, 96, 22, "cpu")
+    x, wg, wu, _, nw = make_inputs(40, 64, 96, 22, device)
     wgu = pack_gate_up(wg, wu)
     for mode in (dict(preload=True, bn=64), dict(preload=False, bn=16)):
         plan = plan_gemv(96, 64, kind="gate_up", block_k=16, split=2, **mode)
@@ -133,10 +133,9 @@ def test_gate_up_in_kernel_norm_rows_independent():
                           full[:m], output=f"act_m{m}")
 
 
-@pytest.mark.interpreter
-def test_gate_up_act_matches_silu_times_up():
-    x, wg, wu, _, _ = make_inputs(11, 64, 96, 4, "cpu")
-    act = poison(torch.empty(11, 96, dtype=torch.bfloat16))
+def test_gate_up_act_matches_silu_times_up(device):
+    x, wg, wu, _, _ = make_inputs(11, 64, 96, 4, device)
+    act = poison(torch.empty(11, 96, dtype=torch.bfloat16, device=device))
     gate_up_act(x, pack_gate_up(wg, wu), out=act, plan=plan_gemv(96, 64, block_k=16, split=2, pair=True))
     xo, wgo, wuo = oracle_cast((x, wg, wu))
     oracle = torch.nn.functional.silu(xo @ wgo.T) * (xo @ wuo.T)
@@ -144,12 +143,11 @@ def test_gate_up_act_matches_silu_times_up():
     check_accuracy("mlp", act, oracle, baseline, output="act")
 
 
-@pytest.mark.interpreter
-def test_mlp_padding_rows_never_change_valid_rows():
+def test_mlp_padding_rows_never_change_valid_rows(device):
     m, n = 18, 5
-    x, wg, wu, wd, nw = make_inputs(m, 64, 96, 6, "cpu")
+    x, wg, wu, wd, nw = make_inputs(m, 64, 96, 6, device)
     plans = cpu_plans(64, 96, 3)
-    ws = GemvWorkspace.create(96, "cpu")
+    ws = GemvWorkspace.create(96, device)
     base = run_fused(x, wg, wu, wd, nw, plans=plans, workspace=ws).clone()
     x2 = x.clone()
     x2[n:] = float("nan")
@@ -158,10 +156,9 @@ def test_mlp_padding_rows_never_change_valid_rows():
     assert int(ws.counters.abs().sum()) == 0
 
 
-@pytest.mark.interpreter
-def test_mlp_in_place_residual():
+def test_mlp_in_place_residual(device):
     """The fused model's call: x is input, residual and output at once."""
-    x, wg, wu, wd, nw = make_inputs(9, 64, 128, 7, "cpu")
+    x, wg, wu, wd, nw = make_inputs(9, 64, 128, 7, device)
     want = run_fused(x, wg, wu, wd, nw)
     xi = x.clone()
     y = mlp(xi, pack_gate_up(wg, wu), wd, xi, norm_weight=nw, rstd=rstd_of(x), out=xi)
@@ -261,12 +258,11 @@ def test_mlp_bad_input_raises_typed_error(change, match):
         assert torch.equal(storage_bytes(v), before[k]), f"{k} written by a refused call"
 
 
-@pytest.mark.interpreter
-def test_mlp_allowed_aliasing_matches_separate_buffers():
+def test_mlp_allowed_aliasing_matches_separate_buffers(device):
     """The documented in-place forms: out = residual (a second view of its exact elements too), and out = x with a
     separate residual (x is read by the gate/up launch only): bitwise the result into separate buffers."""
-    x, wg, wu, wd, nw = make_inputs(5, 64, 96, 12, "cpu")
-    res = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x, wg, wu, wd, nw = make_inputs(5, 64, 96, 12, device)
+    res = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).bfloat16().to(device)
     wgu, rstd = pack_gate_up(wg, wu), rstd_of(x)
     want = mlp(x, wgu, wd, res, norm_weight=nw, rstd=rstd)
     r1 = res.clone()

@@ -1,7 +1,9 @@
 """Fused output projection + residual + mlp_norm (lowlat.kernels.out_proj) vs lowlat.reference.out_proj.
 
 CPU: tiny shapes under the Triton interpreter (hypothesis over rows 1..48, split-K forced on and off,
-ragged N and K). GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise determinism and row invariance.
+ragged N and K). GPU: SmolLM2-135M and Llama-3.2-1B shapes, bitwise determinism and row invariance. The tiny-shape
+tests that take the `device` fixture (rows independence, padding rows, in-place forms, workspace reuse) run on a GPU
+runner too; the `interpreter` ones are skipped there.
 """
 
 from __future__ import annotations
@@ -102,11 +104,10 @@ def test_residual_gemv_every_plan_mode_within_2x_baseline_error(m, shape, mode, 
     check_bitwise("residual_gemv", xi, out, output="in_place")
 
 
-@pytest.mark.interpreter
-def test_residual_gemv_rows_independent_across_modes_and_widths():
+def test_residual_gemv_rows_independent_across_modes_and_widths(device):
     """A row's output is bitwise the same whatever M (1, 16, 17, 33) and whatever the other rows
     hold; checked for a preload and a stream plan with split-K."""
-    attn, wo, x, _ = make_inputs(40, 64, 96, 21, "cpu")
+    attn, wo, x, _ = make_inputs(40, 64, 96, 21, device)
     for mode in (dict(preload=True, bn=64), dict(preload=False, bn=16)):
         plan = plan_gemv(64, 96, kind="residual", block_k=16, split=2, **mode)
         full = residual_gemv(attn, wo, x, plan=plan)
@@ -119,9 +120,8 @@ def test_residual_gemv_rows_independent_across_modes_and_widths():
             check_bitwise("residual_gemv", part, full[:m], output=f"rows_m{m}")
 
 
-@pytest.mark.interpreter
-def test_out_proj_in_place_residual_matches_out_of_place():
-    attn, wo, x, nw = make_inputs(7, 96, 128, 1, "cpu")
+def test_out_proj_in_place_residual_matches_out_of_place(device):
+    attn, wo, x, nw = make_inputs(7, 96, 128, 1, device)
     plan = plan_gemv(96, 128, block_k=32, split=2)
     want = out_proj(attn, wo, x, nw, EPS, plan=plan)
     xi = x.clone()
@@ -131,12 +131,11 @@ def test_out_proj_in_place_residual_matches_out_of_place():
     check_bitwise("out_proj", got.h, want.h, output="h")
 
 
-@pytest.mark.interpreter
-def test_out_proj_padding_rows_never_change_valid_rows():
+def test_out_proj_padding_rows_never_change_valid_rows(device):
     """Rows are independent: NaN / huge padding rows leave every other row's outputs bitwise unchanged."""
     m, n = 20, 13
-    attn, wo, x, nw = make_inputs(m, 64, 80, 2, "cpu")
-    ws = GemvWorkspace.create(64, "cpu")
+    attn, wo, x, nw = make_inputs(m, 64, 80, 2, device)
+    ws = GemvWorkspace.create(64, device)
     plan = plan_gemv(64, 80, block_k=16, split=3)
     base = run_fused(attn, wo, x, nw, plan=plan, workspace=ws)
     base = [t.clone() for t in base]
@@ -148,13 +147,12 @@ def test_out_proj_padding_rows_never_change_valid_rows():
         check_bitwise("out_proj", a[:n], b[:n], output=name)
 
 
-@pytest.mark.interpreter
-def test_residual_gemv_matches_reference_add():
+def test_residual_gemv_matches_reference_add(device):
     """The down-projection variant (no norm): out = residual + a W^T."""
     g = torch.Generator().manual_seed(5)
-    a = torch.randn(9, 160, generator=g).bfloat16()
-    w = (torch.randn(96, 160, generator=g) / 160 ** 0.5).bfloat16()
-    res = torch.randn(9, 96, generator=g).bfloat16()
+    a = torch.randn(9, 160, generator=g).bfloat16().to(device)
+    w = (torch.randn(96, 160, generator=g) / 160 ** 0.5).bfloat16().to(device)
+    res = torch.randn(9, 96, generator=g).bfloat16().to(device)
     out = poison(torch.empty_like(res))
     residual_gemv(a, w, res, out=out, plan=plan_gemv(96, 160, block_k=32, split=3))
     oracle = res.double() + a.double() @ w.double().T
@@ -163,12 +161,11 @@ def test_residual_gemv_matches_reference_add():
 
 
 @pytest.mark.parametrize("split", [2, 3])
-@pytest.mark.interpreter
-def test_out_proj_workspace_reused_across_calls_is_deterministic(split):
+def test_out_proj_workspace_reused_across_calls_is_deterministic(device, split):
     """Counters return to 0 after each launch (split 2 and 3): a second call on the same workspace gives
     the same bits."""
-    attn, wo, x, nw = make_inputs(5, 128, 96, 3, "cpu")
-    ws = GemvWorkspace.create(128, "cpu")
+    attn, wo, x, nw = make_inputs(5, 128, 96, 3, device)
+    ws = GemvWorkspace.create(128, device)
     plan = plan_gemv(128, 96, block_k=16, split=split)
     a = [t.clone() for t in run_fused(attn, wo, x, nw, plan=plan, workspace=ws)]
     assert int(ws.counters.abs().sum()) == 0
@@ -300,13 +297,12 @@ def test_residual_gemv_refuses_out_overlapping_inputs_and_writes_nothing():
         assert torch.equal(storage_bytes(out), out_before), match
 
 
-@pytest.mark.interpreter
-def test_residual_gemv_in_place_forms_match_out_of_place():
+def test_residual_gemv_in_place_forms_match_out_of_place(device):
     """The allowed aliasing: out is the residual itself (`FusedModel`'s output projection: out=x), or another view
     of exactly its elements (same data_ptr and strides; at one row the row stride is free): bitwise the out-of-place
     result."""
     for m, split in ((5, 3), (1, 2)):
-        attn, wo, res, _ = make_inputs(m, 96, 128, 8 + m, "cpu")
+        attn, wo, res, _ = make_inputs(m, 96, 128, 8 + m, device)
         plan = plan_gemv(96, 128, kind="residual", block_k=32, split=split)
         want = residual_gemv(attn, wo, res, plan=plan)
         r1 = res.clone()
@@ -316,7 +312,7 @@ def test_residual_gemv_in_place_forms_match_out_of_place():
         residual_gemv(attn, wo, r2, out=r2.view(m, 96)[:], plan=plan)           # a second view, same layout
         check_bitwise("residual_gemv", r2, want, output=f"out_same_view_m{m}")
         if m == 1:      # one row: row strides differ, the same elements
-            wide = torch.empty(1, 200, dtype=torch.bfloat16)
+            wide = torch.empty(1, 200, dtype=torch.bfloat16, device=device)
             wide[:, :96] = res
             residual_gemv(attn, wo, wide[:, :96], out=wide.as_strided((1, 96), (7, 1)), plan=plan)
             check_bitwise("residual_gemv", wide[:, :96], want, output="out_row_stride_free_m1")

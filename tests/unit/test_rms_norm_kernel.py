@@ -5,7 +5,8 @@ element written (poisoned before each run) and nothing around it; bitwise equal 
 inputs whose sum of squares is exact in fp32 in any order (so both roundings, in the reference's order, are
 checked bit for bit); a row's output bitwise the same alone and among 48 rows, at any row stride; typed
 errors before any write. CPU: the Triton interpreter. GPU (`gpu` marker): H 576 (SmolLM2) and 2048 with
-PDL on, chained launches included. sm_90: compiles with griddepcontrol and no spills.
+PDL on, chained launches included; the tests taking the `device` fixture (the reference's two roundings, row
+invariance, zero rows) run on a GPU runner too. sm_90: compiles with griddepcontrol and no spills.
 """
 
 from __future__ import annotations
@@ -78,35 +79,32 @@ def test_rms_norm_within_2x_baseline_error(m, h, row_pad, seed, scale):
 @pytest.mark.parametrize("scale", [1.0, 2.0 ** -10])
 @pytest.mark.parametrize("h", [64, 96, 576])
 @pytest.mark.parametrize("m", [1, 5, 48])
-@pytest.mark.interpreter
-def test_rms_norm_rounds_twice_in_the_references_order(m, h, scale):
+def test_rms_norm_rounds_twice_in_the_references_order(device, m, h, scale):
     """Exact sum of squares: output bitwise the bf16 reference's, bf16(w * bf16(x * rstd)) rounded to nearest
     (rstd's mean, + eps, sqrt and reciprocal correctly rounded, as torch's); rows with mean(x^2) far above
     and below eps."""
-    x, w = make_inputs(m, h, 100 + m, "cpu", exact=True, row_pad=3, scale=scale)
+    x, w = make_inputs(m, h, 100 + m, device, exact=True, row_pad=3, scale=scale)
     check_reference_bits(x, w, run_kernel(x, w))
 
 
 @pytest.mark.parametrize("h", [96, 576])
-@pytest.mark.interpreter
-def test_rms_norm_row_invariant(h):
+def test_rms_norm_row_invariant(device, h):
     """Every row of 48 gives the same bits alone (one launch each), among the first m rows, and as a view of a
     buffer with another row stride."""
-    x, w = make_inputs(48, h, 3, "cpu")
+    x, w = make_inputs(48, h, 3, device)
     full = run_kernel(x, w)
     for i in range(48):
         check_bitwise("rms_norm", run_kernel(x[i:i + 1], w), full[i:i + 1], output=f"row_{i}_alone")
     for m in (2, 5, 17, 33):
         check_bitwise("rms_norm", run_kernel(x[:m], w), full[:m], output=f"first_{m}_rows")
-    wide = torch.full((48, h + 24), SENTINEL, dtype=torch.bfloat16)
+    wide = torch.full((48, h + 24), SENTINEL, dtype=torch.bfloat16, device=device)
     wide[:, 5:5 + h] = x
     check_bitwise("rms_norm", run_kernel(wide[:, 5:5 + h], w, out_pad=11), full, output="row_stride")
 
 
-@pytest.mark.interpreter
-def test_rms_norm_zero_rows_writes_nothing():
-    x, w = make_inputs(1, 64, 0, "cpu")
-    out = torch.full((0, 64), SENTINEL, dtype=torch.bfloat16)
+def test_rms_norm_zero_rows_writes_nothing(device):
+    x, w = make_inputs(1, 64, 0, device)
+    out = torch.full((0, 64), SENTINEL, dtype=torch.bfloat16, device=device)
     assert kernel.rms_norm_into(x[:0], w, EPS, out) is out
 
 
