@@ -60,10 +60,13 @@ def layer_caches(case, num_layers: int, seed: int):
 
 def compare_step(cfg, weights, case, *, seed=0, widths=(1, 2, 4, 6, 8, 12, 16, 24, 32, 48), **fm_kw):
     """Run one step fused and through the reference (float64 oracle, bf16 baseline) on identical
-    caches; check logits, padding rows, tokens, and the K/V the step wrote."""
+    caches; check logits, padding rows, tokens, and the K/V the step wrote. The model runs on the device of
+    `case`'s caches (`weights` are moved there)."""
+    device = case.k_cache.device
+    weights = weights.to(device=device)
     ks, vs = layer_caches(case, cfg.num_layers, seed)
     pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
-    fm = FusedModel(cfg, weights, device="cpu", widths=widths, **fm_kw)
+    fm = FusedModel(cfg, weights, device=device, widths=widths, **fm_kw)
     logits = fm.forward(case.step, pool).clone()
     k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
     oracle = ReferenceModel(cfg, weights.to(dtype=torch.float64)).forward(case.step, k64, v64)
@@ -77,30 +80,29 @@ def compare_step(cfg, weights, case, *, seed=0, widths=(1, 2, 4, 6, 8, 12, 16, 2
     for i in range(cfg.num_layers):
         check_accuracy("fused_model", pool.k_caches[i][loc], k64[i][loc], kb[i][loc], output="k_cache")
         check_accuracy("fused_model", pool.v_caches[i][loc], v64[i][loc], vb[i][loc], output="v_cache")
-        untouched = torch.ones(ks[i].shape[0], dtype=torch.bool)
+        untouched = torch.ones(ks[i].shape[0], dtype=torch.bool, device=device)
         untouched[loc] = False
         check_bitwise("fused_model", pool.k_caches[i][untouched].nan_to_num(7.0), ks[i][untouched].nan_to_num(7.0),
                       output="k_cache_untouched")
     return logits
 
 
-@pytest.mark.interpreter
-def test_one_layer_decode_and_verify_rows_within_policy():
+def test_one_layer_decode_and_verify_rows_within_policy(device):
     cfg = tiny()
     w = random_model_weights(cfg, seed=1)
     case = random_step(ctx_lens=[5, 0, 12], new_rows=[1, 3, 1], num_kv_heads=cfg.num_kv_heads,
                        head_dim=cfg.head_dim, pad_to=6, vocab_size=cfg.vocab_size,
-                       generator=torch.Generator().manual_seed(2))
+                       generator=torch.Generator().manual_seed(2), device=device)
     compare_step(cfg, w, case)
 
 
-@pytest.mark.interpreter
-def test_two_layer_model_padded_to_width_within_policy():
+def test_two_layer_model_padded_to_width_within_policy(device):
     """7 rows padded to width 8: two decode rows and a 5-row prefill chunk, Qwen2-style QKV bias."""
     cfg = tiny(num_layers=2, qkv_bias=True)
     w = random_model_weights(cfg, seed=3)
     case = random_step(ctx_lens=[9, 2, 0], new_rows=[1, 1, 5], num_kv_heads=cfg.num_kv_heads,
-                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+                       head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(4),
+                       device=device)
     assert case.step.num_rows == 7
     logits = compare_step(cfg, w, case, seed=5, widths=(4, 8))
     assert logits.shape == (7, cfg.vocab_size)
@@ -330,8 +332,7 @@ def test_engine_greedy_generation_matches_reference_engine():
 
 
 @pytest.mark.parametrize("moe_out_proj", ["split_k", "norm_epilogue"])
-@pytest.mark.interpreter
-def test_moe_layer_runs_through_moe_kernels(moe_out_proj):
+def test_moe_layer_runs_through_moe_kernels(device, moe_out_proj):
     """An MoE config (4 experts, top-2) goes through lowlat.kernels.moe and matches the reference: with the split-K
     residual GEMV and the RMSNorm in the MoE's router launch (from whole rows of x), and with out_proj's RMSNorm
     epilogue (what "auto", the default, runs where the held GEMV is not supported: the CPU here)."""
@@ -339,7 +340,7 @@ def test_moe_layer_runs_through_moe_kernels(moe_out_proj):
                qk_norm=True)
     w = random_model_weights(cfg, seed=7)
     case = random_step(ctx_lens=[3, 6], new_rows=[1, 1], num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                       pad_to=4, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(8))
+                       pad_to=4, vocab_size=cfg.vocab_size, generator=torch.Generator().manual_seed(8), device=device)
     compare_step(cfg, w, case, widths=(4,), moe_out_proj=moe_out_proj)
 
 
@@ -776,23 +777,22 @@ def test_gpu_engine_greedy_equals_reference_engine(device):
     print(f"{exact} of {len(prompts)} prompts token-for-token equal; the others flip at a reference near-tie")
 
 
-def _early_exit_case(cfg, seed):
+def _early_exit_case(cfg, seed, device="cpu"):
     case = random_step(ctx_lens=[6, 0, 3], new_rows=[1, 1, 1], num_kv_heads=cfg.num_kv_heads,
                        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, pad_to=4,
-                       generator=torch.Generator().manual_seed(seed))
+                       generator=torch.Generator().manual_seed(seed), device=device)
     return case, *layer_caches(case, cfg.num_layers, seed)
 
 
-@pytest.mark.interpreter
-def test_early_exit_hidden_matches_reference_first_layers():
+def test_early_exit_hidden_matches_reference_first_layers(device):
     """The self-speculation draft forward: layers 0..n-1 fused, final RMSNorm, no LM head, vs
     ReferenceModel.hidden_states(num_layers=n); K/V written for layers < n only, padding rows 0."""
     cfg = tiny(num_layers=3)
-    w = random_model_weights(cfg, seed=8)
-    case, ks, vs = _early_exit_case(cfg, 9)
+    w = random_model_weights(cfg, seed=8).to(device=device)
+    case, ks, vs = _early_exit_case(cfg, 9, device)
     n = 2
     pool = SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
-    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
+    fm = FusedModel(cfg, w, device=device, widths=(4,))
     h = fm.early_exit_hidden(case.step, pool, n).clone()
     k64, v64 = [k.double() for k in ks], [v.double() for v in vs]
     oracle = ReferenceModel(cfg, w.to(dtype=torch.float64)).hidden_states(case.step, k64, v64, n)
@@ -903,16 +903,16 @@ def fresh_pool(ks, vs):
     return SimpleNamespace(k_caches=[k.clone() for k in ks], v_caches=[v.clone() for v in vs])
 
 
-def one_row_case(cfg, seed):
+def one_row_case(cfg, seed, device="cpu"):
     """A 1-row decode step padded to width 4 (3 padding rows), with its caches."""
     case = random_step(ctx_lens=[5], new_rows=[1], num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                       vocab_size=cfg.vocab_size, pad_to=4, generator=torch.Generator().manual_seed(seed))
+                       vocab_size=cfg.vocab_size, pad_to=4, generator=torch.Generator().manual_seed(seed),
+                       device=device)
     return case, *layer_caches(case, cfg.num_layers, seed)
 
 
 @pytest.mark.parametrize("rows_case", list(DRAFT_ROWS))
-@pytest.mark.interpreter
-def test_draft_position_tokens_equal_reference_pipeline(rows_case):
+def test_draft_position_tokens_equal_reference_pipeline(device, rows_case):
     """A draft position (embed, layers 0..n-1, final RMSNorm, draft sampler: one launch chain) vs its spec,
     ReferenceModel.hidden_states(num_layers=n) + reference draft_sample, on the same Philox counters:
     (1) exactly the reference sampler's tokens on the fused pipeline's own normed rows (early_exit_hidden's,
@@ -923,12 +923,12 @@ def test_draft_position_tokens_equal_reference_pipeline(rows_case):
     from lowlat.reference.draft_sampling import draft_sample as ref_draft_sample
 
     cfg = tiny(num_layers=3)
-    w = random_model_weights(cfg, seed=8)
+    w = random_model_weights(cfg, seed=8).to(device=device)
     n, lm = 2, w.lm_head
-    fm = FusedModel(cfg, w, device="cpu", widths=(4,))
-    for case, ks, vs in (_early_exit_case(cfg, 9), one_row_case(cfg, 10)):
+    fm = FusedModel(cfg, w, device=device, widths=(4,))
+    for case, ks, vs in (_early_exit_case(cfg, 9, device), one_row_case(cfg, 10, device)):
         nv = case.step.num_valid_rows
-        rows = draft_rows(rows_case, nv, seed=11 + nv)
+        rows = tuple(t.to(device) for t in draft_rows(rows_case, nv, seed=11 + nv))
         pool = fresh_pool(ks, vs)
         out = run_draft_position(fm, case.step, pool, n, rows)
         assert out.tokens.shape == (nv,) and out.lse.shape == (nv,) and out.cut_id.shape == (nv,)
@@ -1149,12 +1149,11 @@ def test_layer_skip_drafter_draft_position_route_equals_early_exit_route():
 
 
 @pytest.mark.slow
-@pytest.mark.interpreter
-def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monkeypatch):
-    """The fused contract backend on a tiny model (CPU: the Triton interpreter), built for verify steps of
-    k + 1 rows: greedy speculative decoding whose every draft position runs through
-    FusedModel.draft_position emits plain greedy decoding's tokens exactly (verify rows are row-invariant
-    decode rows), and frees every KV slot."""
+def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(device, monkeypatch):
+    """The fused contract backend on a tiny model (on the CPU: the Triton interpreter; on a GPU runner: the GPU,
+    hardware facts probed), built for verify steps of k + 1 rows: greedy speculative decoding whose every draft
+    position runs through FusedModel.draft_position emits plain greedy decoding's tokens exactly (verify rows are
+    row-invariant decode rows), and frees every KV slot."""
     from lowlat.runtime import contract
     from lowlat.runtime.drafters import LayerSkipDrafter
     from lowlat.runtime.speculative import SpeculativeDecoder
@@ -1162,8 +1161,8 @@ def test_greedy_speculative_with_fused_draft_positions_equals_plain_greedy(monke
     cfg = tiny(num_layers=2, head_dim=64, vocab_size=128)
     w = random_model_weights(cfg, seed=6)
     k = 3
-    eng = contract.fused_engine(cfg, w, device="cpu", num_slots=128, max_reqs=4, max_ctx=48,
-                                hardware=contract.DeviceFacts("sm_90", 132, "NVIDIA H200"),
+    hardware = None if device.type == "cuda" else contract.DeviceFacts("sm_90", 132, "NVIDIA H200")
+    eng = contract.fused_engine(cfg, w, device=device, num_slots=128, max_reqs=4, max_ctx=48, hardware=hardware,
                                 runner_factory=contract.fused_runner, tokens_per_request=k + 1)
     runner = eng.backend.built.runner
     assert isinstance(runner, FusedModel), eng.backend.report()

@@ -84,28 +84,56 @@ def test_lm_head_every_plan_mode_within_2x_baseline_error(m, shape, pad, mode, b
     check_against_reference(x, nw, w, nvalid, r)
 
 
+# plans of the ties test: the default (tuned on a GPU) and narrow / wide tiles of both modes, so that the tied ids
+# (5, 200), (63, 64) and (3, 129, 250) fall in different programs and (5, 7) in one, on a GPU as on the CPU
+TIE_PLANS = [None, dict(preload=True, bn=16), dict(preload=False, bn=64)]
+
+
 @pytest.mark.parametrize("tied", [(5, 7), (5, 200), (63, 64), (3, 129, 250)])
-@pytest.mark.interpreter
-def test_lm_head_ties_go_to_the_lowest_token_id(tied):
+@pytest.mark.parametrize("mode", TIE_PLANS, ids=["default", "preload_bn16", "stream_bn64"])
+def test_lm_head_ties_go_to_the_lowest_token_id(device, tied, mode):
     """Identical weight rows give bitwise-equal maximal logits; the lowest id must win, whether the
     tied ids share a program's tile (5, 7) or sit in different programs (5, 200; 63, 64)."""
-    x, nw, w = make_inputs(4, 64, 256, 9, "cpu")
+    x, nw, w = make_inputs(4, 64, 256, 9, device)
     h = (x.float() * nw.float())                                  # direction of the normed rows
     row = (8 * h[1] / h[1].norm()).bfloat16()
     w = w.clone()
     for t in tied:
         w[t] = row
-    r = run_fused(x, nw, w, 4)
+    plan = None if mode is None else plan_gemv(256, 64, kind="lm_head", block_k=32, **mode)
+    logits = poison(torch.empty(4, 256, dtype=torch.float32, device=device))
+    tokens = poison(torch.empty(4, dtype=torch.int64, device=device))
+    r = lm_head(x, nw, w, 4, EPS, logits_out=logits, tokens_out=tokens, plan=plan)
     assert int(r.tokens[1]) == min(tied), (r.tokens, r.logits[1, list(tied)])
+    assert len(set(r.logits[1, list(tied)].tolist())) == 1, r.logits[1, list(tied)]     # a real tie
     check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
 
 
-@pytest.mark.interpreter
-def test_lm_head_device_valid_rows_and_repeated_calls():
+@pytest.mark.parametrize("negative", [False, True], ids=["nan", "negative_nan"])
+def test_lm_head_nan_logits_win_the_argmax_as_in_torch(device, negative):
+    """A NaN weight row gives NaN logits in that column for every row; as torch.argmax, the token is that NaN
+    position (the module docstring's contract), and a row whose logits are all NaN (a NaN input row) takes id 0.
+    A NaN with its sign bit set keeps its sign through the interpreter's numpy arithmetic and so sorts below
+    -inf there (`_gemv.argmax_key`); a GPU's arithmetic gives the positive canonical NaN, so that case runs on
+    a GPU only."""
+    if negative and device.type != "cuda":
+        pytest.skip("the interpreter keeps a negative NaN's sign (argmax_key sorts it below -inf)")
+    x, nw, w = make_inputs(5, 64, 256, 21, device)
+    w, x = w.clone(), x.clone()
+    nan = torch.tensor(float("nan"), dtype=torch.bfloat16, device=device)
+    w[77] = -nan.abs() if negative else nan.abs()
+    x[3] = nan.abs()                                   # every logit of row 3 is NaN
+    r = run_fused(x, nw, w, 5)
+    assert bool(torch.isnan(r.logits[:, 77]).all()) and bool(torch.isnan(r.logits[3]).all())
+    assert r.tokens.tolist() == [77, 77, 77, 0, 77], r.tokens
+    check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
+
+
+def test_lm_head_device_valid_rows_and_repeated_calls(device):
     """num_valid_rows as a device tensor; the keys and counters are reset after each launch."""
-    x, nw, w = make_inputs(20, 64, 200, 10, "cpu")
-    ws = GemvWorkspace.create(64, "cpu")
-    a = run_fused(x, nw, w, torch.tensor([17], dtype=torch.int32), workspace=ws)
+    x, nw, w = make_inputs(20, 64, 200, 10, device)
+    ws = GemvWorkspace.create(64, device)
+    a = run_fused(x, nw, w, torch.tensor([17], dtype=torch.int32, device=device), workspace=ws)
     a = [t.clone() for t in a]
     assert int(ws.counters.abs().sum()) == 0 and bool((ws.keys == torch.iinfo(torch.int64).min).all())
     b = run_fused(x, nw, w, 17, workspace=ws)
