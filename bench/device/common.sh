@@ -28,7 +28,7 @@ gpu_tests() {
 # 25-26): gpu_tests_verbose TIMEOUT_S
 gpu_tests_verbose() {
   timeout "$1" python3 -m pytest -v -n 8 -m "gpu and not real_model and not eval" -p no:cacheprovider --timeout 200 \
-    -rf --tb=short tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
+    -rf --tb=short --durations=25 tests > /tmp/gpu-tests.log 2>&1; echo "pytest rc $?"
   grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" /tmp/gpu-tests.log | grep -v "^FAILED.*PASSED" | cut -c1-300 | tail -14
   cp /tmp/gpu-tests.log "$OUT/gpu-tests.log"
 }

@@ -2,7 +2,7 @@
 # Session 35's first call (one GPU; ends by END, default 560 s): what session 34's call 3 could not reach.
 # (a0) the tests session 35 moved from the `interpreter` marker to the `device` fixture (never run on a GPU before:
 # lm_head's ties / NaN argmax, the fused model against the reference at tiny shapes, the kernels' in-place / padding /
-# split-order tests): every unmarked test of their files, on the GPU;
+# split-order tests, the GEMV tuner gate on every candidate plan): every unmarked test of their files, on the GPU;
 # (a) test_moe.py + test_fused_model.py -m gpu: the int32 route / plan keys (1fa63cb) in the MoE block and the fused
 # model on the GPU (test_moe.py passed with them in session 34 call 1, test_fused_model.py not yet);
 # (b) the unmarked tests call 3 did not reach: test_peer_rank_agreement.py (its device-fixture tests on the GPU) and
@@ -18,7 +18,8 @@ echo "== (a0) session 35's GPU forms of interpreter-only tests: the unmarked tes
 timeout "$(cap 170)" python3 -m pytest -v -n 8 -m "not gpu and not interpreter" -p no:cacheprovider --timeout 150 \
   -rfE --tb=short tests/unit/test_lm_head.py tests/unit/test_fused_model.py tests/unit/test_mlp_kernel.py \
   tests/unit/test_out_proj.py tests/unit/test_rms_norm_kernel.py tests/unit/test_attn_fold.py \
-  tests/unit/test_deferred_reduction.py tests/unit/test_deferred_prologue.py > "$OUT/converted.log" 2>&1
+  tests/unit/test_deferred_reduction.py tests/unit/test_deferred_prologue.py tests/unit/test_gemv_plans.py \
+  > "$OUT/converted.log" 2>&1
 echo "pytest rc $?"
 grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/converted.log" | grep -v " PASSED " | cut -c1-300 | tail -16
 

@@ -115,11 +115,11 @@ def test_candidates_start_with_default_include_legacy_and_are_distinct(model):
 
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
                                         ("lm_head", 200, 64)])
-@pytest.mark.interpreter
-def test_every_candidate_passes_the_tuners_check_on_cpu(kind, n, k):
+def test_every_candidate_passes_the_tuners_check(device, kind, n, k):
     """The tuner's correctness gate (policy at 48 rows, rows bitwise independent of row blocks) on
-    every candidate plan of a tiny shape, under the interpreter (out_proj: the norm epilogue's h and x)."""
-    case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+    every candidate plan of a tiny shape (out_proj: the norm epilogue's h and x), under the interpreter on the CPU,
+    on the GPU on a GPU runner."""
+    case = _GemvCase(kind, n, k, 1e-5, device, copies=1)
     cands = candidate_plans(kind, n, k)
     assert len(cands) >= 3
     for label, plan in cands:
@@ -142,24 +142,23 @@ def test_wide_candidates_cover_the_bandwidth_shapes_and_are_valid():
 
 
 @pytest.mark.parametrize("kind, n, k", [("lm_head", 300, 96), ("residual", 96, 512)])
-@pytest.mark.interpreter
-def test_wide_candidate_fields_pass_the_tuners_check_on_cpu(kind, n, k):
+def test_wide_candidate_fields_pass_the_tuners_check(device, kind, n, k):
     """The wide candidates' tilings (bn 32..128, block_k 64..256, split 4 / 8, masked K) forced on a
-    tiny shape pass the tuner's correctness gate under the interpreter."""
-    case = _GemvCase(kind, n, k, 1e-5, "cpu", copies=1)
+    tiny shape pass the tuner's correctness gate (the interpreter on the CPU, the GPU on a GPU runner)."""
+    case = _GemvCase(kind, n, k, 1e-5, device, copies=1)
     for label, fields in _gemv._wide_candidates(kind):
         case.check(plan_gemv(n, k, kind=kind, **fields), rows=20, small=3)
 
 
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 128), ("gate_up", 80, 128)])
-@pytest.mark.interpreter
-def test_max_split_with_a_partial_last_tile_passes_the_tuners_check_on_cpu(kind, n, k):
+def test_max_split_with_a_partial_last_tile_passes_the_tuners_check(device, kind, n, k):
     """Split-K MAX_SPLIT with N not a multiple of bn (the last tile's partials are stored and read only
     for the columns n < N, so nothing lands in the next slot): within the policy at 20 rows and the
-    first 3 rows bitwise equal to a 3-row (one row block) launch, under the interpreter."""
+    first 3 rows bitwise equal to a 3-row (one row block) launch (the interpreter on the CPU, the GPU on a GPU
+    runner)."""
     p = plan_gemv(n, k, kind=kind, preload=False, bn=64, block_k=16, split=MAX_SPLIT)
     assert p.split == MAX_SPLIT and not p.even_n
-    _GemvCase(kind, n, k, 1e-5, "cpu", copies=1).check(p, rows=20, small=3)
+    _GemvCase(kind, n, k, 1e-5, device, copies=1).check(p, rows=20, small=3)
 
 
 def test_tune_shapes_argument_parses_kind_n_k():
@@ -219,11 +218,10 @@ def test_rstd_of_is_correctly_rounded_on_sm90(runtime_k):
     assert ptx.count("div.rn.f32") >= 2 and "sqrt.rn.f32" in ptx, ptx[-2000:]
 
 
-@pytest.mark.interpreter
-def test_tuner_case_of_out_proj_checks_h_and_x():
+def test_tuner_case_of_out_proj_checks_h_and_x(device):
     """`_GemvCase("out_proj")` (the tuner's case of the MoE layers' out_proj with its RMSNorm epilogue) fails a
     plan whose h is wrong, and one whose x is wrong: its check reads both outputs."""
-    case = _GemvCase("out_proj", 96, 80, 1e-5, "cpu", copies=1)
+    case = _GemvCase("out_proj", 96, 80, 1e-5, device, copies=1)
     plan = plan_gemv(96, 80, kind="out_proj", table={})
     case.check(plan, rows=20, small=3)
     launch = case.launch
@@ -283,19 +281,19 @@ def test_committed_width_dependent_plans():
 @pytest.mark.parametrize("kind, n, k", [("residual", 96, 80), ("out_proj", 96, 80), ("gate_up", 80, 64),
                                         ("lm_head", 200, 256)])
 @pytest.mark.parametrize("stream_at", [1, 2])
-@pytest.mark.interpreter
-def test_width_dependent_weight_stream_keeps_rows_bitwise(kind, n, k, stream_at):
-    """A plan that streams at one row-block count and preloads at the other passes the tuner's gate under the
-    interpreter: the policy at 20 rows (2 row blocks) and the first 3 rows (1 row block) bitwise equal to it.
-    Only the fp32 logits of lm_head show a change of summation order here (bf16 outputs round it away: the preload
-    chunks summed in reverse K order still passed for the other kinds); the GPU row-invariance tests of out_proj and
-    the MLP (17 / 33 rows against 48) are the proof on the shapes that use it."""
+def test_width_dependent_weight_stream_keeps_rows_bitwise(device, kind, n, k, stream_at):
+    """A plan that streams at one row-block count and preloads at the other passes the tuner's gate (the
+    interpreter on the CPU, the GPU on a GPU runner): the policy at 20 rows (2 row blocks) and the first 3 rows (1
+    row block) bitwise equal to it. Under the interpreter only the fp32 logits of lm_head show a change of summation
+    order here (bf16 outputs round it away: the preload chunks summed in reverse K order still passed for the other
+    kinds); the GPU row-invariance tests of out_proj and the MLP (17 / 33 rows against 48) are the proof on the
+    shapes that use it."""
     split = 1 if kind == "lm_head" else 2
     base = plan_gemv(n, k, kind=kind, preload=False, bn=16, block_k=16, split=split, stages=3, pf_k=32)
     other = 2 if stream_at == 1 else 1
     p = replace(base, by_row_blocks={other: dict(preload=True, stages=1, pf_k=0)})
     assert p.at(stream_at).preload is False and p.at(other).preload is True
-    _GemvCase(kind, n, k, 1e-5, "cpu", copies=1).check(p, rows=20, small=3)
+    _GemvCase(kind, n, k, 1e-5, device, copies=1).check(p, rows=20, small=3)
 
 
 @pytest.mark.parametrize("kind, module", [("residual", "out_proj"), ("out_proj", "out_proj"), ("gate_up", "mlp"),
@@ -395,8 +393,7 @@ def test_bn_may_depend_on_the_width_for_residual_and_qkv_only():
         assert all(bool(torch.isnan(t).all()) for t in outs), kind
 
 
-@pytest.mark.interpreter
-def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
+def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise(device):
     """A residual plan of bn 64 that runs bn 16 at 1 row block and bn 32 at 2 is launched with each width's own grid
     (6 / 3 / 2 tiles of 96 columns: the base plan's 2 tiles would leave most columns of 3 rows unwritten, which the
     poisoned outputs show) and passes the tuner's gate: the policy at 40 rows, 3 and 20 rows bitwise equal to it.
@@ -405,7 +402,7 @@ def test_bn_by_width_launches_its_own_grid_and_keeps_rows_bitwise():
     base = plan_gemv(96, 80, kind="residual", preload=False, bn=64, block_k=16, split=2, stages=3, pf_k=32)
     p = replace(base, by_row_blocks={1: dict(bn=16), 2: dict(bn=32, preload=True, stages=1, pf_k=0)})
     assert [p.at(b).n_tiles for b in (1, 2, 3)] == [6, 3, 2]
-    case = _GemvCase("residual", 96, 80, 1e-5, "cpu", copies=1)
+    case = _GemvCase("residual", 96, 80, 1e-5, device, copies=1)
     case.check(base, rows=40, small=(3, 20))
     case.check(p, rows=40, small=(3, 20))
 
