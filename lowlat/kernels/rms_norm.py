@@ -14,7 +14,11 @@ reference's error against float64) judges.
 
 One program per block of ROWS rows, each row whole in registers (BLOCK_H = next power of two of H). ROWS and
 the warp count are functions of H only, never of M: every row is reduced in the same layout whatever the
-row count or the row's place in its block, so a row's output is bitwise the same alone or among 48 rows.
+row count or the row's place in its block, so a row's output is bitwise the same alone or among 48 rows. On a GPU
+the layout also follows x's alignment (Triton picks the per-thread vector width from the pointer's and row
+stride's divisibility by 16 bytes), so a view of x that is not 16-byte aligned may sum its squares in another
+order (session 35's reading of the sm_90 build; on the row-stride test's data both orders, emulated on the CPU,
+give the same output bits).
 With PDL (USE_PDL) a program loads the norm weight (which no earlier kernel writes), then waits for the
 previous kernel (`gdc_wait`: its x is complete and visible), then lets the next kernel launch
 (`gdc_launch_dependents`) and reads x. Under the Triton CPU interpreter there is no PDL and the fp32 -> bf16

@@ -103,9 +103,11 @@ def test_deferred_reduction_padding_rows_never_change_valid_rows(monkeypatch, or
 
 def test_each_partial_slot_holds_its_splits_k_slice(device):
     """partials[s] = a[:, ks] W[:, ks]^T over split s's K slice ks = [s * CPS * BK, (s + 1) * CPS * BK): against a
-    float64 product, within an fp32 accumulation bound (2^-20 times sum |a||w| over the slice: the kernel adds at most
-    80 bf16-exact products in fp32, whose rounding stays below 80 * 2^-24 of that sum). Another split's slice would
-    be off by a whole partial sum."""
+    float64 product, within 2^-20 times sum |a||w| over the slice. The kernel adds at most 80 bf16-exact products in
+    fp32: the worst case of their roundings is 80 * 2^-24 (~2^-17.7) of that sum, so this bound is ~5x tighter than
+    the worst case and holds because random-sign products' rounding errors grow like sqrt(n), not n (on a GPU the
+    tensor cores' fp32 accumulation of 16-product chunks too; not yet run there). Another split's slice would be off
+    by a whole partial sum."""
     h, q, i = CPU_SHAPES[1]
     attn, wo, x, _, _ = make_inputs(7, h, q, i, 5, device)
     plan = plan_gemv(h, q, kind="residual", block_k=16, split=3, preload=False, bn=16)
