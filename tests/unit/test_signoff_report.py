@@ -256,3 +256,30 @@ def test_hardware_probe_does_not_import_triton():
     assert out.returncode == 0, out.stderr
     version, imported = out.stdout.split()
     assert imported == "False" and version[0].isdigit(), out.stdout
+
+
+def test_every_cli_option_has_help_and_help_names_the_defaults(capsys):
+    """`lowlat generate / signoff / bench --help` give each option a help text and name its default (session 34's
+    new-user pass found none named): argparse prints "(default: X)" only for options with a help text, so an option
+    added without one would hide its default again."""
+    import argparse
+
+    from lowlat.cli import HelpWithDefaults, build_parser, main
+
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"generate", "signoff", "bench"} <= set(subs)
+    for name in ("generate", "signoff", "bench"):
+        assert subs[name].formatter_class is HelpWithDefaults, name
+        for action in subs[name]._actions:
+            assert action.help, f"lowlat {name} {action.option_strings or action.dest}: no help text"
+    want = {"generate": ["--max-new-tokens", "(default: 32)", "(default: reference)"],
+            "signoff": ["(default: signoff-report)", "(default: 200)", "(default: 0.01)"],
+            "bench": ["(default: 512)", "(default: 600.0)"]}
+    for name, parts in want.items():
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())        # argparse wraps lines
+        for part in parts:
+            assert part in out, (name, part, out[-1500:])
+        assert "(default: None)" not in out and "(default: False)" not in out, name
