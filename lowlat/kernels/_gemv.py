@@ -1265,6 +1265,15 @@ def sum_split_ss(sss_ptr, pid_n, m0, SPLIT: tl.constexpr):
 
 # ---------------------------------------------------------------------------------------------- argmax keys
 @triton.jit
+def float_order_bits(x):
+    """The monotone int32 image of fp32 x: for non-NaN a, b, a < b iff image(a) < image(b), with -0.0 canonicalised
+    to +0.0 first (the zeros are equal). The high half of `argmax_key`, and of the MoE route's int32 keys
+    (`moe._route_key32`)."""
+    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
 def argmax_key(x, ids):
     """int64 keys that sort like (value descending, token id ascending), unique per token: (order-preserving
     int32 image of the fp32 value) << 32 | (2^32 - 1 - id). The max over a set is its largest value with
@@ -1273,8 +1282,7 @@ def argmax_key(x, ids):
     order (the LM head's and the draft sampler's epilogues). NaN logits are not given torch.argmax's meaning:
     a NaN with the sign bit clear sorts above +inf, one with it set below -inf (the interpreter's default
     NaN is negative; the GPU's is positive)."""
-    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    s = tl.where(b < 0, b ^ 0x7FFFFFFF, b)                    # monotone int32 image of the float
+    s = float_order_bits(x)
     low = (ids.to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int64)      # larger for smaller ids
     return (s.to(tl.int64) << 32) | low
 

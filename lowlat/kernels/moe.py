@@ -121,7 +121,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from lowlat.config import ModelConfig
 from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._attn_common import interpreting, require_runnable
-from lowlat.kernels._gemv import rstd_of, to_bf16
+from lowlat.kernels._gemv import float_order_bits, rstd_of, to_bf16
 from lowlat.weights import LayerWeights
 
 #: Rows one call takes (the row block of the router and of the placement; MAX_ROWS is 48).
@@ -291,11 +291,9 @@ _NO_KEY32 = tl.constexpr(-(2 ** 31))
 @triton.jit
 def _route_key32(x, ids):
     """int32 keys of bf16-exact fp32 values x that sort like (value descending, id ascending), ids < 2^16: the
-    upper 16 bits of `argmax_key`'s order-preserving image (a bf16 value's low 16 bits are 0, or all 1 once
-    negative values are flipped) above 0xFFFF - id."""
-    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    s = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-    return (s & -65536) | (ids ^ 0xFFFF)
+    upper 16 bits of the order-preserving image `_gemv.float_order_bits` (a bf16 value's low 16 bits are 0, or all
+    1 once negative values are flipped) above 0xFFFF - id."""
+    return (float_order_bits(x) & -65536) | (ids ^ 0xFFFF)
 
 
 @triton.jit

@@ -234,6 +234,40 @@ def test_route_bitmap_equals_reference_topk_with_ties(device, m, data, experts, 
     assert (gates[nv:] == 0).all() and not bitmap[nv:].any()
 
 
+@triton.jit
+def _route_keys_kernel(x_ptr, id_ptr, key_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(key_ptr + i, kmoe._route_key32(tl.load(x_ptr + i), tl.load(id_ptr + i)))
+
+
+def test_route_keys_order_every_bf16_value_then_the_lower_expert(device):
+    """`_route_key32` over every non-NaN bf16 value (the route's logits are bf16-exact): keys ascend strictly with
+    the value, -0.0 and +0.0 alike; among equal values the lower expert index has the larger key; every key lies
+    above `_NO_KEY32` (-inf with the largest index included), so a picked expert never wins again."""
+    n = 1 << 16
+    x = torch.arange(n, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    x = x[~x.isnan()]
+    x = x[torch.argsort(x, stable=True)]                   # ascending; -0.0 and +0.0 in the middle
+    keys = {}
+    ids_checked = (0, 1, 32767, 32768, 65535)         # 32767 / 32768: the id field's top bit flips between them
+    for e in ids_checked:
+        ids = torch.full((x.numel(),), e, dtype=torch.int32)
+        xs = torch.cat([x, x.new_zeros(n - x.numel())])     # padded to a power of two (zeros at the end)
+        out = torch.empty(n, dtype=torch.int32, device=device)
+        _route_keys_kernel[(1,)](xs.to(device), torch.cat([ids, ids.new_zeros(n - ids.numel())]).to(device), out,
+                                 N=n)
+        keys[e] = out[:x.numel()].cpu().long()
+    k = keys[0]
+    same = x[1:] == x[:-1]                                  # only -0.0 == +0.0
+    assert int(same.sum()) == 1
+    assert bool((k[1:][same] == k[:-1][same]).all()), "-0.0 and +0.0 must tie"
+    assert bool((k[1:][~same] > k[:-1][~same]).all()), "keys must ascend with the value"
+    for lo, hi in zip(ids_checked, ids_checked[1:]):
+        assert bool((keys[lo] > keys[hi]).all()), f"expert {lo} must come before expert {hi} at equal values"
+    assert int(keys[65535].min()) > -(2 ** 31), "a real key at or below _NO_KEY32"
+    assert bool((keys[65535][1:][~same] > keys[0][:-1][~same]).all()), "the value above every index"
+
+
 @pytest.mark.parametrize("m", [20, 40])
 def test_route_with_split_hidden_and_a_smaller_plan_tile(device, m):
     """Router logits in NSPLIT = 3 hidden slices, M = 20 / 40 rows (plan row tile 32 / 64, the partial
