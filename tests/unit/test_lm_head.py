@@ -33,12 +33,12 @@ def make_inputs(m: int, h: int, v: int, seed: int, device):
     return tuple(t.to(torch.bfloat16) for t in (x, nw, w))
 
 
-def run_fused(x, nw, w, nvalid, *, workspace=None, use_pdl=False):
+def run_fused(x, nw, w, nvalid, *, workspace=None, use_pdl=False, plan=None):
     m, v = x.shape[0], w.shape[0]
     logits = poison(torch.empty(m, v, dtype=torch.float32, device=x.device))
     tokens = poison(torch.empty(m, dtype=torch.int64, device=x.device))
     r = lm_head(x, nw, w, nvalid, EPS, logits_out=logits, tokens_out=tokens, workspace=workspace,
-                use_pdl=use_pdl)
+                use_pdl=use_pdl, plan=plan)
     assert r.logits is logits and r.tokens is tokens
     return r
 
@@ -77,10 +77,7 @@ def test_lm_head_every_plan_mode_within_2x_baseline_error(m, shape, pad, mode, b
     h, v = shape
     x, nw, w = make_inputs(m, h, v, seed, "cpu")
     nvalid = max(1, m - pad)
-    logits = poison(torch.empty(m, v, dtype=torch.float32))
-    tokens = poison(torch.empty(m, dtype=torch.int64))
-    r = lm_head(x, nw, w, nvalid, EPS, logits_out=logits, tokens_out=tokens,
-                plan=plan_gemv(v, h, kind="lm_head", block_k=block_k, **mode))
+    r = run_fused(x, nw, w, nvalid, plan=plan_gemv(v, h, kind="lm_head", block_k=block_k, **mode))
     check_against_reference(x, nw, w, nvalid, r)
 
 
@@ -100,10 +97,7 @@ def test_lm_head_ties_go_to_the_lowest_token_id(device, tied, mode):
     w = w.clone()
     for t in tied:
         w[t] = row
-    plan = None if mode is None else plan_gemv(256, 64, kind="lm_head", block_k=32, **mode)
-    logits = poison(torch.empty(4, 256, dtype=torch.float32, device=device))
-    tokens = poison(torch.empty(4, dtype=torch.int64, device=device))
-    r = lm_head(x, nw, w, 4, EPS, logits_out=logits, tokens_out=tokens, plan=plan)
+    r = run_fused(x, nw, w, 4, plan=None if mode is None else plan_gemv(256, 64, kind="lm_head", block_k=32, **mode))
     assert int(r.tokens[1]) == min(tied), (r.tokens, r.logits[1, list(tied)])
     assert len(set(r.logits[1, list(tied)].tolist())) == 1, r.logits[1, list(tied)]     # a real tie
     check_bitwise("lm_head", r.tokens, torch.argmax(r.logits, dim=-1), output="tokens")
