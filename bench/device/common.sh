@@ -65,23 +65,3 @@ tune_shape() {
 # a part's timeout: LIMIT seconds or what is left before $END (the script's last second), whichever is less, at
 # least 1 (session 33-34 scripts): timeout "$(cap LIMIT)" ...
 cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
-# A Triton kernel cache that travels between calls (session 35): a fresh machine compiles every kernel variant the
-# tests launch, and a call's device time is scarce. tcache_restore: TRITON_CACHE_DIR=/tmp/tcache, filled from
-# .tcache/tcache.tar.gz when the call carries it (carry [".tcache"]); tcache_save: the cache back as
-# $OUT/tcache.tar.gz (if under 16 MiB, what a file from $OUT may be), with the entries before / after printed.
-# Entries are keyed by the kernel source, its specialisation, the target and the Triton / ptxas versions, so a stale
-# one is never used, only not hit.
-tcache_restore() {
-  export TRITON_CACHE_DIR=/tmp/tcache
-  mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .tcache/tcache.tar.gz ] && tar -xzf .tcache/tcache.tar.gz -C "$TRITON_CACHE_DIR"
-  TCACHE_BEFORE=$(ls "$TRITON_CACHE_DIR" | wc -l)
-  echo "tcache: ${TCACHE_BEFORE} entries restored"
-}
-tcache_save() {
-  local n; n=$(ls "$TRITON_CACHE_DIR" | wc -l)
-  tar -czf /tmp/tcache.tar.gz -C "$TRITON_CACHE_DIR" .
-  local bytes; bytes=$(stat -c %s /tmp/tcache.tar.gz)
-  echo "tcache: ${TCACHE_BEFORE} -> ${n} entries, ${bytes} bytes gzipped"
-  (( bytes < 16 * 1024 * 1024 )) && cp /tmp/tcache.tar.gz "$OUT/tcache.tar.gz"
-}

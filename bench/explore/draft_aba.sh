@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The draft sampler in the forms named by the arguments, in order (`before`: .stage/draft_sampling_before30.py, i.e.
 # `git show 4b998be:lowlat/kernels/draft_sampling.py`, carried; NAME: .stage/draft_sampling_NAME.py where carried;
-# `nanlate`: explore48's edit of the tree's; any other name: the tree's), each timed by
-# `bench/bench_draft_sampling.py --rows 1 8 --iters 100 --no-in-step` into $OUT/ds_<i>_<form>.json; the tree's file
-# is restored at the end. Sourced by session31b.sh / session32b.sh after bench/device/common.sh.
+# any other name: the tree's; `nanlate`, explore48's edit, ran at 9c4c9f8 and is production since session 36), each
+# timed by `bench/bench_draft_sampling.py --rows 1 8 --iters 100 --no-in-step` into $OUT/ds_<i>_<form>.json; the
+# tree's file is restored at the end. Sourced by session31b.sh / session32b.sh after bench/device/common.sh.
 cp lowlat/kernels/draft_sampling.py /tmp/ds.tree
 i=0
 for form in "$@"; do
@@ -11,8 +11,6 @@ for form in "$@"; do
   if [ "$form" = before ]; then cp .stage/draft_sampling_before30.py lowlat/kernels/draft_sampling.py
   elif [ -f ".stage/draft_sampling_$form.py" ]; then
     cp ".stage/draft_sampling_$form.py" lowlat/kernels/draft_sampling.py
-  elif [ "$form" = nanlate ]; then
-    python3 bench/explore/explore48.py --source /tmp/ds.tree --write lowlat/kernels/draft_sampling.py
   else cp /tmp/ds.tree lowlat/kernels/draft_sampling.py; fi
   echo "== draft sampling $form (${SECONDS}s)"
   timeout 100 python3 bench/bench_draft_sampling.py --rows 1 8 --iters 100 --no-in-step \

@@ -278,14 +278,16 @@ def test_gpu_a_spinning_rank_sees_its_peers_disagreement(case):
         assert_bits_equal("ordered_all_reduce", outs[r].cpu(), reference(parts), output=f"after_rank{r}")
 
 
-def test_preload_takes_each_row_count_once_and_refuses_what_is_not_a_sequence_of_row_counts(monkeypatch):
+def test_preload_takes_each_row_count_once_and_refuses_what_is_not_a_sequence_of_row_counts(monkeypatch, device):
     """`PeerRank.preload`'s GPU path, its launches recorded (the interpreter loads nothing): the refusal's variant,
     then each M's call variant, from a list or a generator alike (a generator used to be spent by the validation,
     preloading no call); an int, a string, None, or an M outside 1..max_rows is refused by name before any load;
-    tiles_cap / spin_limit (which the GPU path's preload uses at construction) are checked there."""
+    tiles_cap / spin_limit (which the GPU path's preload uses at construction) are checked there.
+    The group lives on the worker's device: one on the CPU is refused without the interpreter (session 36's GPU
+    run)."""
     import lowlat.comm.peer_buffers as pb
 
-    pr = ranks_on_one_device(2, 128, max_rows=4)[0]
+    pr = ranks_on_one_device(2, 128, max_rows=4, device=device)[0]
     for name in ("tiles_cap", "spin_limit"):
         with pytest.raises(UnsupportedConfigError, match=name):
             type(pr)(pr.bufs, pr.ctrl, 0, deadline=1.0, fault=pr.fault, confirm=False,
