@@ -10,18 +10,23 @@ Outputs are NaN-poisoned before each launch (check_accuracy fails on NaN); unown
 
 Cases (CPU interpreter, tiny shapes, BLOCK_N 16, 4 splits so contexts up to ~200 cross block and split edges): GQA
 1 and 4, D 64 and 128, verify rows of one request (consecutive positions, several new slots, read by its later rows)
-beside decode requests, contexts 0..~200, padding rows, with and without the early-KV path (pre_kv). The edited
-module without qk_norm is bitwise production.
+beside decode requests, contexts 0..~200, padding rows, rows of a request out of position order and interleaved
+with other requests' (num_valid_rows a device tensor there), with and without the early-KV path (pre_kv). The
+edited module without qk_norm is bitwise production.
 
 Mutation-checked (session 36, each an edit to explore49.py's source text, then this file run; 12 passed unmutated,
 about 10 s on a 2-core CPU): q used without its transform (the "q" edit's `if QK_NORM:` -> `if False:`), the new
 positions' K used raw (`cut = end` and the `_attend_fresh` tail loops off), one old position transformed as new
 (`cut` from new_start - 1): each fails all 10 attention cases (a one-row case at ctx 100 let the last two pass, so
-it runs at ctx 20).
+it runs at ctx 20). Added in review (14 passed unmutated): new_start taken from the request's first row in row order
+instead of its least position, or the write-back reading num_valid_rows from the int argument when given a tensor
+(`nvr = nvr_int`): each fails only the two out-of-order cases; new_start over padding rows too (`lok = li < M`)
+fails the four padded cases and those two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -50,9 +55,10 @@ def variant():
     return explore49.load_variant()
 
 
-def _case(*, ctxs, rows, group, hkv, d, pad, seed, device):
+def _case(*, ctxs, rows, group, hkv, d, pad, seed, device, order=None):
     """(step, raw q [M, Hq, D], raw k / v [M, Hkv, D], q_norm, k_norm [D], cache K / V [S, Hkv, D]) bf16: random,
-    never zero (raw K with an offset and scale, norm weights around 1)."""
+    never zero (raw K with an offset and scale, norm weights around 1). order: the valid rows in this order (a
+    permutation of 0..n-1: a request's rows out of position order, requests interleaved)."""
     g = torch.Generator().manual_seed(seed)
     case = random_step(ctx_lens=ctxs, new_rows=rows, num_kv_heads=hkv, head_dim=d, pad_to=sum(rows) + pad,
                        generator=g)
@@ -62,7 +68,13 @@ def _case(*, ctxs, rows, group, hkv, d, pad, seed, device):
     v = torch.randn(m, hkv, d, generator=g).bfloat16()
     qn = (1 + 0.3 * torch.randn(d, generator=g)).bfloat16()
     kn = (1 + 0.3 * torch.randn(d, generator=g)).bfloat16()
-    return case.step, q, k, v, qn, kn, case.k_cache, case.v_cache
+    step = case.step
+    if order is not None:
+        idx = torch.tensor(list(order) + list(range(len(order), m)))
+        step = dataclasses.replace(step, input_ids=step.input_ids[idx], positions=step.positions[idx],
+                                   out_cache_loc=step.out_cache_loc[idx], req_indices=step.req_indices[idx])
+        q, k, v = q[idx], k[idx], v[idx]
+    return step, q, k, v, qn, kn, case.k_cache, case.v_cache
 
 
 def _reference(step, q, k, v, qn, kn, kc, vc, dtype):
@@ -79,9 +91,10 @@ def _reference(step, q, k, v, qn, kn, kc, vc, dtype):
     return out, kf[:n]
 
 
-def _run(variant, device, *, pre_kv, **kw):
+def _run(variant, device, *, pre_kv, nvr_tensor=False, **kw):
     step, q, k, v, qn, kn, kc, vc = _case(device=device, **kw)
     n, d = step.num_valid_rows, q.shape[-1]
+    nvr = torch.tensor([n], dtype=torch.int32, device=device) if nvr_tensor else n
     oracle, k64 = _reference(step, q, k, v, qn, kn, kc, vc, torch.float64)
     baseline, k16 = _reference(step, q, k, v, qn, kn, kc, vc, torch.bfloat16)
     kcv, vcv = kc.clone(), vc.clone()
@@ -92,7 +105,7 @@ def _run(variant, device, *, pre_kv, **kw):
     table = rope_table(preset("Qwen3-30B-A3B").replace(head_dim=d, rope_theta=THETA), MAX_POS, device)
     qk = (qn.to(device), kn.to(device), table, EPS)
     out = poison(torch.empty(q.shape, dtype=torch.bfloat16, device=device))
-    got = variant.decode_attention(q.to(device), kcv, vcv, step.page_table, step.req_indices, step.positions, n,
+    got = variant.decode_attention(q.to(device), kcv, vcv, step.page_table, step.req_indices, step.positions, nvr,
                                    out=out, num_splits=4, block_n=16, qk_norm=qk,
                                    out_cache_loc=step.out_cache_loc if pre_kv else None, pre_kv=pre_kv)
     assert got is out
@@ -101,7 +114,7 @@ def _run(variant, device, *, pre_kv, **kw):
     # the attention launch writes no cache slot (bits, NaN slots included)
     assert torch.equal(kcv.view(torch.int16), kc_before.view(torch.int16))
     assert torch.equal(vcv.view(torch.int16), vc_before.view(torch.int16))
-    variant.k_writeback(kcv, step.out_cache_loc, step.positions, n, qk[1], table, EPS)
+    variant.k_writeback(kcv, step.out_cache_loc, step.positions, nvr, qk[1], table, EPS)
     loc = step.out_cache_loc[:n].long()
     check_accuracy("explore49_writeback", kcv[loc], k64, k16, output="k_cache")
     keep = torch.ones(kcv.shape[0], dtype=torch.bool, device=device)
@@ -122,6 +135,11 @@ CASES = {
     "gqa4_d64_verify_block_edge": dict(ctxs=[14, 200], rows=[5, 1], group=4, hkv=2, d=64, pad=0, seed=5),
     # one decode row (the fused model's 1-row step)
     "gqa1_d128_one_row": dict(ctxs=[20], rows=[1], group=1, hkv=1, d=128, pad=0, seed=4),
+    # the rows of two verify requests out of position order and interleaved (the new positions of a request start
+    # at its least position, not at its first row's), a decode request between them; num_valid_rows a device tensor
+    # (the fused model's) for the attention and the write-back; two padding rows
+    "gqa4_d64_rows_out_of_order": dict(ctxs=[30, 9, 45], rows=[3, 1, 2], group=4, hkv=1, d=64, pad=2, seed=6,
+                                       order=[2, 4, 0, 5, 3, 1], nvr_tensor=True),
 }
 
 
