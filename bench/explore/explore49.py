@@ -373,9 +373,10 @@ def time_case(var, cfg, m: int, ctx: int, dev) -> dict:
             p2[:, ctx] = loc
             pts[key].append(p2)
             locs[key].append(loc)
-    # production's new slots hold the final K of the variant's raw K (the write-back's transform)
+    # production's new slots hold the final K of the variant's raw K (the write-back's transform) and the same V
     kc[old + 1 + r * m:] = (torch.randn(r * m, hkv, d, device=dev) * 3 + 0.5).bfloat16()
     kc[old + 1: old + 1 + r * m] = kc[old + 1 + r * m:]
+    vc[old + 1: old + 1 + r * m] = vc[old + 1 + r * m:]
     for i in range(r):
         var.k_writeback(kc, locs["p"][i], pos, m, kn, table, eps)
     qraw = [(torch.randn(m, hq, d, device=dev) * 3).bfloat16() for _ in range(r)]
