@@ -7,6 +7,7 @@
 #     production (final q / cache) / qknorm (raw) / qknorm_wb (+ the write-back), A B C C B A, JSON in $OUT.
 # (c) (session 36) the two prologues on the same card: production's for Qwen3 (split-K, with QK-norm: fused_pdl of
 #     bench_attn_prologue.py) and the plain held one at Qwen3's shapes (explore46's `plain`, no QK-norm).
+#     (--budget-s 0: its reference variants, a torch.compile among them, are skipped; only fused_pdl is kept.)
 # Compare (explore49's docstring): (c)'s split-K minus plain held, against (qknorm - production) + (qknorm_wb -
 # qknorm), at each width.
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ tail -3 "$OUT/qknorm_test.log"
 echo "== (b) explore49 timing (${SECONDS}s)"
 timeout "$(cap 190)" python3 bench/explore/explore49.py --out "$OUT/explore49.json" 2>&1 | grep -v -i warn; echo "rc $?"
 echo "== (c) the prologues at Qwen3's shapes: split-K (production) and plain held (${SECONDS}s)"
-timeout "$(cap 80)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 6 16 --budget-s 20 \
+timeout "$(cap 80)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 6 16 --budget-s 0 \
   --out "$OUT/prologue.json" 2>&1 | grep -E "fused_pdl|rror" | cut -c1-200; echo "rc $?"
 timeout "$(cap 80)" python3 bench/explore/explore46.py --variants plain --rows 1,6,16 --out "$OUT/e46_plain.json" \
   2>&1 | grep -v -i warn | tail -8; echo "rc $?"
