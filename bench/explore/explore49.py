@@ -63,7 +63,12 @@ So at 6 / 16 rows (768 / 2048 programs, past one wave) the variant loses a quart
 row (128 programs) occupancy does not bind. PRE_KV_PROGRAMS_PER_SM[128] = 3 still holds for the variant.
 
 Not covered: the grouped path (split_groups < num_splits: D <= 64 models only), the prologue writing raw q / K, the
-write-back folded into out_proj, a GPU run.
+write-back folded into out_proj, a GPU run. Row invariance: a row's result now depends on its request's other rows in
+the step (they say which slots hold raw K; their least position also cuts the row's blocks, so the sum order moves),
+so production's "row alone equals row among others" (test_decode_attention_rows_bitwise_invariant_small takes verify
+rows alone) holds only across requests: a production form must restate it. New positions are found by position, not
+by slot: a request whose step rows skipped a position (not refused by StepBatch.validate) would have that old slot
+transformed again.
 
 Tested on the CPU (tests/unit/test_explore_attn_qknorm.py): attention outputs within the numerics policy of the
 float64 reference (raw q / K -> QK-norm -> RoPE -> paged attention), the write-back's slots likewise, every other
