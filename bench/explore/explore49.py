@@ -324,21 +324,6 @@ def load_variant(name: str = "decode_attention_qknorm", src: str | None = None):
     return module_from_source(name, qknorm_source(PRODUCTION.read_text() if src is None else src))
 
 
-# ----------------------------------------------------------------------------------------------- host-side helpers
-def qk_norm_rope_torch(x, w, positions, table, eps: float):
-    """The transform in torch fp32 as the kernel computes it (bf16 out): x [M, H, D] bf16, w [D] bf16, positions [M]
-    int64, table [P, D] fp32 (`rope_table`)."""
-    import torch
-
-    d = x.shape[-1]
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-    cos = table[positions, : d // 2].repeat(1, 2)[:, None, :]
-    sin = table[positions, d // 2:].repeat(1, 2)[:, None, :]
-    rot = torch.cat([-y[..., d // 2:], y[..., : d // 2]], dim=-1)
-    return (y * cos + rot * sin).bfloat16()
-
-
 # ----------------------------------------------------------------------------------------------- GPU timing
 ROWS = (1, 6, 16)
 CTXS = (512, 4096)
@@ -355,6 +340,8 @@ def time_case(var, cfg, m: int, ctx: int, dev) -> dict:
     from lowlat.benchmarking import rotation_copies
     from lowlat.kernels import decode_attention as prod
     from lowlat.kernels.attn_prologue import rope_table
+    from lowlat.reference.rms_norm import rms_norm
+    from lowlat.reference.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
     hq, hkv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, float(cfg.rms_eps)
     nbytes = bytes_moved(hq, hkv, d, m, ctx)
@@ -385,7 +372,9 @@ def time_case(var, cfg, m: int, ctx: int, dev) -> dict:
     for i in range(r):
         var.k_writeback(kc, locs["p"][i], pos, m, kn, table, eps)
     qraw = [(torch.randn(m, hq, d, device=dev) * 3).bfloat16() for _ in range(r)]
-    qfin = [qk_norm_rope_torch(q, qn, pos, table, eps) for q in qraw]
+    # production's q: the reference's QK-norm and RoPE in fp32, rounded once to bf16 (as the prologue does)
+    cos, sin = rope_cos_sin(pos, rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling, torch.float32), torch.float32)
+    qfin = [apply_rope(rms_norm(q.float(), qn.float(), eps), cos, sin).bfloat16() for q in qraw]
     outs = {v: [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
             for v in ("production", "qknorm", "qknorm_wb")}
     wsp = prod.make_decode_workspace(m, hq, hkv, d, dev)
