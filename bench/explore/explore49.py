@@ -373,7 +373,8 @@ def time_case(var, cfg, m: int, ctx: int, dev) -> dict:
         var.k_writeback(kc, locs["p"][i], pos, m, kn, table, eps)
     qraw = [(torch.randn(m, hq, d, device=dev) * 3).bfloat16() for _ in range(r)]
     # production's q: the reference's QK-norm and RoPE in fp32, rounded once to bf16 (as the prologue does)
-    cos, sin = rope_cos_sin(pos, rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling, torch.float32), torch.float32)
+    inv_freq = rope_inv_freq(d, cfg.rope_theta, cfg.rope_scaling, torch.float32).to(dev)
+    cos, sin = rope_cos_sin(pos, inv_freq, torch.float32)
     qfin = [apply_rope(rms_norm(q.float(), qn.float(), eps), cos, sin).bfloat16() for q in qraw]
     outs = {v: [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
             for v in ("production", "qknorm", "qknorm_wb")}
