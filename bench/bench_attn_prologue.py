@@ -11,6 +11,8 @@ For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) a
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
 Floor = bytes / measured copy bandwidth. Writes JSON to --out (lowlat/benchmarking.py has the method).
+--warm-x: every copy reads one x (still counted in the bytes), so x comes from L2 as in the decode step, where the
+launch before the prologue has just written it; weights and outputs stay rotated (cold). Without it x is cold too.
 
     python bench/bench_attn_prologue.py --out bench/results/attn_prologue_h200.json
 """
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
     ap.add_argument("--budget-s", type=float, default=600.0, help="skip reference variants past this")
+    ap.add_argument("--warm-x", action="store_true", help="one x for every copy (in L2, as in the step)")
     args = ap.parse_args()
     exit_on_sigterm()
     budget = Budget(args.budget_s)
@@ -62,7 +65,9 @@ def main() -> None:
     bw = copy_bandwidth()
     results, skipped = [], []
     payload = {"bench": "attn_prologue", **versions(), "copy_bandwidth_GBps": bw / 1e9,
-               "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call",
+               "method": "CUDA graph of R back-to-back calls on R input copies (cold L2), median per call"
+                         + ("; x one copy (warm in L2), weights and outputs rotated" if args.warm_x else ""),
+               "warm_x": args.warm_x,
                "results": results, "skipped": skipped}
     compiled = torch.compile(ref_attn_prologue, dynamic=True)
     configs = [(name, m) for name in args.models for m in args.rows]
@@ -74,7 +79,7 @@ def main() -> None:
             for name, m in configs:
                 cfg = preset(name)
                 nbytes = bytes_moved(cfg, m)
-                base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6}
+                base = {"model": name, "rows": m, "bytes": nbytes, "floor_us": nbytes / bw * 1e6, "warm_x": args.warm_x}
                 if optional and budget.left() < 0:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
@@ -94,6 +99,8 @@ def main() -> None:
                 r = rotation_copies(nbytes)
                 ws_ = [w0.clone() for _ in range(r)]
                 xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
+                if args.warm_x:
+                    xs = [xs[0]] * r
                 kc = torch.zeros(r * m + 1, hkv, d, dtype=torch.bfloat16, device=dev)
                 vc = torch.zeros_like(kc)
                 locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]
@@ -121,7 +128,8 @@ def main() -> None:
                                             kc, vc, inv, eps=cfg.rms_eps) for i in range(r)]
                 t = time_variant(calls, base, variant, results, skipped, graph=True)
                 if t is not None:
-                    print(f"{name:14s} M={m:2d} {variant:18s} {t['us_median']:8.2f} us  "
+                    print(f"{name:14s} M={m:2d} {variant + ('+warm_x' if args.warm_x else ''):25s} "
+                          f"{t['us_median']:8.2f} us  "
                           f"{t['GBps']:7.1f} GB/s  floor {base['floor_us']:.2f} us", flush=True)
                 del ws_, xs, kc, vc, qs, calls
                 torch.cuda.empty_cache()
