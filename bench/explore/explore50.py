@@ -142,7 +142,6 @@ def device_run(variants: list, rows: list, rounds: int, out: str | None) -> None
               + " ".join(f"{v} {x:.2g}" for v, x in diff.items()), flush=True)
         results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict,
                             max_rel_diff_q_vs_first=diff))
-        del fns, caches, qs
         torch.cuda.empty_cache()
     write_results(out, results, explore="explore50", model=case.cfg.name,
                   launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)",

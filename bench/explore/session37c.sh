@@ -8,8 +8,8 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-200}
 echo "== explore50 (${SECONDS}s)"
-(cd bench/explore && timeout "$(cap 150)" python3 explore50.py --rows 1,6,16 --rounds 2 --out "$OUT/explore50.json" \
-  2>&1 | grep -v -i warn); echo "rc $?"
+timeout "$(cap 150)" python3 bench/explore/explore50.py --rows 1,6,16 --rounds 2 --out "$OUT/explore50.json" \
+  2>&1 | grep -v -i warn; echo "rc $?"
 echo "== bench_attn_prologue Llama held (${SECONDS}s)"
 timeout "$(cap 40)" python3 bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 6 16 --budget-s 0 \
   --out "$OUT/prologue.json" 2>&1 | grep -E "held_pdl|rror" | cut -c1-200; echo "rc $?"
