@@ -21,7 +21,15 @@ Timed per kernel as explore47 (`LlamaPrologueCase`, CUDA graphs over rotated col
     python bench/explore/explore50.py --rows 1,6,16 --out e50.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore50.py --sm90 --rows 1,6,16   # CPU: sm_90 compile
 
-CPU compile (`--sm90`, Triton 3.6's ptxas), see bench/results/session37/README.md.
+CPU compile (`--sm90`, Triton 3.6's ptxas; bench/results/session37/explore50_sm90.json), M 1 / 6 / 16: prod 242 /
+242 / 255 registers, HMMA depth 32, FFMA depth 127; ch2 255, 16, 63-74; ch4 255, 8, 52-59 (5 weight loads queued
+behind a MOV before the wait); no spills in any.
+
+Measured (session 37 call 5, H100, `session37c.sh`; bench/results/session37/call5), us min-max of 4: every variant
+within the policy and every element written; prod 5.10-5.25 / 5.42-5.46 / 7.27-7.28, ch2 5.03-5.24 / 5.44-5.47 /
+7.53-7.66, ch4 6.32-6.68 / 6.79-6.80 / 6.98-7.23 at 1 / 6 / 16 rows. Not taken: halving the chains changes nothing at
+1 row (paired differences -0.07 / -0.07 / -0.01 / +0.01) and costs 0.3 us at 16; the chains' depth is not what holds
+the 1-row prologue above 70% of copy bandwidth.
 """
 
 from __future__ import annotations
