@@ -597,6 +597,29 @@ def _tune_shape(case, candidates, rec: _Recorder, budget: Budget, where: str, bw
     return entry
 
 
+def tune_shapes(models) -> list[tuple]:
+    """The GEMV shapes `tune_gemv` tunes for presets `models`, in its order: [(model, kind, N, K, rms_eps)], every
+    GEMV of the first model's fused step, then the later models' GEMVs with more than 8 MB of weights (largest
+    first), each (kind, N, K) once. Raises KeyError for an unknown preset."""
+    from lowlat.config import preset
+
+    shapes = []
+    for j, model in enumerate(models):
+        cfg = preset(model)
+        todo = [("out_proj" if cfg.is_moe else "residual", cfg.hidden_size, cfg.q_size),
+                ("lm_head", cfg.vocab_size, cfg.hidden_size)]
+        if not cfg.is_moe:
+            todo[1:1] = [("gate_up", cfg.intermediate_size, cfg.hidden_size),
+                         ("residual", cfg.hidden_size, cfg.intermediate_size)]
+        if j:                    # later models: only the GEMVs under the bandwidth target (weights > 8 MB),
+            todo = sorted([t for t in todo if t[1] * t[2] * (4 if t[0] == "gate_up" else 2) > 8 << 20],
+                          key=lambda t: -t[1] * t[2])           # largest first
+        for kind, n, k in todo:
+            if all((kind, n, k) != t[1:4] for t in shapes):
+                shapes.append((model, kind, n, k, cfg.rms_eps))
+    return shapes
+
+
 def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str | None, *,
               rows_list=(1, 6), wide_rows=(24, 48), only: set | None = None) -> list[dict]:
     """Time every candidate plan (`lowlat.kernels._gemv.candidate_plans`) of each GEMV shape of the
@@ -619,23 +642,9 @@ def tune_gemv(models, device, bw, rec: _Recorder, budget: Budget, plans_out: str
     $LOWLAT_GEMV_PLANS at it, so later sections of this run use them. Returns the chosen entries (`_tune_shape`)."""
     import torch
 
-    from lowlat.config import preset
     from lowlat.kernels._gemv import GemvPlan, candidate_plans, tuned_table
 
-    shapes = []
-    for j, model in enumerate(models):
-        cfg = preset(model)
-        todo = [("out_proj" if cfg.is_moe else "residual", cfg.hidden_size, cfg.q_size),
-                ("lm_head", cfg.vocab_size, cfg.hidden_size)]
-        if not cfg.is_moe:
-            todo[1:1] = [("gate_up", cfg.intermediate_size, cfg.hidden_size),
-                         ("residual", cfg.hidden_size, cfg.intermediate_size)]
-        if j:                    # later models: only the GEMVs under the bandwidth target (weights > 8 MB),
-            todo = sorted([t for t in todo if t[1] * t[2] * (4 if t[0] == "gate_up" else 2) > 8 << 20],
-                          key=lambda t: -t[1] * t[2])           # largest first
-        for kind, n, k in todo:
-            if all((kind, n, k) != t[1:4] for t in shapes) and (only is None or (kind, n, k) in only):
-                shapes.append((model, kind, n, k, cfg.rms_eps))
+    shapes = [t for t in tune_shapes(models) if only is None or t[1:4] in only]
     chosen: list[dict] = []
     for model, kind, n, k, eps in shapes:
         where = f"{model}/tune/{kind}/{n}x{k}"
@@ -1035,10 +1044,16 @@ def check_args(args: argparse.Namespace) -> str | None:
         if not math.isfinite(v) or v <= 0:
             return f"{flag} {v}: must be a finite number of seconds > 0"
     try:
-        _parse_shapes(args.tune_shapes)
+        only = _parse_shapes(args.tune_shapes)
         _parse_rows(args.tune_wide_rows)
     except SystemExit as e:
         return str(e)
+    if only and "tune" in sections:
+        known = sorted({t[1:4] for t in tune_shapes(models)})
+        missing = sorted(only - set(known))
+        if missing:
+            return (f"--tune-shapes {args.tune_shapes!r}: {[f'{k}:{n}x{kk}' for k, n, kk in missing]} not among the "
+                    f"shapes tuned for --models {args.models!r}: {[f'{k}:{n}x{kk}' for k, n, kk in known]}")
     return None
 
 

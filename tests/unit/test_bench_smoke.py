@@ -31,6 +31,9 @@ def test_bench_smoke_mode_runs(script, tmp_path):
     (["--ctx", "0"], "--ctx 0"),
     (["--budget-s", "nan"], "--budget-s nan"),
     (["--tune-shapes", "lm_head"], "--tune-shapes: 'lm_head' is not KIND:NxK"),
+    (["--models", "Qwen3-30B-A3B", "--sections", "tune", "--tune-shapes", "out_proj:2048x4096,bogus:1x1"],
+     "['bogus:1x1'] not among the shapes tuned for --models 'Qwen3-30B-A3B'"),
+    (["--models", "SmolLM2-135M", "--tune-shapes", "out_proj:2048x4096"], "['out_proj:2048x4096'] not among"),
 ])
 def test_lowlat_bench_refuses_a_bad_argument_before_any_device_work(args, message, capsys):
     """A bad value is refused at once, naming it, with exit 2 (on the CPU too): before, the GPU check came first,
@@ -53,6 +56,24 @@ def test_lowlat_bench_runs_the_moe_layer_without_a_model_preset(capsys):
         ns = argparse.Namespace(rows="1,6,48", models="", sections=sections, ctx=512, budget_s=60.0,
                                 tune_budget_s=120.0, tune_shapes=None, tune_wide_rows=None)
         assert check_args(ns) is None, sections
+
+
+def test_lowlat_bench_takes_a_tune_shape_of_the_named_models():
+    """--tune-shapes names shapes `tune_gemv` tunes for --models (README's example); outside the tune section it is
+    not read, so it is not checked there."""
+    import argparse
+
+    from lowlat.bench import check_args, tune_shapes
+
+    def ns(models, sections, shapes):
+        return argparse.Namespace(rows="1,6", models=models, sections=sections, ctx=512, budget_s=60.0,
+                                  tune_budget_s=120.0, tune_shapes=shapes, tune_wide_rows=None)
+
+    assert check_args(ns("Qwen3-30B-A3B", "tune", "out_proj:2048x4096")) is None
+    assert check_args(ns("SmolLM2-135M", "step", "bogus:1x1")) is None
+    first = tune_shapes(["SmolLM2-135M"])
+    assert [t[1] for t in first] == ["residual", "gate_up", "residual", "lm_head"]
+    assert check_args(ns("SmolLM2-135M", "tune", ",".join(f"{k}:{n}x{kk}" for _, k, n, kk, _ in first))) is None
 
 
 def test_lowlat_bench_on_the_cpu_says_it_needs_a_gpu(capsys):
