@@ -22,6 +22,10 @@ Pass rules (all must hold):
      difference that the report prints next to the p-value. A task with no paired item fails (no evidence).
   2. greedy speculative outputs == greedy plain outputs on backend b, item for item (E vs B; A vs B when
      a == b): speculative decoding must not change a single greedy token (and there is at least one item).
+     This is exact on the fused backend (row-invariant). The bf16 reference backend is not row-invariant
+     (b falls back to it without a GPU), so there an item may also part at a measured logit tie
+     (`lowlat.eval.greedy_ties`: the float64 oracle's gap between the two tokens at the first difference is
+     within the reference's own logit error). Such items are listed in the report; any other difference fails.
 Speed (reported, not gated): acceptance length (tokens per verify step), P50/P90 per-token latency,
 interactivity (1 / P90 per-token latency, tokens/s/user), TTFT (mean, P90), output tokens/s -- from the
 decode log of each generating run -- with plots (matplotlib, Agg).
@@ -164,6 +168,7 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
     import torch
 
     from lowlat.eval import GENERATION_TASKS, TASKS, task_manager
+    from lowlat.eval.greedy_ties import divergence_tie
     from lowlat.eval.lm_model import LowlatLM
     from lowlat.gguf_loader import load_gguf_model, load_tokenizer
     from lowlat.runtime.drafters import DEFAULT_K
@@ -232,9 +237,12 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
         items = {t: _per_item(res["samples"][t], PRIMARY_METRIC[t]) for t in run_tasks}
         gens = {t: {int(s["doc_id"]): s["filtered_resps"][0] for s in res["samples"][t]}
                 for t in run_tasks if t in GENERATION_TASKS}
+        by_context = {c: (p, r.output_ids) for c, p, r in zip(log.contexts, log.prompts, log.results)}
+        token_ids = {t: {int(s["doc_id"]): by_context.get(_context_of(s)) for s in res["samples"][t]}
+                     for t in run_tasks if t in GENERATION_TASKS}
         runs[key] = {"label": label, "backend": backend, "mode": mode, "temperature": temp, "tasks": list(run_tasks),
                      "wall_s": wall, "scores": {t: res["results"][t] for t in run_tasks}, "items": items,
-                     "generations": gens, "speed": speed,
+                     "generations": gens, "token_ids": token_ids, "speed": speed,
                      "backend_steps": {x: n - counts_before.get(x, 0)
                                        for x, n in getattr(lm.engine.backend, "counts", {}).items()},
                      "accept_lengths": [a for r in log.results for a in r.accept_lengths],
@@ -262,16 +270,33 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
                           "score_candidate": sum(xb) / len(xb) if xb else None, **mc,
                           "alpha_per_test": per_test_alpha, "bootstrap_ci": ci,
                           "passed": bool(ids) and mc["p_value"] >= per_test_alpha})    # no item: no evidence
-    # ---- greedy equality on backend b
+    # ---- greedy equality on backend b (ties allowed only where b is not row-invariant: the reference)
     plain_key = "E" if "E" in runs else "A"
+    oracle = []
+
+    def tie_of(t: str, i: int) -> dict | None:
+        plain, spec = runs[plain_key]["token_ids"][t].get(i), runs["B"]["token_ids"][t].get(i)
+        if b_backend == "fused" or plain is None or spec is None:
+            return None
+        ref = engine_for("reference")
+        if not oracle:                  # the same weights in float64 (the reference model's own copy)
+            model = ref.backend.model
+            oracle.append(make_engine("reference", ref.cfg, model.weights, device=model.weights.embed.device,
+                                      num_slots=max_length + 72, max_reqs=2, max_ctx=max_length + 8,
+                                      compute_dtype=torch.float64))
+        return divergence_tie(ref, oracle[0], plain[0], plain[1], spec[1])
+
     equality = []
     for t in gen_tasks:
         gp, gs = runs[plain_key]["generations"][t], runs["B"]["generations"][t]
         diff = [i for i in sorted(gp) if gp[i] != gs.get(i)]
+        ties = {i: tie_of(t, i) for i in diff}
+        unexplained = [i for i in diff if not (ties[i] and ties[i]["tie"])]
         equality.append({"task": t, "plain_run": plain_key, "spec_run": "B", "items": len(gp),
-                         "mismatches": len(diff), "first_mismatch": (
+                         "mismatches": len(diff), "unexplained": len(unexplained), "first_mismatch": (
                              {"doc_id": diff[0], "plain": gp[diff[0]], "speculative": gs.get(diff[0])} if diff else None),
-                         "passed": bool(gp) and not diff})
+                         "ties": [{"doc_id": i, **ties[i]} for i in diff if ties[i]],
+                         "passed": bool(gp) and not unexplained})
     passed = all(x["passed"] for x in tests) and all(x["passed"] for x in equality)
     import lm_eval as _le
 
@@ -284,9 +309,10 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
         "limit": limit, "seed": seed, "temperature": temperature, "drafter": drafter,
         "draft_layers": draft_layers, "k": k, "alpha": alpha, "tests_m": m,
         "rule": ("McNemar exact test per task on paired 0/1 item scores; fail if p < alpha / m (Bonferroni); "
-                 "greedy speculative generations must equal greedy plain generations item for item"),
+                 "greedy speculative generations must equal greedy plain generations item for item (on the "
+                 "reference backend, which is not row-invariant, an item may part at a measured logit tie)"),
         "paired_tests": tests, "greedy_equality": equality,
-        "runs": {k_: {x: v for x, v in r.items() if x not in ("items", "generations", "token_latency_s",
+        "runs": {k_: {x: v for x, v in r.items() if x not in ("items", "generations", "token_ids", "token_latency_s",
                                                                "accept_lengths")} for k_, r in runs.items()},
     }
     (out / "quality_signoff.json").write_text(json.dumps(report, indent=1, default=str))
@@ -295,6 +321,15 @@ def run_quality_signoff(out_dir: str | Path, *, limit: int | None = 200,
     (out / "quality_signoff.json").write_text(json.dumps(report, indent=1, default=str))
     say(f"[signoff] quality sign-off {'PASSED' if passed else 'FAILED'}; report in {out}/quality_signoff.md")
     return report
+
+
+def _context_of(sample: dict) -> str | None:
+    """The context string of a logged lm-eval sample of a generate_until task (its first request's args[0]);
+    None when the sample does not carry it in that form."""
+    try:
+        return sample["arguments"][0][0]
+    except (KeyError, IndexError, TypeError):
+        return None
 
 
 def _fmt(x, spec=".3f") -> str:
@@ -319,11 +354,22 @@ def _markdown(r: dict) -> str:
                      f"{_fmt(t['score_baseline'])} | {_fmt(t['score_candidate'])} | {t['delta']:+.3f} | "
                      f"{t['n01']}/{t['n10']} | {t['p_value']:.3g} | [{t['bootstrap_ci'][0]:+.3f}, "
                      f"{t['bootstrap_ci'][1]:+.3f}] | {'pass' if t['passed'] else 'FAIL'} |")
-    lines += ["", "## Greedy speculative == greedy plain", "", "| task | runs | items | mismatches | verdict |",
-              "| --- | --- | --- | --- | --- |"]
+    lines += ["", "## Greedy speculative == greedy plain", "",
+              "| task | runs | items | mismatches | at a measured logit tie | verdict |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for e in r["greedy_equality"]:
+        n_ties = e["mismatches"] - e["unexplained"]
         lines.append(f"| {e['task']} | {e['spec_run']} vs {e['plain_run']} | {e['items']} | {e['mismatches']} | "
-                     f"{'pass' if e['passed'] else 'FAIL'} |")
+                     f"{n_ties} | {'pass' if e['passed'] else 'FAIL'} |")
+    ties = [(e["task"], x) for e in r["greedy_equality"] for x in e["ties"]]
+    if ties:
+        lines += ["", "First differences on the reference backend (not row-invariant): a tie when the float64 "
+                  "oracle's gap between the two tokens is within the bf16 reference's own logit error there.", "",
+                  "| task | doc | token position | plain / speculative token | oracle gap | reference error | tie |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for task, x in ties:
+            lines.append(f"| {task} | {x['doc_id']} | {x['position']} | {x['plain_token']} / {x['spec_token']} | "
+                         f"{x['oracle_gap']:.3e} | {x['reference_error']:.3e} | {'yes' if x['tie'] else 'NO'} |")
     lines += ["", "## Speed (generation tasks)", "",
               "| run | backend | mode | T | accept length | P50 ITL ms | P90 ITL ms | interactivity tok/s/user "
               "| mean TTFT ms | P90 TTFT ms | output tok/s |",

@@ -89,6 +89,69 @@ def test_quality_signoff_tiny_cpu_run_writes_a_passing_report(tmp_path, smollm2,
 
 
 @needs_eval
+@pytest.mark.parametrize("case", ["reference", "reference_tie", "fused"])
+def test_a_greedy_divergence_fails_unless_the_reference_parts_at_a_measured_tie(tmp_path, monkeypatch, case, smollm2,
+                                                                                  smollm2_tokenizer):
+    """Run B's first greedy token of one item is replaced by a token the model does not pick (2 NQ-open items).
+    - On the reference backend (not row-invariant) the first difference is checked against the float64 oracle: not
+      a tie, so the item fails and the report lists it with "NO".
+    - With the tie check reporting a tie (stubbed), the item is allowed and listed.
+    - On a candidate labelled fused (the reference engine under that name, so it runs on the CPU) there is no
+      allowance: the item fails with no tie analysis."""
+    from lowlat.eval import greedy_ties, signoff
+    from lowlat.eval.signoff import run_quality_signoff
+    from lowlat.runtime.engine import reference_engine
+    from lowlat.runtime.speculative import SpeculativeDecoder
+
+    real = SpeculativeDecoder.generate
+    forced = []
+
+    def generate(self, prompts, params=None, **kw):
+        res = real(self, prompts, params, **kw)
+        greedy = params is None or all(p.temperature == 0 for p in (params if isinstance(params, list) else [params]))
+        if self.drafter is not None and greedy and not forced:
+            forced.append(res[0].output_ids[0])
+            res[0].output_ids[0] = 12345 if res[0].output_ids[0] != 12345 else 12346
+        return res
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", generate)
+    if case != "fused":             # the reference candidate on any machine (a GPU one would build the fused engine)
+        monkeypatch.setattr(signoff, "_fused_available", lambda: (False, "test: the reference candidate"))
+    if case == "reference_tie":
+        monkeypatch.setattr(greedy_ties, "divergence_tie", lambda *a: {
+            "position": 0, "plain_token": 1, "spec_token": 2, "oracle_gap": 0.01, "reference_error": 0.1, "tie": True})
+    cfg, w = smollm2
+    eng = reference_engine(cfg, w, num_slots=3 * 330, max_reqs=3, max_ctx=330)
+    engines = {"reference": eng}
+    if case == "fused":
+        monkeypatch.setattr(signoff, "_fused_available", lambda: (True, ""))
+        engines["fused"] = reference_engine(cfg, w, num_slots=3 * 330, max_reqs=3, max_ctx=330)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rep = run_quality_signoff(tmp_path, limit=2, backends=("reference", "fused"), seed=3, progress=lambda s: None,
+                                  tasks=["lowlat_nq_open"], drafter="layers", draft_layers=6, batch_size=2,
+                                  max_length=320, engines=engines, tokenizer=smollm2_tokenizer)
+    finally:
+        torch.set_num_threads(before)
+    [eq] = rep["greedy_equality"]
+    assert forced and eq["mismatches"] == 1
+    md = (tmp_path / "quality_signoff.md").read_text()
+    if case == "reference":
+        [tie] = eq["ties"]
+        assert (tie["position"], tie["spec_token"]) == (0, 12345 if forced[0] != 12345 else 12346)
+        assert tie["plain_token"] == forced[0] and tie["tie"] is False and tie["oracle_gap"] > tie["reference_error"]
+        assert eq["unexplained"] == 1 and not eq["passed"] and not rep["passed"]
+        assert "| NO |" in md
+    elif case == "reference_tie":
+        assert eq["unexplained"] == 0 and eq["passed"] and len(eq["ties"]) == 1
+        assert "| 1 | 1 | pass |" in md and "| yes |" in md
+    else:
+        assert rep["candidate_backend"] == "fused" and eq["plain_run"] == "E"
+        assert eq["ties"] == [] and eq["unexplained"] == 1 and not rep["passed"]
+
+
+@needs_eval
 def test_runs_partial_json_holds_the_runs_before_a_cut(tmp_path, monkeypatch, smollm2, smollm2_tokenizer):
     """runs_partial.json is written after every run, not at the end: when the second run dies, the file
     holds the first run's scores (1 LAMBADA item, reference backend)."""
