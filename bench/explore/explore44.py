@@ -174,7 +174,8 @@ def accuracy_verdict(got, x, w0, lw, pos, inv, cfg) -> str:
     ref = {}
     for dt in (torch.float64, torch.bfloat16):
         kc, vc = (torch.zeros(m + 1, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=dev) for _ in range(2))
-        q = reference(x.to(dt), w0.to(dt), None, lw.attn_norm.to(dt), lw.q_norm.to(dt), lw.k_norm.to(dt), pos,
+        qn, kn = (None if t is None else t.to(dt) for t in (lw.q_norm, lw.k_norm))    # None: no QK-norm (Llama)
+        q = reference(x.to(dt), w0.to(dt), None, lw.attn_norm.to(dt), qn, kn, pos,
                       torch.arange(1, m + 1, dtype=torch.int32, device=dev), m, kc, vc,
                       inv if dt == torch.float64 else inv.float(), eps=cfg.rms_eps)
         ref[dt] = (q, kc[1:], vc[1:])

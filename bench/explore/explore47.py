@@ -105,11 +105,12 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def launches(case: LlamaPrologueCase, m: int, mods: dict):
+def launches(case: LlamaPrologueCase, m: int, mods: dict, rows=None):
     """({variant: launch(i)}, {variant: its r q outputs}, {variant: (K cache, V cache)}) at width m: each module's
     `attn_prologue_held` on copy i as the per-kernel bench launches it (g in registers, num_valid_rows the int m, PDL
-    on), each variant with its own NaN-filled caches and q outputs (bitwise comparable)."""
-    xs, pos, locs = case.rows(m)
+    on), each variant with its own NaN-filled caches and q outputs (bitwise comparable). rows: the width's inputs
+    (xs, positions, locs) as `case.rows(m)` gives them (drawn here when None)."""
+    xs, pos, locs = rows if rows is not None else case.rows(m)
     cfg, lw, r = case.cfg, case.lw, case.r
     caches = {v: (case.cache(m, float("nan")), case.cache(m, float("nan"))) for v in mods}
     qs = {v: [case.q_out(m) for _ in range(r)] for v in mods}
@@ -149,9 +150,10 @@ def device_run(variants: list, rows: list, rounds: int, out: str | None) -> None
                   "M, 4096-position table, PDL on)", rounds=rounds)
 
 
-def sm90_rows(variants: list, rows: list) -> list:
+def sm90_rows(variants: list, rows: list, mods: dict | None = None) -> list:
     """Each variant compiled for sm_90 on this machine at each width as the timed launch specialises it
-    (`llama_prologue_sm90.launch_spec(cfg, m, 4, True, "timed")`), read by `llama_prologue_sm90.compiled_row`."""
+    (`llama_prologue_sm90.launch_spec(cfg, m, 4, True, "timed")`), read by `llama_prologue_sm90.compiled_row`.
+    mods: {variant: held prologue module} (default: this explore's `modules`)."""
     import os
     import tempfile
 
@@ -159,7 +161,7 @@ def sm90_rows(variants: list, rows: list) -> list:
     from lowlat.config import preset
 
     cfg = preset(MODEL)
-    mods = modules(variants)
+    mods = mods or modules(variants)
     tmp = tempfile.mkdtemp()
     out = []
     for v in variants:

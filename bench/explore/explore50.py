@@ -13,10 +13,10 @@ warp instead runs CH chains over KQ / CH columns each and adds them in registers
 
 Same tiling and row blocks, so a row's arithmetic is still independent of M (row invariant); the bits differ from
 production's (fp32 partial sums added in another order). Each variant's q / K / V on copy 0 is checked against the
-float64 reference within the numerics policy (`check_accuracy("attn_prologue", ...)`, what the GPU tests demand),
-and every output element written (NaN-filled before), before the timing: printed, not raised (a prototype's finding).
-Timed per kernel as explore47 (`LlamaPrologueCase`, CUDA graphs over rotated cold copies, PDL), A B C C B A,
-`--rounds` times.
+float64 reference within the numerics policy (explore44's `accuracy_verdict`: `check_accuracy("attn_prologue",
+...)`, what the GPU tests demand), and every output element written (NaN-filled before, explore47's `launches`),
+before the timing: printed, not raised (a prototype's finding). Timed per kernel as explore47 (`LlamaPrologueCase`,
+CUDA graphs over rotated cold copies, PDL), A B C C B A, `--rounds` times.
 
     python bench/explore/explore50.py --rows 1,6,16 --out e50.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore50.py --sm90 --rows 1,6,16   # CPU: sm_90 compile
@@ -41,7 +41,9 @@ import torch
 
 from _common import (LlamaPrologueCase, max_rel_diff, module_from_source, time_alternated,  # noqa: E402
                      times_line, write_results)
+from explore44 import accuracy_verdict
 from explore46 import edited
+from explore47 import launches, sm90_rows
 from lowlat.kernels import attn_prologue_held as aph
 
 VARIANTS = ("prod", "ch2", "ch4")
@@ -93,55 +95,27 @@ def modules(variants) -> dict:
             for v in variants}
 
 
-def accuracy_verdict(case: LlamaPrologueCase, x, pos, loc, q, kc, vc) -> str:
-    """"within policy" or "FAILED ...": q [m, Hq, D] and the K / V cache rows at slots `loc` of input x [m, H] against
-    the float64 reference (the bf16 reference as the policy's baseline), `check_accuracy("attn_prologue", ...)`."""
-    from lowlat.numerics import check_accuracy
-    from lowlat.reference.attn_prologue import attn_prologue as reference
-    from lowlat.reference.rope import rope_inv_freq
-
-    cfg, lw, m = case.cfg, case.lw, x.shape[0]
-    ref = {}
-    for dt in (torch.float64, torch.bfloat16):
-        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64 if dt == torch.float64
-                            else torch.float32).to(x.device)
-        rk, rv = (torch.zeros(m + 1, cfg.num_kv_heads, cfg.head_dim, dtype=dt, device=x.device) for _ in range(2))
-        rq = reference(x.to(dt), case.w0.to(dt), None, lw.attn_norm.to(dt), None, None, pos,
-                       torch.arange(1, m + 1, dtype=torch.int32, device=x.device), m, rk, rv, inv, eps=cfg.rms_eps)
-        ref[dt] = (rq, rk[1:], rv[1:])
-    got = (q, kc[loc.long()], vc[loc.long()])
-    try:
-        for name, a, o, b in zip(("q", "k_cache", "v_cache"), got, ref[torch.float64], ref[torch.bfloat16]):
-            check_accuracy("attn_prologue", a, o, b, output=name)
-    except AssertionError as e:
-        return f"FAILED {str(e)[:160]}"
-    return "within policy"
-
-
 def device_run(variants: list, rows: list, rounds: int, out: str | None) -> None:
     """Check each variant (accuracy, every element written) and time them A B .. B A at each width."""
+    from lowlat.reference.rope import rope_inv_freq
+
     mods = modules(variants)
     case = LlamaPrologueCase(torch.device("cuda"))
-    r = case.r
+    cfg, r = case.cfg, case.r
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(case.dev)
     results = []
     for m in rows:
-        xs, pos, locs = case.rows(m)
-        caches = {v: (case.cache(m, float("nan")), case.cache(m, float("nan"))) for v in mods}
-        qs = {v: [case.q_out(m) for _ in range(r)] for v in mods}
-
-        def fn(v):
-            mod, (kc, vc) = mods[v], caches[v]
-            return lambda i: mod.attn_prologue_held(xs[i % r], case.ws[i % r], case.lw.attn_norm, pos, locs[i % r],
-                                                    m, kc, vc, case.table, cfg=case.cfg, out_q=qs[v][i % r],
-                                                    use_pdl=True)
-        fns = {v: fn(v) for v in mods}
+        xs, pos, locs = inputs = case.rows(m)
+        fns, qs, caches = launches(case, m, mods, inputs)
         for v in fns:
             for i in range(r):
                 fns[v](i)
         torch.cuda.synchronize()
         written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
                            or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
-        verdict = {v: accuracy_verdict(case, xs[0], pos, locs[0], qs[v][0], *caches[v]) for v in fns}
+        loc = locs[0].long()
+        verdict = {v: accuracy_verdict((qs[v][0], caches[v][0][loc], caches[v][1][loc]), xs[0], case.w0, case.lw,
+                                       pos, inv, cfg) for v in fns}
         diff = {v: max(max_rel_diff(a, b) for a, b in zip(qs[v], qs[variants[0]])) for v in fns}
         times = time_alternated(fns, max(r, 8), rounds=rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
@@ -151,31 +125,9 @@ def device_run(variants: list, rows: list, rounds: int, out: str | None) -> None
         results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict,
                             max_rel_diff_q_vs_first=diff))
         torch.cuda.empty_cache()
-    write_results(out, results, explore="explore50", model=case.cfg.name,
+    write_results(out, results, explore="explore50", model=cfg.name,
                   launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)",
                   rounds=rounds)
-
-
-def sm90_rows(variants: list, rows: list) -> list:
-    """Each variant compiled for sm_90 on this machine at each width as the timed launch specialises it
-    (`llama_prologue_sm90.launch_spec(cfg, m, 4, True, "timed")`), read by `llama_prologue_sm90.compiled_row`."""
-    import os
-    import tempfile
-
-    from llama_prologue_sm90 import MODEL, compiled_row, launch_spec
-    from lowlat.config import preset
-
-    cfg = preset(MODEL)
-    mods = modules(variants)
-    tmp = tempfile.mkdtemp()
-    out = []
-    for v in variants:
-        for m in rows:
-            spec = launch_spec(cfg, m, aph.SLICES, True, "timed")
-            out.append(compiled_row(mods[v]._held_prologue_kernel, spec, os.path.join(tmp, f"{v}_{m}"), variant=v,
-                                    rows=m, constants=sorted(k for k in ("M", "nvr_int") if k in spec["constexprs"]),
-                                    divisible=spec["divisible"]))
-    return out
 
 
 SM90_COLUMNS = [("variant", "variant"), ("rows", "M"), ("registers", "regs"), ("spill_bytes", "spill"),
@@ -203,7 +155,7 @@ def main() -> None:
         return
     from llama_prologue_sm90 import table
 
-    res = sm90_rows(variants, rows)
+    res = sm90_rows(variants, rows, modules(variants))
     print(table(res, SM90_COLUMNS))
     if args.out:
         import json
