@@ -98,9 +98,8 @@ def main() -> None:
                 hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
                 r = rotation_copies(nbytes)
                 ws_ = [w0.clone() for _ in range(r)]
-                xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(r)]
-                if args.warm_x:
-                    xs = [xs[0]] * r
+                xs = [torch.randn(m, h, device=dev).bfloat16() for _ in range(1 if args.warm_x else r)]
+                xs = xs * (r // len(xs))                                    # --warm-x: one x, r references
                 kc = torch.zeros(r * m + 1, hkv, d, dtype=torch.bfloat16, device=dev)
                 vc = torch.zeros_like(kc)
                 locs = [torch.arange(1 + i * m, 1 + (i + 1) * m, dtype=torch.int32, device=dev) for i in range(r)]

@@ -6,7 +6,8 @@ differently when a step holds other rows (a verify step's k + 1 rows per request
 the logits it returns are bf16: one unit in the last place is 0.125 at a logit of 16-32. So on the reference two
 greedy runs can part where two tokens' logits tie within that rounding.
 
-This module tells such a tie from a real divergence with the rule of `tests/unit/test_fused_real_model.py`:
+This module tells such a tie from a real divergence (the rule `tests/unit/test_fused_real_model.py` applies to fused
+against reference generations too):
 - take the first position where the two generations differ;
 - the float64 oracle's logits of the two tokens there must differ by no more than the bf16 reference's own largest
   logit error at that position (the policy cannot order them).

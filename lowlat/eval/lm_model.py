@@ -51,7 +51,6 @@ class DecodeLog:
     results: list[SpecResult] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     contexts: list[str] = field(default_factory=list)      # each request's context (lm-eval's args[0])
-    prompts: list[list[int]] = field(default_factory=list)  # the prompt token ids it was decoded after
     wall_s: float = 0.0
 
 
@@ -251,7 +250,6 @@ class LowlatLM(LM):
                 self.decode_log.results.append(res)
                 self.decode_log.texts.append(text)
                 self.decode_log.contexts.append(r.args[0])
-                self.decode_log.prompts.append(prompts[j])
                 self.cache_hook.add_partial("generate_until", r.args, text)
         self.decode_log.wall_s += time.perf_counter() - t_all
         return out

@@ -96,27 +96,34 @@ def test_a_greedy_divergence_fails_unless_the_reference_parts_at_a_measured_tie(
     - On the reference backend (not row-invariant) the first difference is checked against the float64 oracle: not
       a tie, so the item fails and the report lists it with "NO".
     - With the tie check reporting a tie (stubbed), the item is allowed and listed.
-    - On a candidate labelled fused (the reference engine under that name, so it runs on the CPU) there is no
-      allowance: the item fails with no tie analysis."""
+    - On a built fused candidate (row-invariant) there is no allowance: the item fails with no tie analysis. Here
+      that is the reference engine under the name "fused" with a stand-in `built` (so it runs on the CPU); without
+      `built` (a fused engine whose contract refused) the reference's allowance applies."""
     from lowlat.eval import greedy_ties, signoff
     from lowlat.eval.signoff import run_quality_signoff
     from lowlat.runtime.engine import reference_engine
     from lowlat.runtime.speculative import SpeculativeDecoder
 
-    real = SpeculativeDecoder.generate
-    forced = []
+    real, real_tie = SpeculativeDecoder.generate, greedy_ties.divergence_tie
+    forced, seen = [], {}
 
     def generate(self, prompts, params=None, **kw):
         res = real(self, prompts, params, **kw)
         greedy = params is None or all(p.temperature == 0 for p in (params if isinstance(params, list) else [params]))
         if self.drafter is not None and greedy and not forced:
             forced.append(res[0].output_ids[0])
+            seen["prompt"] = list(prompts[0])
             res[0].output_ids[0] = 12345 if res[0].output_ids[0] != 12345 else 12346
         return res
 
     monkeypatch.setattr(SpeculativeDecoder, "generate", generate)
     if case != "fused":             # the reference candidate on any machine (a GPU one would build the fused engine)
         monkeypatch.setattr(signoff, "_fused_available", lambda: (False, "test: the reference candidate"))
+    if case == "reference":         # the tie check gets the forced request's own prompt and both outputs
+        def tie(ref, oracle, prompt, plain, spec):
+            seen["tie_args"] = (list(prompt), plain[0], spec[0])
+            return real_tie(ref, oracle, prompt, plain, spec)
+        monkeypatch.setattr(greedy_ties, "divergence_tie", tie)
     if case == "reference_tie":
         monkeypatch.setattr(greedy_ties, "divergence_tie", lambda *a: {
             "position": 0, "plain_token": 1, "spec_token": 2, "oracle_gap": 0.01, "reference_error": 0.1, "tie": True})
@@ -126,6 +133,7 @@ def test_a_greedy_divergence_fails_unless_the_reference_parts_at_a_measured_tie(
     if case == "fused":
         monkeypatch.setattr(signoff, "_fused_available", lambda: (True, ""))
         engines["fused"] = reference_engine(cfg, w, num_slots=3 * 330, max_reqs=3, max_ctx=330)
+        engines["fused"].backend.built = object()   # what `row_invariant` reads (no tokens_per_request: plain verify)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -142,6 +150,7 @@ def test_a_greedy_divergence_fails_unless_the_reference_parts_at_a_measured_tie(
         assert (tie["position"], tie["spec_token"]) == (0, 12345 if forced[0] != 12345 else 12346)
         assert tie["plain_token"] == forced[0] and tie["tie"] is False and tie["oracle_gap"] > tie["reference_error"]
         assert eq["unexplained"] == 1 and not eq["passed"] and not rep["passed"]
+        assert seen["tie_args"] == (seen["prompt"], forced[0], tie["spec_token"])
         assert "| NO |" in md
     elif case == "reference_tie":
         assert eq["unexplained"] == 0 and eq["passed"] and len(eq["ties"]) == 1
