@@ -1,0 +1,276 @@
+"""Session 38: Llama-3.2-1B's held attention prologue with its weights held in SHARED MEMORY (TMA, before the PDL
+wait) instead of registers, and the next launch released at the program's start.
+
+explore51 (session 38 call 1, H100) measured the chain's structure with a stand-in kernel: holding 12.6 MB of weights
+in registers and releasing after the wait (the production prologue's form) gives 5.13-5.57 us a launch (the
+production prologue 5.21); releasing at the start does not help there (5.38), but weights held in shared memory by
+TMA (64 KB a program, 31 registers: 3 programs an SM) with the release at the start gave **4.33-4.35 us: 98% of the
+copy floor (4.24)**, against 5.04 with the release after the wait. Here the production kernel's work is put on that
+structure:
+
+    weights   `fold_attn_norm`'s bf16(W g) (the bits production computes in registers), rows permuted at build so that
+              program p's 16 rows (8 RoPE pairs of one head: the lower rows, then their partners) are consecutive:
+              the TMA view [S, N, K / S] (strides [K / S, K, 1]) in boxes [S, 16, 64], one mbarrier, all issued
+              before the wait (8 boxes a program at K 2048, 64 KB)
+    release   at the program's start (EARLY) or right after the wait
+    after     x's statistic exactly as production (the whole x block, the same sum); the mma in K chunks of 64
+              columns, A read from shared memory, accumulating in the same order as production's one mma_v2 call
+              (HMMA k-steps in order into one fp32 accumulator); the same epilogue (slices summed in order, rstd,
+              RoPE, stores)
+
+So a row's output should be production's bits (checked bitwise here, and within the numerics policy against
+float64). Variants: prod (production, release after the wait), tma (release at the start), tma_late (after the
+wait). Timed per kernel as the bench times it (`LlamaPrologueCase`, rotated cold copies, PDL), A B C C B A.
+
+    python bench/explore/explore52.py --rows 1,6,16,48 --out e52.json
+    env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore52.py --sm90     # CPU: sm_90 compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lowlat.kernels._attn_common import pdl_release_early, pdl_wait_then_release  # noqa: E402
+from lowlat.kernels.attn_prologue_held import _rope_inputs  # noqa: E402
+
+S, BK, RB = 4, 64, 8
+VARIANTS = ("prod", "tma", "tma_late")
+
+
+def permuted_rows(n: int, d: int) -> torch.Tensor:
+    """perm [N] int64: row i of the permuted weight is row perm[i] of the packed one; program p's 16 rows are
+    8 p .. 8 p + 7's lower RoPE partners (head hd = 8 p // (D / 2), rotary index j0 + t) then their upper ones."""
+    half = d // 2
+    p = torch.arange(n // 16).repeat_interleave(16)
+    t = torch.arange(16).repeat(n // 16)
+    p0 = p * 8
+    return (p0 // half) * d + p0 % half + t % 8 + (t // 8) * half
+
+
+def tma_weight(qkv_weight: torch.Tensor, attn_norm: torch.Tensor, d: int) -> torch.Tensor:
+    """bf16(W g) with its rows permuted (`permuted_rows`), contiguous [N, H]."""
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+
+    folded = fold_attn_norm(qkv_weight, attn_norm)
+    return folded[permuted_rows(folded.shape[0], d).to(folded.device)].contiguous()
+
+
+def tma_descriptor(w: torch.Tensor):
+    """The TMA descriptor of the permuted weight w [N, K]: view [S, N, K / S], strides [K / S, K, 1], boxes
+    [S, 16, BK]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    n, k = w.shape
+    kq = k // S
+    layout = gl.NVMMASharedLayout.get_default_for([S, 16, BK], gl.bfloat16)
+    return TensorDescriptor(w, [S, n, kq], [kq, k, 1], [S, 16, BK], layout)
+
+
+@gluon.jit
+def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
+                         stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
+                         M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
+                         NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, EARLY_RELEASE: gl.constexpr,
+                         Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8, BK: gl.constexpr = 64):
+    """Production's `_held_prologue_kernel` (FOLD_G off: w is `tma_weight`'s) with the weights in shared memory."""
+    pdl_release_early(USE_PDL, EARLY_RELEASE)
+    HALF: gl.constexpr = D // 2
+    KQ: gl.constexpr = K // S
+    NS: gl.constexpr = KQ // BK
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
+    LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
+    LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)
+    LE3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 4, 8], [1, Q, 1], [2, 1, 0])   # [1, 8, RB]: a half
+    LE: gl.constexpr = gl.SliceLayout(0, LE3)                                       # [8, RB]
+    pid = gl.program_id(0)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NS, S, 16, BK], w_desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    mbarrier.expect(bar, NS * S * 16 * BK * 2)
+    for s in gl.static_range(NS):
+        tma.async_copy_global_to_shared(w_desc, [0, pid * 16, s * BK], bar, w_smem.index(s))
+    p0 = pid * 8
+    hd = p0 // HALF                                   # head of the packed weight: q heads, then k, then v
+    j0 = p0 % HALF
+    bq = gl.arange(0, S, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    bk = gl.arange(0, KQ, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
+    bkc = gl.arange(0, BK, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
+    bm = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    bcol = gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ + gl.expand_dims(gl.expand_dims(bk, 0), 2)   # [S, KQ, 1]
+    boff = gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + bcol
+    ccol = gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ + gl.expand_dims(gl.expand_dims(bkc, 0), 2)  # [S, BK, 1]
+    coff = gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + ccol
+    ti = gl.arange(0, 8, layout=gl.SliceLayout(1, LE))
+    tm = gl.arange(0, RB, layout=gl.SliceLayout(0, LE))
+    jj = gl.expand_dims(j0 + ti, 1)
+    part = gl.allocate_shared_memory(gl.float32, [S, 16, RB], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    ssp = gl.allocate_shared_memory(gl.float32, [S, RB], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    is_q = hd < Hq
+    is_v = hd >= Hq + Hkv
+    kvh = gl.where(is_v, hd - Hq - Hkv, hd - Hq)
+    if NVR_FROM_PTR:
+        nvr = gl.load(nvr_ptr)
+    else:
+        nvr = nvr_int
+    loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
+    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
+    for b in gl.static_range(NMB):
+        brow = b * RB + bm
+        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)
+        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)
+        erow = b * RB + tm
+        if b == 0:
+            loc, cos, sin = loc0, cos0, sin0
+        else:
+            loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
+        xf = xb.to(gl.float32)
+        ssw = gl.sum(xf * xf, axis=1)
+        cmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (coff >= 0)
+        if b == 0:
+            mbarrier.wait(bar, 0)
+        acc = gl.zeros([S, 16, RB], gl.float32, MMA)
+        for s in gl.static_range(NS):     # K chunks in order: production's HMMA k-steps, one accumulator
+            xc = gl.load(x_ptr + b * RB * K + coff + s * BK, mask=cmask, other=0.0)
+            acc = mma_v2(w_smem.index(s).load(LA), xc, acc)
+        if b > 0:
+            gl.thread_barrier()                                                     # the last block's reads done
+        part.store(acc)
+        ssp.store(ssw)
+        gl.thread_barrier()
+        lo3 = gl.zeros([1, 8, RB], gl.float32, LE3)
+        hi3 = gl.zeros([1, 8, RB], gl.float32, LE3)
+        for sl in gl.static_range(S):                                               # the slices in order
+            lo3 += part.slice(sl, 1, dim=0).slice(0, 8, dim=1).load(LE3)
+            hi3 += part.slice(sl, 1, dim=0).slice(8, 8, dim=1).load(LE3)
+        ss2 = ssp.slice(0, 1, dim=0).load(LE)
+        for sl in gl.static_range(1, S):                                            # the slices in order
+            ss2 += ssp.slice(sl, 1, dim=0).load(LE)
+        rstd = 1.0 / gl.sqrt(ss2 / K + eps)                                         # [1, RB]
+        lo = gl.sum(lo3, axis=0) * rstd
+        hi = gl.sum(hi3, axis=0) * rstd
+        rlo = gl.where(is_v, lo, lo * cos - hi * sin).to(gl.bfloat16)
+        rhi = gl.where(is_v, hi, hi * cos + lo * sin).to(gl.bfloat16)
+        emask = gl.expand_dims(erow < M, 0) & gl.expand_dims(ti >= 0, 1)
+        qp = q_ptr + gl.expand_dims(erow, 0).to(gl.int64) * stride_qm + hd * stride_qh + jj
+        gl.store(qp, rlo, mask=emask & is_q)
+        gl.store(qp + HALF, rhi, mask=emask & is_q)
+        wmask = emask & gl.expand_dims(erow < nvr, 0) & (hd >= Hq)
+        kvp = gl.where(is_v, vc_ptr + gl.expand_dims(loc, 0) * stride_vcs + kvh * stride_vch,
+                       kc_ptr + gl.expand_dims(loc, 0) * stride_kcs + kvh * stride_kch) + jj
+        gl.store(kvp, rlo, mask=wmask)
+        gl.store(kvp + HALF, rhi, mask=wmask)
+    mbarrier.invalidate(bar)
+
+
+def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, early: bool):
+    """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches."""
+    from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
+
+    n = w_desc.shape[1]
+    hq, hkv = out_q.shape[1], k_cache.shape[1]
+    _tma_prologue_kernel[(n // 16,)](
+        x, w_desc, table, positions, out_cache_loc, out_cache_loc, m, out_q, out_q.stride(0), out_q.stride(1),
+        k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
+        m, hq, hkv, table.shape[0], float(cfg.rms_eps), K=x.shape[1], D=cfg.head_dim,
+        NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK, NVR_FROM_PTR=False, USE_PDL=True, EARLY_RELEASE=early, Q=WARPS,
+        S=SLICES, RB=ROW_BLOCK, BK=BK, num_warps=WARPS, launch_pdl=True)
+    return out_q
+
+
+def device_run(rows: list, rounds: int, out: str | None) -> None:
+    """Check tma / tma_late against prod (bitwise, every element written, the numerics policy against float64), then
+    time the three A B C C B A at each width."""
+    from _common import LlamaPrologueCase, time_alternated, times_line, write_results
+    from explore44 import accuracy_verdict
+    from explore47 import launches
+    from lowlat.kernels import attn_prologue_held as aph
+    from lowlat.reference.rope import rope_inv_freq
+
+    case = LlamaPrologueCase(torch.device("cuda"))
+    cfg, lw, r = case.cfg, case.lw, case.r
+    inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(case.dev)
+    tws = [tma_weight(w, lw.attn_norm, cfg.head_dim) for w in case.ws]
+    descs = [tma_descriptor(w) for w in tws]
+    results = []
+    for m in rows:
+        xs, pos, locs = inputs = case.rows(m)
+        fns, qs, caches = launches(case, m, {"prod": aph}, inputs)
+        for v, early in (("tma", True), ("tma_late", False)):
+            caches[v] = (case.cache(m, float("nan")), case.cache(m, float("nan")))
+            qs[v] = [case.q_out(m) for _ in range(r)]
+            fns[v] = (lambda i, v=v, early=early: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], m,
+                                                                caches[v][0], caches[v][1], case.table, cfg,
+                                                                qs[v][i % r], early))
+        for v in fns:
+            for i in range(r):
+                fns[v](i)
+        torch.cuda.synchronize()
+        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
+                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+        loc = locs[0].long()
+        verdict = {v: accuracy_verdict((qs[v][0], caches[v][0][loc], caches[v][1][loc]), xs[0], case.w0, lw, pos,
+                                       inv, cfg) for v in fns}
+        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs["prod"]))
+                and torch.equal(caches[v][0][1:], caches["prod"][0][1:])
+                and torch.equal(caches[v][1][1:], caches["prod"][1][1:]) for v in fns}
+        times = time_alternated(fns, max(r, 8), rounds=rounds)
+        print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
+              + " ".join(f"{v} {w}" for v, w in written.items()) + " | " + "; ".join(
+                  f"{v} {x}" for v, x in verdict.items()) + " | bitwise = prod: "
+              + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
+        results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict, bitwise_prod=same))
+        torch.cuda.empty_cache()
+    write_results(out, results, explore="explore52", model=cfg.name,
+                  launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)",
+                  rounds=rounds)
+
+
+def sm90_report(rows: list) -> list:
+    """The kernel's sm_90 build at each width (CPU): registers, spills, shared memory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
+    from compile_sm90 import compile_for_sm90
+
+    desc = ("tensordesc<bf16[4, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
+            "transposed=False, fp4_padded=False, cga_layout=[])>")
+    out = []
+    for m in rows:
+        for early in (True, False):
+            spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
+                                        EARLY_RELEASE=early, Q=4, S=S, RB=RB, BK=BK, M=m, nvr_int=m),
+                        pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
+                                      nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
+                        scalars=dict(eps="fp32"), num_warps=4, launch_pdl=True, divisible=[])
+            r = compile_for_sm90(_tma_prologue_kernel, spec)
+            out.append(dict(rows=m, early=early, registers=r["registers"], spill_bytes=r["spill_bytes"],
+                            shared=r["shared"]))
+            print(out[-1], flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,6,16,48")
+    ap.add_argument("--rounds", type=int, default=2, help="A B C C B A rounds")
+    ap.add_argument("--sm90", action="store_true", help="no GPU: compile for sm_90 and report")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = [int(x) for x in a.rows.split(",")]
+    if a.sm90:
+        sm90_report(rows)
+    else:
+        device_run(rows, a.rounds, a.out)
+
+
+if __name__ == "__main__":
+    main()
