@@ -33,19 +33,13 @@ import sys
 from pathlib import Path
 
 import torch
-from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lowlat.kernels._attn_common import pdl_release_early, pdl_wait_then_release  # noqa: E402
-from lowlat.kernels.attn_prologue_held import _rope_inputs  # noqa: E402
-
 S, BK, RB = 4, 64, 8
-VARIANTS = ("prod", "tma", "tma_late")
+VARIANTS = ("prod", "tma", "tma_late", "tma_pssw")
 
 
 def permuted_rows(n: int, d: int) -> torch.Tensor:
@@ -77,13 +71,27 @@ def tma_descriptor(w: torch.Tensor):
     return TensorDescriptor(w, [S, n, kq], [kq, k, 1], [S, 16, BK], layout)
 
 
+#: the kernel's source, NS = K / (S BK) chunks written out by `kernel_source` (a loop would issue chunk s + 1's x load
+#: only after chunk s's mma, which waits for chunk s: one L2 round trip a chunk, session 38 call 2's first form)
+KERNEL = '''
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from lowlat.kernels._attn_common import pdl_release_early, pdl_wait_then_release
+from lowlat.kernels.attn_prologue_held import _rope_inputs
+
+
 @gluon.jit
 def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
                          stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
                          M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
                          NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, EARLY_RELEASE: gl.constexpr,
                          Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8, BK: gl.constexpr = 64):
-    """Production's `_held_prologue_kernel` (FOLD_G off: w is `tma_weight`'s) with the weights in shared memory."""
+    """Production's `_held_prologue_kernel` (FOLD_G off: w is `tma_weight`'s) with the weights in shared memory and
+    x in NS chunks of BK columns a slice, every chunk's load issued before the first mma (`kernel_source`)."""
     pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
     KQ: gl.constexpr = K // S
@@ -127,23 +135,16 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
     pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
     for b in gl.static_range(NMB):
         brow = b * RB + bm
-        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)
-        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)
-        erow = b * RB + tm
+        cmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (coff >= 0)
+{XLOADS}        erow = b * RB + tm
         if b == 0:
             loc, cos, sin = loc0, cos0, sin0
         else:
             loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
-        xf = xb.to(gl.float32)
-        ssw = gl.sum(xf * xf, axis=1)
-        cmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (coff >= 0)
-        if b == 0:
+{SSW}        if b == 0:
             mbarrier.wait(bar, 0)
         acc = gl.zeros([S, 16, RB], gl.float32, MMA)
-        for s in gl.static_range(NS):     # K chunks in order: production's HMMA k-steps, one accumulator
-            xc = gl.load(x_ptr + b * RB * K + coff + s * BK, mask=cmask, other=0.0)
-            acc = mma_v2(w_smem.index(s).load(LA), xc, acc)
-        if b > 0:
+{MMAS}        if b > 0:
             gl.thread_barrier()                                                     # the last block's reads done
         part.store(acc)
         ssp.store(ssw)
@@ -171,15 +172,47 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
         gl.store(kvp, rlo, mask=wmask)
         gl.store(kvp + HALF, rhi, mask=wmask)
     mbarrier.invalidate(bar)
+'''
 
 
-def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, early: bool):
+def kernel_source(ns: int, prod_ssw: bool) -> str:
+    """KERNEL with its ns x chunks' loads (all first), x's statistic and the ns mma in K order. The statistic: with
+    prod_ssw production's (x's whole block loaded once more in production's layout, the same sum: production's bits),
+    else from the chunks (chunk sums added in chunk order: other bits)."""
+    xl = "".join(f"        xc{c} = gl.load(x_ptr + b * RB * K + coff + {c} * BK, mask=cmask, other=0.0)\n"
+                 for c in range(ns))
+    if prod_ssw:
+        ssw = ("        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)\n"
+               "        xf = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0).to(gl.float32)\n"
+               "        ssw = gl.sum(xf * xf, axis=1)\n")
+    else:
+        ssw = "".join(f"        xf{c} = xc{c}.to(gl.float32)\n" for c in range(ns))
+        ssw += "        ssw = gl.sum(xf0 * xf0, axis=1)\n" + "".join(
+            f"        ssw += gl.sum(xf{c} * xf{c}, axis=1)\n" for c in range(1, ns))
+    mm = "".join(f"        acc = mma_v2(w_smem.index({c}).load(LA), xc{c}, acc)\n" for c in range(ns))
+    return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm)
+
+
+_MODS: dict = {}
+
+
+def kernel_for(ns: int, prod_ssw: bool):
+    """The generated kernel at ns chunks (one module each)."""
+    if (ns, prod_ssw) not in _MODS:
+        from _common import module_from_source
+
+        _MODS[ns, prod_ssw] = module_from_source(f"e52_tma_{ns}_{int(prod_ssw)}", kernel_source(ns, prod_ssw))
+    return _MODS[ns, prod_ssw]._tma_prologue_kernel
+
+
+def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, early: bool,
+                 prod_ssw: bool):
     """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches."""
     from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
 
     n = w_desc.shape[1]
     hq, hkv = out_q.shape[1], k_cache.shape[1]
-    _tma_prologue_kernel[(n // 16,)](
+    kernel_for(x.shape[1] // (SLICES * BK), prod_ssw)[(n // 16,)](
         x, w_desc, table, positions, out_cache_loc, out_cache_loc, m, out_q, out_q.stride(0), out_q.stride(1),
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, table.shape[0], float(cfg.rms_eps), K=x.shape[1], D=cfg.head_dim,
@@ -206,12 +239,12 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
     for m in rows:
         xs, pos, locs = inputs = case.rows(m)
         fns, qs, caches = launches(case, m, {"prod": aph}, inputs)
-        for v, early in (("tma", True), ("tma_late", False)):
+        for v, early, prod_ssw in (("tma", True, False), ("tma_late", False, False), ("tma_pssw", True, True)):
             caches[v] = (case.cache(m, float("nan")), case.cache(m, float("nan")))
             qs[v] = [case.q_out(m) for _ in range(r)]
-            fns[v] = (lambda i, v=v, early=early: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], m,
-                                                                caches[v][0], caches[v][1], case.table, cfg,
-                                                                qs[v][i % r], early))
+            fns[v] = (lambda i, v=v, early=early, p=prod_ssw: tma_prologue(
+                xs[i % r], descs[i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg, qs[v][i % r],
+                early, p))
         for v in fns:
             for i in range(r):
                 fns[v](i)
@@ -245,15 +278,15 @@ def sm90_report(rows: list) -> list:
             "transposed=False, fp4_padded=False, cga_layout=[])>")
     out = []
     for m in rows:
-        for early in (True, False):
+        for early, prod_ssw in ((True, False), (False, False), (True, True)):
             spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
                                         EARLY_RELEASE=early, Q=4, S=S, RB=RB, BK=BK, M=m, nvr_int=m),
                         pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
                                       nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
                         scalars=dict(eps="fp32"), num_warps=4, launch_pdl=True, divisible=[])
-            r = compile_for_sm90(_tma_prologue_kernel, spec)
-            out.append(dict(rows=m, early=early, registers=r["registers"], spill_bytes=r["spill_bytes"],
-                            shared=r["shared"]))
+            r = compile_for_sm90(kernel_for(2048 // (S * BK), prod_ssw), spec)
+            out.append(dict(rows=m, early=early, prod_ssw=prod_ssw, registers=r["registers"],
+                            spill_bytes=r["spill_bytes"], shared=r["shared"]))
             print(out[-1], flush=True)
     return out
 
