@@ -29,6 +29,7 @@ wait). Timed per kernel as the bench times it (`LlamaPrologueCase`, rotated cold
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 S, BK, RB = 4, 64, 8
-VARIANTS = ("prod", "tma", "tma_late", "tma_pssw")
 
 
 def permuted_rows(n: int, d: int) -> torch.Tensor:
@@ -85,14 +85,44 @@ from lowlat.kernels.attn_prologue_held import _rope_inputs
 
 
 @gluon.jit
+def _stamp(v):
+    """%globaltimer (ns) read once the int32 v is available."""
+    return gl.inline_asm_elementwise(
+        "{{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }}",
+        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smid(v):
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _release_when(v):
+    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
+    return gl.inline_asm_elementwise(
+        "{{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }}",
+        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
                          stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
                          M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
-                         NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, EARLY_RELEASE: gl.constexpr,
-                         Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8, BK: gl.constexpr = 64):
+                         NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, REL: gl.constexpr,
+                         Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8, BK: gl.constexpr = 64,
+                         tr_ptr=None, TRACE: gl.constexpr = False):
     """Production's `_held_prologue_kernel` (FOLD_G off: w is `tma_weight`'s) with the weights in shared memory and
-    x in NS chunks of BK columns a slice, every chunk's load issued before the first mma (`kernel_source`)."""
-    pdl_release_early(USE_PDL, EARLY_RELEASE)
+    x in NS chunks of BK columns a slice, every chunk's load issued before the first mma (`kernel_source`). REL:
+    the next launch released at the program's start (0), after the wait (1), once x has landed (2), after the mma
+    (3). TRACE (1 row block only): %globaltimer stamps (start, wait returned, x landed, mma done, end) and the SM,
+    one record of 8 int64 a program at tr_ptr."""
+    L1: gl.constexpr = gl.BlockedLayout([1], [32], [Q], [0])
+    lane = gl.arange(0, 32 * Q, layout=L1)
+    if TRACE:
+        gl.static_assert(NMB == 1, "TRACE: one row block")
+        t0 = _stamp(lane)
+    pdl_release_early(USE_PDL, REL == 0)
     HALF: gl.constexpr = D // 2
     KQ: gl.constexpr = K // S
     NS: gl.constexpr = KQ // BK
@@ -132,7 +162,9 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
     else:
         nvr = nvr_int
     loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
-    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
+    pdl_wait_then_release(USE_PDL, REL != 1)
+    if TRACE:
+        t1 = _stamp(lane)
     for b in gl.static_range(NMB):
         brow = b * RB + bm
         cmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (coff >= 0)
@@ -142,9 +174,18 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
         else:
             loc, cos, sin = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j0 + ti, D, HALF)
 {SSW}        if b == 0:
+            if TRACE:
+                tx = _stamp(ssw.to(gl.int32, bitcast=True))
+            if USE_PDL and REL == 2:
+                _release_when(ssw.to(gl.int32, bitcast=True))
             mbarrier.wait(bar, 0)
         acc = gl.zeros([S, 16, RB], gl.float32, MMA)
-{MMAS}        if b > 0:
+{MMAS}        if b == 0:
+            if TRACE:
+                tm = _stamp(acc.to(gl.int32, bitcast=True))
+            if USE_PDL and REL == 3:
+                _release_when(acc.to(gl.int32, bitcast=True))
+        if b > 0:
             gl.thread_barrier()                                                     # the last block's reads done
         part.store(acc)
         ssp.store(ssw)
@@ -172,6 +213,17 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
         gl.store(kvp, rlo, mask=wmask)
         gl.store(kvp + HALF, rhi, mask=wmask)
     mbarrier.invalidate(bar)
+    if TRACE:
+        t3 = _stamp(lane)
+        f = gl.arange(0, 8, layout=L1)
+        rec = gl.where(f == 0, gl.min(t0, axis=0),
+                       gl.where(f == 1, gl.min(t1, axis=0),
+                                gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
+                                         gl.where(f == 3, gl.max(gl.max(gl.max(tm, axis=2), axis=1), axis=0),
+                                                  gl.where(f == 4, gl.max(t3, axis=0),
+                                                           gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
+                                                                    1))))))
+        gl.store(tr_ptr + pid.to(gl.int64) * 8 + f, rec)
 '''
 
 
@@ -205,9 +257,10 @@ def kernel_for(ns: int, prod_ssw: bool):
     return _MODS[ns, prod_ssw]._tma_prologue_kernel
 
 
-def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, early: bool,
-                 prod_ssw: bool):
-    """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches."""
+def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, rel: int,
+                 prod_ssw: bool, trace=None):
+    """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches; rel: the release
+    point (the kernel's REL); trace: a [N / 16, 8] int64 record buffer (stamps, 1 row block)."""
     from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
 
     n = w_desc.shape[1]
@@ -216,17 +269,40 @@ def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table
         x, w_desc, table, positions, out_cache_loc, out_cache_loc, m, out_q, out_q.stride(0), out_q.stride(1),
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, table.shape[0], float(cfg.rms_eps), K=x.shape[1], D=cfg.head_dim,
-        NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK, NVR_FROM_PTR=False, USE_PDL=True, EARLY_RELEASE=early, Q=WARPS,
-        S=SLICES, RB=ROW_BLOCK, BK=BK, num_warps=WARPS, launch_pdl=True)
+        NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK, NVR_FROM_PTR=False, USE_PDL=True, REL=rel, Q=WARPS,
+        S=SLICES, RB=ROW_BLOCK, BK=BK, tr_ptr=trace, TRACE=trace is not None, num_warps=WARPS, launch_pdl=True)
     return out_q
 
 
+#: variant -> (the release point REL, production's statistic)
+TMA_VARIANTS = {"tma0": (0, False), "tma1": (1, False), "tma2": (2, False), "tma3": (3, False), "tma1p": (1, True)}
+
+
+def summarize_stamps(tr: torch.Tensor) -> dict:
+    """A stamped 1-row chain's records [launches, programs, 8] (CPU int64: t0 start, t1 wait returned, tx x landed,
+    tm mma done, t3 end, SM, 1) -> ns medians over launches 2 .. L - 2: the period (last t3 minus the previous
+    launch's), lag (first wait return after the previous launch's last t3), x / mma / epilogue spans (program
+    medians) and the post-wait span, the first start before the previous launch's end."""
+    t0, t1, tx, tm, t3 = (tr[:, :, i] for i in range(5))
+    end = t3.max(1).values
+    rows = []
+    for j in range(2, tr.shape[0] - 1):
+        med = lambda x: float(x.double().median())                    # noqa: E731  (int64 differences first)
+        rows.append(dict(period=float(end[j] - end[j - 1]), lag=float(t1[j].min() - end[j - 1]),
+                         x=med(tx[j] - t1[j]), mma=med(tm[j] - tx[j]), epilogue=med(t3[j] - tm[j]),
+                         post_wait=med(t3[j] - t1[j]), post_wait_max=float((t3[j] - t1[j]).max()),
+                         wait_spread=float(t1[j].max() - t1[j].min()), first_start=float(t0[j].min() - end[j - 1]),
+                         last_start=float(t0[j].max() - end[j - 1])))
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
 def device_run(rows: list, rounds: int, out: str | None) -> None:
-    """Check tma / tma_late against prod (bitwise, every element written, the numerics policy against float64), then
-    time the three A B C C B A at each width."""
+    """Check each TMA variant against prod (bitwise, every element written, the numerics policy against float64),
+    time them all A B .. B A at each width, then stamp each TMA variant's 1-row chain."""
     from _common import LlamaPrologueCase, time_alternated, times_line, write_results
     from explore44 import accuracy_verdict
     from explore47 import launches
+    from lowlat.benchmarking import capture_graph
     from lowlat.kernels import attn_prologue_held as aph
     from lowlat.reference.rope import rope_inv_freq
 
@@ -235,16 +311,17 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(case.dev)
     tws = [tma_weight(w, lw.attn_norm, cfg.head_dim) for w in case.ws]
     descs = [tma_descriptor(w) for w in tws]
-    results = []
+    n_prog = tws[0].shape[0] // 16
+    results, stamps = [], {}
     for m in rows:
         xs, pos, locs = inputs = case.rows(m)
         fns, qs, caches = launches(case, m, {"prod": aph}, inputs)
-        for v, early, prod_ssw in (("tma", True, False), ("tma_late", False, False), ("tma_pssw", True, True)):
+        for v, (rel, pssw) in TMA_VARIANTS.items():
             caches[v] = (case.cache(m, float("nan")), case.cache(m, float("nan")))
             qs[v] = [case.q_out(m) for _ in range(r)]
-            fns[v] = (lambda i, v=v, early=early, p=prod_ssw: tma_prologue(
+            fns[v] = (lambda i, v=v, rel=rel, p=pssw, tr=None: tma_prologue(
                 xs[i % r], descs[i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg, qs[v][i % r],
-                early, p))
+                rel, p, None if tr is None else tr[i % r]))
         for v in fns:
             for i in range(r):
                 fns[v](i)
@@ -263,8 +340,25 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
                   f"{v} {x}" for v, x in verdict.items()) + " | bitwise = prod: "
               + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
         results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict, bitwise_prod=same))
+        if m == 1:
+            for v, (rel, pssw) in TMA_VARIANTS.items():
+                tr = torch.zeros(r, n_prog, 8, dtype=torch.int64, device=case.dev)
+                fn = (lambda i, v=v, rel=rel, p=pssw: tma_prologue(
+                    xs[i % r], descs[i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
+                    qs[v][i % r], rel, p, tr[i % r]))
+                g = capture_graph(fn, r)
+                for _ in range(3):
+                    g.replay()
+                tr.zero_()
+                g.replay()
+                torch.cuda.synchronize()
+                t = tr.cpu()
+                stamps[v] = summarize_stamps(t) if bool((t[:, :, 6] == 1).all()) else "incomplete trace"
+                print(f"  stamps {v}: " + (stamps[v] if isinstance(stamps[v], str) else " ".join(
+                    f"{k} {x:.0f}" for k, x in stamps[v].items())), flush=True)
+                del g
         torch.cuda.empty_cache()
-    write_results(out, results, explore="explore52", model=cfg.name,
+    write_results(out, results, explore="explore52", model=cfg.name, stamps_1row=stamps,
                   launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)",
                   rounds=rounds)
 
@@ -278,14 +372,14 @@ def sm90_report(rows: list) -> list:
             "transposed=False, fp4_padded=False, cga_layout=[])>")
     out = []
     for m in rows:
-        for early, prod_ssw in ((True, False), (False, False), (True, True)):
+        for v, (rel, prod_ssw) in TMA_VARIANTS.items():
             spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
-                                        EARLY_RELEASE=early, Q=4, S=S, RB=RB, BK=BK, M=m, nvr_int=m),
+                                        REL=rel, Q=4, S=S, RB=RB, BK=BK, M=m, nvr_int=m),
                         pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
                                       nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
                         scalars=dict(eps="fp32"), num_warps=4, launch_pdl=True, divisible=[])
             r = compile_for_sm90(kernel_for(2048 // (S * BK), prod_ssw), spec)
-            out.append(dict(rows=m, early=early, prod_ssw=prod_ssw, registers=r["registers"],
+            out.append(dict(rows=m, variant=v, registers=r["registers"],
                             spill_bytes=r["spill_bytes"], shared=r["shared"]))
             print(out[-1], flush=True)
     return out
