@@ -60,7 +60,7 @@ def tma_weight(qkv_weight: torch.Tensor, attn_norm: torch.Tensor, d: int) -> tor
     return folded[permuted_rows(folded.shape[0], d).to(folded.device)].contiguous()
 
 
-def tma_descriptor(w: torch.Tensor):
+def tma_descriptor(w: torch.Tensor, S: int = S):
     """The TMA descriptor of the permuted weight w [N, K]: view [S, N, K / S], strides [K / S, K, 1], boxes
     [S, 16, BK]."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -178,7 +178,6 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
                 tx = _stamp(ssw.to(gl.int32, bitcast=True))
             if USE_PDL and REL == 2:
                 _release_when(ssw.to(gl.int32, bitcast=True))
-            mbarrier.wait(bar, 0)
         acc = gl.zeros([S, 16, RB], gl.float32, MMA)
 {MMAS}        if b == 0:
             if TRACE:
@@ -227,12 +226,16 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
 '''
 
 
-def kernel_source(ns: int, prod_ssw: bool) -> str:
-    """KERNEL with its ns x chunks' loads (all first), x's statistic and the ns mma in K order. The statistic: with
-    prod_ssw production's (x's whole block loaded once more in production's layout, the same sum: production's bits),
-    else from the chunks (chunk sums added in chunk order: other bits)."""
+def kernel_source(ns: int, prod_ssw: bool, pf: int) -> str:
+    """KERNEL with its ns x chunks' loads (all first), then (the weights' mbarrier waited once) the first pf weight
+    chunks read from shared memory, x's statistic, and the ns mma in K order, chunk c + pf read after mma c (call 4's
+    stamps: reading each chunk just before its mma cost 1.4 us at 1 row). The statistic: with prod_ssw production's
+    (x's whole block loaded once more in production's layout, the same sum: production's bits), else from the chunks
+    (chunk sums added in chunk order: other bits)."""
     xl = "".join(f"        xc{c} = gl.load(x_ptr + b * RB * K + coff + {c} * BK, mask=cmask, other=0.0)\n"
                  for c in range(ns))
+    xl += "        if b == 0:\n            mbarrier.wait(bar, 0)\n"
+    xl += "".join(f"        a{c} = w_smem.index({c}).load(LA)\n" for c in range(min(pf, ns)))
     if prod_ssw:
         ssw = ("        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)\n"
                "        xf = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0).to(gl.float32)\n"
@@ -241,41 +244,45 @@ def kernel_source(ns: int, prod_ssw: bool) -> str:
         ssw = "".join(f"        xf{c} = xc{c}.to(gl.float32)\n" for c in range(ns))
         ssw += "        ssw = gl.sum(xf0 * xf0, axis=1)\n" + "".join(
             f"        ssw += gl.sum(xf{c} * xf{c}, axis=1)\n" for c in range(1, ns))
-    mm = "".join(f"        acc = mma_v2(w_smem.index({c}).load(LA), xc{c}, acc)\n" for c in range(ns))
+    mm = "".join(f"        acc = mma_v2(a{c}, xc{c}, acc)\n"
+                 + (f"        a{c + pf} = w_smem.index({c + pf}).load(LA)\n" if c + pf < ns else "") for c in range(ns))
     return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm)
 
 
 _MODS: dict = {}
 
 
-def kernel_for(ns: int, prod_ssw: bool):
-    """The generated kernel at ns chunks (one module each)."""
-    if (ns, prod_ssw) not in _MODS:
+def kernel_for(ns: int, prod_ssw: bool, pf: int):
+    """The generated kernel (`kernel_source`; one module each)."""
+    key = (ns, prod_ssw, pf)
+    if key not in _MODS:
         from _common import module_from_source
 
-        _MODS[ns, prod_ssw] = module_from_source(f"e52_tma_{ns}_{int(prod_ssw)}", kernel_source(ns, prod_ssw))
-    return _MODS[ns, prod_ssw]._tma_prologue_kernel
+        _MODS[key] = module_from_source(f"e52_tma_{ns}_{int(prod_ssw)}_{pf}", kernel_source(*key))
+    return _MODS[key]._tma_prologue_kernel
 
 
 def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, rel: int,
-                 prod_ssw: bool, trace=None):
+                 prod_ssw: bool, pf: int, trace=None, warps: int = 4):
     """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches; rel: the release
-    point (the kernel's REL); trace: a [N / 16, 8] int64 record buffer (stamps, 1 row block)."""
-    from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
+    point (the kernel's REL); trace: a [N / 16, 8] int64 record buffer (stamps, 1 row block); warps: 4, or 8 (8 K
+    slices, one a warp: w_desc must be `tma_descriptor(w, 8)`'s; not production's arithmetic)."""
+    from lowlat.kernels.attn_prologue_held import ROW_BLOCK
 
     n = w_desc.shape[1]
     hq, hkv = out_q.shape[1], k_cache.shape[1]
-    kernel_for(x.shape[1] // (SLICES * BK), prod_ssw)[(n // 16,)](
+    kernel_for(x.shape[1] // (warps * BK), prod_ssw, pf)[(n // 16,)](
         x, w_desc, table, positions, out_cache_loc, out_cache_loc, m, out_q, out_q.stride(0), out_q.stride(1),
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, table.shape[0], float(cfg.rms_eps), K=x.shape[1], D=cfg.head_dim,
-        NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK, NVR_FROM_PTR=False, USE_PDL=True, REL=rel, Q=WARPS,
-        S=SLICES, RB=ROW_BLOCK, BK=BK, tr_ptr=trace, TRACE=trace is not None, num_warps=WARPS, launch_pdl=True)
+        NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK, NVR_FROM_PTR=False, USE_PDL=True, REL=rel, Q=warps,
+        S=warps, RB=ROW_BLOCK, BK=BK, tr_ptr=trace, TRACE=trace is not None, num_warps=warps, launch_pdl=True)
     return out_q
 
 
-#: variant -> (the release point REL, production's statistic)
-TMA_VARIANTS = {"tma0": (0, False), "tma1": (1, False), "tma2": (2, False), "tma3": (3, False), "tma1p": (1, True)}
+#: variant -> (the release point REL, production's statistic, weight chunks read ahead, warps = K slices)
+TMA_VARIANTS = {"tma0": (0, False, 2, 4), "tma1": (1, False, 2, 4), "tma1p": (1, True, 2, 4), "w8_0": (0, False, 2, 8),
+                "w8_1": (1, False, 2, 8)}
 
 
 def summarize_stamps(tr: torch.Tensor) -> dict:
@@ -310,18 +317,18 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
     cfg, lw, r = case.cfg, case.lw, case.r
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, torch.float64).to(case.dev)
     tws = [tma_weight(w, lw.attn_norm, cfg.head_dim) for w in case.ws]
-    descs = [tma_descriptor(w) for w in tws]
+    descs = {q: [tma_descriptor(w, q) for w in tws] for q in (4, 8)}
     n_prog = tws[0].shape[0] // 16
     results, stamps = [], {}
     for m in rows:
         xs, pos, locs = inputs = case.rows(m)
         fns, qs, caches = launches(case, m, {"prod": aph}, inputs)
-        for v, (rel, pssw) in TMA_VARIANTS.items():
+        for v, (rel, pssw, pf, q) in TMA_VARIANTS.items():
             caches[v] = (case.cache(m, float("nan")), case.cache(m, float("nan")))
             qs[v] = [case.q_out(m) for _ in range(r)]
-            fns[v] = (lambda i, v=v, rel=rel, p=pssw, tr=None: tma_prologue(
-                xs[i % r], descs[i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg, qs[v][i % r],
-                rel, p, None if tr is None else tr[i % r]))
+            fns[v] = (lambda i, v=v, rel=rel, p=pssw, pf=pf, q=q: tma_prologue(
+                xs[i % r], descs[q][i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
+                qs[v][i % r], rel, p, pf, warps=q))
         for v in fns:
             for i in range(r):
                 fns[v](i)
@@ -341,11 +348,11 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
               + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
         results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict, bitwise_prod=same))
         if m == 1:
-            for v, (rel, pssw) in TMA_VARIANTS.items():
+            for v, (rel, pssw, pf, q) in TMA_VARIANTS.items():
                 tr = torch.zeros(r, n_prog, 8, dtype=torch.int64, device=case.dev)
-                fn = (lambda i, v=v, rel=rel, p=pssw: tma_prologue(
-                    xs[i % r], descs[i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
-                    qs[v][i % r], rel, p, tr[i % r]))
+                fn = (lambda i, v=v, rel=rel, p=pssw, pf=pf, q=q: tma_prologue(
+                    xs[i % r], descs[q][i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
+                    qs[v][i % r], rel, p, pf, tr[i % r], warps=q))
                 g = capture_graph(fn, r)
                 for _ in range(3):
                     g.replay()
@@ -368,17 +375,17 @@ def sm90_report(rows: list) -> list:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
     from compile_sm90 import compile_for_sm90
 
-    desc = ("tensordesc<bf16[4, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
+    desc = ("tensordesc<bf16[{}, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
             "transposed=False, fp4_padded=False, cga_layout=[])>")
     out = []
     for m in rows:
-        for v, (rel, prod_ssw) in TMA_VARIANTS.items():
+        for v, (rel, prod_ssw, pf, q) in TMA_VARIANTS.items():
             spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
-                                        REL=rel, Q=4, S=S, RB=RB, BK=BK, M=m, nvr_int=m),
-                        pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
+                                        REL=rel, Q=q, S=q, RB=RB, BK=BK, M=m, nvr_int=m),
+                        pointers=dict(x_ptr="*bf16", w_desc=desc.format(q), tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
                                       nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
-                        scalars=dict(eps="fp32"), num_warps=4, launch_pdl=True, divisible=[])
-            r = compile_for_sm90(kernel_for(2048 // (S * BK), prod_ssw), spec)
+                        scalars=dict(eps="fp32"), num_warps=q, launch_pdl=True, divisible=[])
+            r = compile_for_sm90(kernel_for(2048 // (q * BK), prod_ssw, pf), spec)
             out.append(dict(rows=m, variant=v, registers=r["registers"],
                             spill_bytes=r["spill_bytes"], shared=r["shared"]))
             print(out[-1], flush=True)
