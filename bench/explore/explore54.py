@@ -1,0 +1,116 @@
+"""Session 38: the production held Llama prologue with the next launch released once this launch's x has landed
+(xrel) or once its mma is done (mrel), instead of right after the wait (production).
+
+explore52's stamps (session 38 calls 4-6, H100, the TMA form) put ~1.2-1.9 us between a launch's wait returning and
+its x having landed, warm or cold, against a noop chain's whole period of ~1.1 us: x's loads wait behind weight
+data arriving at the same SMs (the next launch's stream, released at the wait, or this launch's own when it starts
+late). Releasing the next launch only once x has landed takes that stream off x's path; whether the next launch's
+weights then land in time is what this measures. Same arithmetic, so the same bits as production (checked).
+
+    python bench/explore/explore54.py --rows 1,6,16 [--warm-x] --out e54.json
+    env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore54.py --sm90     # CPU: sm_90 compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lowlat.kernels import attn_prologue_held as aph  # noqa: E402
+
+VARIANTS = ("prod", "xrel", "mrel")
+HELPER = '''
+
+@gluon.jit
+def _release_when(v):
+    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }",
+        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _held_prologue_kernel('''
+WAIT = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
+SSW = "        ssw = gl.sum(xf * xf, axis=1)\n"
+MMA = "        acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))\n"
+
+
+def released_source(src: str, where: str) -> str:
+    """Production's source with the release moved from after the wait to after x's statistic (where "x": it needs
+    every x element of the thread) or after the mma ("mma"), in the first row block."""
+    from explore46 import edited
+
+    out = edited(src, "\n\n@gluon.jit\ndef _held_prologue_kernel(", HELPER)
+    out = edited(out, WAIT, "    pdl_wait_then_release(USE_PDL, True)            # the wait only\n")
+    anchor, val = (SSW, "ssw") if where == "x" else (MMA, "acc")
+    return edited(out, anchor, anchor + f"        if USE_PDL and b == 0:\n"
+                                         f"            _release_when({val}.to(gl.int32, bitcast=True))\n")
+
+
+def modules() -> dict:
+    from _common import module_from_source
+
+    src = open(aph.__file__).read()
+    return {"prod": aph, "xrel": module_from_source("e54_xrel", released_source(src, "x")),
+            "mrel": module_from_source("e54_mrel", released_source(src, "mma"))}
+
+
+def device_run(rows: list, rounds: int, out: str | None, warm_x: bool) -> None:
+    from _common import LlamaPrologueCase, time_alternated, times_line, write_results
+    from explore47 import launches
+
+    mods = modules()
+    case = LlamaPrologueCase(torch.device("cuda"))
+    r = case.r
+    results = []
+    for m in rows:
+        xs, pos, locs = case.rows(m)
+        if warm_x:
+            xs = [xs[0]] * r
+        fns, qs, caches = launches(case, m, mods, (xs, pos, locs))
+        for v in fns:
+            for i in range(r):
+                fns[v](i)
+        torch.cuda.synchronize()
+        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
+                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs["prod"]))
+                and torch.equal(caches[v][0][1:], caches["prod"][0][1:])
+                and torch.equal(caches[v][1][1:], caches["prod"][1][1:]) for v in fns}
+        times = time_alternated(fns, max(r, 8), rounds=rounds)
+        print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
+              + " ".join(f"{v} {w}" for v, w in written.items()) + " | bitwise = prod: "
+              + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
+        results.append(dict(rows=m, us=times, every_element_written=written, bitwise_prod=same))
+        torch.cuda.empty_cache()
+    write_results(out, results, explore="explore54", model=case.cfg.name, warm_x=warm_x, rounds=rounds,
+                  launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,6,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warm-x", action="store_true")
+    ap.add_argument("--sm90", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = [int(x) for x in a.rows.split(",")]
+    if a.sm90:
+        from explore47 import sm90_rows
+
+        for row in sm90_rows(list(VARIANTS), rows, modules()):
+            print({k: row[k] for k in ("variant", "rows", "registers", "spill_bytes")}, flush=True)
+    else:
+        device_run(rows, a.rounds, a.out, a.warm_x)
+
+
+if __name__ == "__main__":
+    main()
