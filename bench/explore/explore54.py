@@ -7,7 +7,11 @@ data arriving at the same SMs (the next launch's stream, released at the wait, o
 late). Releasing the next launch only once x has landed takes that stream off x's path; whether the next launch's
 weights then land in time is what this measures. Same arithmetic, so the same bits as production (checked).
 
+`--stamps`: production's own 1-row chain stamped instead (a copy of its source with explore52's stamps: start, wait
+returned, x's statistic done, mma done, end; `explore52.summarize_stamps`), to say where its period goes.
+
     python bench/explore/explore54.py --rows 1,6,16 [--warm-x] --out e54.json
+    python bench/explore/explore54.py --stamps [--warm-x] --out e54s.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore54.py --sm90     # CPU: sm_90 compile
 """
 
@@ -52,6 +56,99 @@ def released_source(src: str, where: str) -> str:
     anchor, val = (SSW, "ssw") if where == "x" else (MMA, "acc")
     return edited(out, anchor, anchor + f"        if USE_PDL and b == 0:\n"
                                          f"            _release_when({val}.to(gl.int32, bitcast=True))\n")
+
+
+STAMP_HELPERS = '''
+
+_TRACE = [None]      # the record buffer [N / 16, 8] int64 of the next launch (set by the explore), or None
+
+
+@gluon.jit
+def _stamp(v):
+    """%globaltimer (ns) read once the int32 v is available."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
+        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smid(v):
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _held_prologue_kernel('''
+STAMP_EDITS = [
+    ("\n\n@gluon.jit\ndef _held_prologue_kernel(", STAMP_HELPERS),
+    ("                          EARLY_RELEASE: gl.constexpr = False):\n",
+     "                          EARLY_RELEASE: gl.constexpr = False, tr_ptr=None, TRACE: gl.constexpr = False):\n"),
+    ("    pdl_release_early(USE_PDL, EARLY_RELEASE)\n",
+     "    L1: gl.constexpr = gl.BlockedLayout([1], [32], [Q], [0])\n    lane = gl.arange(0, 32 * Q, layout=L1)\n"
+     "    if TRACE:\n        gl.static_assert(NMB == 1, 'TRACE: one row block')\n        t0 = _stamp(lane)\n"
+     "    pdl_release_early(USE_PDL, EARLY_RELEASE)\n"),
+    (WAIT, WAIT + "    if TRACE:\n        t1 = _stamp(lane)\n"),
+    (SSW, SSW + "        if TRACE:\n            tx = _stamp(ssw.to(gl.int32, bitcast=True))\n"),
+    (MMA, MMA + "        if TRACE:\n            tm = _stamp(acc.to(gl.int32, bitcast=True))\n"),
+    ("        gl.store(kvp + HALF, rhi, mask=wmask)\n", """        gl.store(kvp + HALF, rhi, mask=wmask)
+    if TRACE:
+        t3 = _stamp(lane)
+        f = gl.arange(0, 8, layout=L1)
+        rec = gl.where(f == 0, gl.min(t0, axis=0),
+                       gl.where(f == 1, gl.min(t1, axis=0),
+                                gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
+                                         gl.where(f == 3, gl.max(gl.max(gl.max(tm, axis=2), axis=1), axis=0),
+                                                  gl.where(f == 4, gl.max(t3, axis=0),
+                                                           gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
+                                                                    1))))))
+        gl.store(tr_ptr + gl.program_id(0).to(gl.int64) * 8 + f, rec)
+"""),
+    ("        EARLY_RELEASE=early_release, num_warps=WARPS,\n",
+     "        EARLY_RELEASE=early_release, num_warps=WARPS, tr_ptr=_TRACE[0], TRACE=_TRACE[0] is not None,\n"),
+]
+
+
+def stamped_source(src: str) -> str:
+    """Production's source with explore52's stamps (1 row block; the record buffer from the module's _TRACE[0])."""
+    from explore46 import edited
+
+    for old, new in STAMP_EDITS:
+        src = edited(src, old, new)
+    return src
+
+
+def stamp_run(warm_x: bool, out: str | None) -> None:
+    """Production's 1-row chain stamped (its stamped copy, the same launches as the timing)."""
+    from _common import LlamaPrologueCase, module_from_source, write_results
+    from explore47 import launches
+    from explore52 import summarize_stamps
+    from lowlat.benchmarking import capture_graph
+
+    mod = module_from_source("e54_stamped", stamped_source(open(aph.__file__).read()))
+    case = LlamaPrologueCase(torch.device("cuda"))
+    r = case.r
+    xs, pos, locs = case.rows(1)
+    if warm_x:
+        xs = [xs[0]] * r
+    fns, _, _ = launches(case, 1, {"stamped": mod}, (xs, pos, locs))
+    tr = torch.zeros(r, case.w0.shape[0] // 16, 8, dtype=torch.int64, device=case.dev)
+
+    def fn(i):
+        mod._TRACE[0] = tr[i % r]
+        try:
+            fns["stamped"](i)
+        finally:
+            mod._TRACE[0] = None
+    g = capture_graph(fn, r)
+    for _ in range(3):
+        g.replay()
+    tr.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    t = tr.cpu()
+    res = summarize_stamps(t) if bool((t[:, :, 6] == 1).all()) else "incomplete trace"
+    print("  stamps prod: " + (res if isinstance(res, str) else " ".join(f"{k} {x:.0f}" for k, x in res.items())),
+          flush=True)
+    write_results(out, [dict(rows=1, stamps=res)], explore="explore54 --stamps", model=case.cfg.name, warm_x=warm_x)
 
 
 def modules() -> dict:
@@ -100,6 +197,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warm-x", action="store_true")
     ap.add_argument("--sm90", action="store_true")
+    ap.add_argument("--stamps", action="store_true", help="production's 1-row chain stamped, not timed")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     rows = [int(x) for x in a.rows.split(",")]
@@ -108,6 +206,8 @@ def main() -> None:
 
         for row in sm90_rows(list(VARIANTS), rows, modules()):
             print({k: row[k] for k in ("variant", "rows", "registers", "spill_bytes")}, flush=True)
+    elif a.stamps:
+        stamp_run(a.warm_x, a.out)
     else:
         device_run(rows, a.rounds, a.out, a.warm_x)
 
