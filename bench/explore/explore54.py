@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lowlat.kernels import attn_prologue_held as aph  # noqa: E402
 
-VARIANTS = ("prod", "xrel", "mrel")
+VARIANTS = ("prod", "xissue", "xrel", "mrel")
+X_LOAD = "        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)\n"
 HELPER = '''
 
 @gluon.jit
@@ -41,18 +42,34 @@ def _release_when(v):
 
 @gluon.jit
 def _held_prologue_kernel('''
+RELEASE_THROUGH = '''def _release_through(v):
+    """v (int16) unchanged, each element through an asm that also executes griddepcontrol.launch_dependents."""
+    return gl.inline_asm_elementwise("{ griddepcontrol.launch_dependents; mov.b16 $0, $1; }", "=h,h", [v],
+                                     dtype=gl.int16, is_pure=False, pack=1)
+
+
+@gluon.jit
+'''
 WAIT = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
 SSW = "        ssw = gl.sum(xf * xf, axis=1)\n"
 MMA = "        acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))\n"
 
 
 def released_source(src: str, where: str) -> str:
-    """Production's source with the release moved from after the wait to after x's statistic (where "x": it needs
-    every x element of the thread) or after the mma ("mma"), in the first row block."""
+    """Production's source with the release moved from after the wait to after x's loads are issued (where
+    "issue": x's requests enter the memory system before the next launch's weight loads), after x's statistic ("x":
+    it needs every x element of the thread) or after the mma ("mma"), in the first row block."""
     from explore46 import edited
 
     out = edited(src, "\n\n@gluon.jit\ndef _held_prologue_kernel(", HELPER)
     out = edited(out, WAIT, "    pdl_wait_then_release(USE_PDL, True)            # the wait only\n")
+    if where == "issue":
+        # the held weights pass through the release (an identity asm that also releases), so ptxas cannot hoist an
+        # mma (which waits for x) above the release; x's loads are issued before it in program order
+        out = edited(out, X_LOAD, X_LOAD + "        if USE_PDL and b == 0:\n"
+                                           "            w = _release_through(w.to(gl.int16, bitcast=True)).to(gl.bfloat16, "
+                                           "bitcast=True)\n")
+        return edited(out, "def _release_when(v):", RELEASE_THROUGH + "def _release_when(v):")
     anchor, val = (SSW, "ssw") if where == "x" else (MMA, "acc")
     return edited(out, anchor, anchor + f"        if USE_PDL and b == 0:\n"
                                          f"            _release_when({val}.to(gl.int32, bitcast=True))\n")
@@ -155,35 +172,58 @@ def modules() -> dict:
     from _common import module_from_source
 
     src = open(aph.__file__).read()
-    return {"prod": aph, "xrel": module_from_source("e54_xrel", released_source(src, "x")),
+    return {"prod": aph, "xissue": module_from_source("e54_xissue", released_source(src, "issue")),
+            "xrel": module_from_source("e54_xrel", released_source(src, "x")),
             "mrel": module_from_source("e54_mrel", released_source(src, "mma"))}
 
 
-def device_run(rows: list, rounds: int, out: str | None, warm_x: bool) -> None:
+def folded_launches(case, m: int, mods: dict, rows, wfs: list):
+    """explore47's `launches` on `fold_attn_norm`'s weights (attn_norm None: the same bits), variants named
+    `<module>_f`."""
+    xs, pos, locs = rows
+    cfg, r = case.cfg, case.r
+    caches = {v + "_f": (case.cache(m, float("nan")), case.cache(m, float("nan"))) for v in mods}
+    qs = {v + "_f": [case.q_out(m) for _ in range(r)] for v in mods}
+
+    def fn(v):
+        mod, (kc, vc) = mods[v], caches[v + "_f"]
+        return lambda i: mod.attn_prologue_held(xs[i % r], wfs[i % r], None, pos, locs[i % r], m, kc, vc, case.table,
+                                                cfg=cfg, out_q=qs[v + "_f"][i % r], use_pdl=True)
+    return {v + "_f": fn(v) for v in mods}, qs, caches
+
+
+def device_run(rows: list, rounds: int, out: str | None, warm_x: bool, variants: list) -> None:
     from _common import LlamaPrologueCase, time_alternated, times_line, write_results
     from explore47 import launches
 
-    mods = modules()
+    all_mods = modules()
     case = LlamaPrologueCase(torch.device("cuda"))
     r = case.r
+    wfs = [aph.fold_attn_norm(w, case.lw.attn_norm) for w in case.ws]
     results = []
     for m in rows:
         xs, pos, locs = case.rows(m)
         if warm_x:
             xs = [xs[0]] * r
+        mods = {v: all_mods[v] for v in variants if not v.endswith("_f")}
         fns, qs, caches = launches(case, m, mods, (xs, pos, locs))
+        fmods = {v[:-2]: all_mods[v[:-2]] for v in variants if v.endswith("_f")}
+        ffns, fqs, fcaches = folded_launches(case, m, fmods, (xs, pos, locs), wfs)
+        fns.update(ffns), qs.update(fqs), caches.update(fcaches)
+        fns = {v: fns[v] for v in variants}
         for v in fns:
             for i in range(r):
                 fns[v](i)
         torch.cuda.synchronize()
         written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
                            or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
-        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs["prod"]))
-                and torch.equal(caches[v][0][1:], caches["prod"][0][1:])
-                and torch.equal(caches[v][1][1:], caches["prod"][1][1:]) for v in fns}
+        base = variants[0]
+        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs[base]))
+                and torch.equal(caches[v][0][1:], caches[base][0][1:])
+                and torch.equal(caches[v][1][1:], caches[base][1][1:]) for v in fns}
         times = time_alternated(fns, max(r, 8), rounds=rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
-              + " ".join(f"{v} {w}" for v, w in written.items()) + " | bitwise = prod: "
+              + " ".join(f"{v} {w}" for v, w in written.items()) + f" | bitwise = {base}: "
               + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
         results.append(dict(rows=m, us=times, every_element_written=written, bitwise_prod=same))
         torch.cuda.empty_cache()
@@ -198,6 +238,8 @@ def main() -> None:
     ap.add_argument("--warm-x", action="store_true")
     ap.add_argument("--sm90", action="store_true")
     ap.add_argument("--stamps", action="store_true", help="production's 1-row chain stamped, not timed")
+    ap.add_argument("--variants", default="prod,xrel,mrel", help="among " + ", ".join(VARIANTS) + " and each with "
+                    "_f (on fold_attn_norm's weights); the first is the bitwise baseline")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     rows = [int(x) for x in a.rows.split(",")]
@@ -209,7 +251,7 @@ def main() -> None:
     elif a.stamps:
         stamp_run(a.warm_x, a.out)
     else:
-        device_run(rows, a.rounds, a.out, a.warm_x)
+        device_run(rows, a.rounds, a.out, a.warm_x, a.variants.split(","))
 
 
 if __name__ == "__main__":
