@@ -71,6 +71,29 @@ def tma_descriptor(w: torch.Tensor, S: int = S):
     return TensorDescriptor(w, [S, n, kq], [kq, k, 1], [S, 16, BK], layout)
 
 
+#: Gluon helpers of the stamped / released kernel copies (explore52's and explore54's): a %globaltimer stamp and a
+#: release, each once a value is available, and the SM
+HELPERS = '''@gluon.jit
+def _stamp(v):
+    """%globaltimer (ns) read once the int32 v is available."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
+        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smid(v):
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _release_when(v):
+    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }",
+        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
+'''
+
 #: the kernel's source, NS = K / (S BK) chunks written out by `kernel_source` (a loop would issue chunk s + 1's x load
 #: only after chunk s's mma, which waits for chunk s: one L2 round trip a chunk, session 38 call 2's first form)
 KERNEL = '''
@@ -84,28 +107,7 @@ from lowlat.kernels._attn_common import pdl_release_early, pdl_wait_then_release
 from lowlat.kernels.attn_prologue_held import _rope_inputs
 
 
-@gluon.jit
-def _stamp(v):
-    """%globaltimer (ns) read once the int32 v is available."""
-    return gl.inline_asm_elementwise(
-        "{{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }}",
-        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smid(v):
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _release_when(v):
-    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
-    return gl.inline_asm_elementwise(
-        "{{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }}",
-        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
+{HELPERS}@gluon.jit
 def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
                          stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
                          M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
@@ -246,7 +248,7 @@ def kernel_source(ns: int, prod_ssw: bool, pf: int) -> str:
             f"        ssw += gl.sum(xf{c} * xf{c}, axis=1)\n" for c in range(1, ns))
     mm = "".join(f"        acc = mma_v2(a{c}, xc{c}, acc)\n"
                  + (f"        a{c + pf} = w_smem.index({c + pf}).load(LA)\n" if c + pf < ns else "") for c in range(ns))
-    return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm)
+    return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm, HELPERS=HELPERS + "\n\n")
 
 
 _MODS: dict = {}

@@ -26,22 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from explore52 import HELPERS  # noqa: E402
 from lowlat.kernels import attn_prologue_held as aph  # noqa: E402
 
 VARIANTS = ("prod", "xissue", "xrel", "mrel")
 X_LOAD = "        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)\n"
-HELPER = '''
-
-@gluon.jit
-def _release_when(v):
-    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }",
-        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _held_prologue_kernel('''
+HELPER = "\n\n" + HELPERS + "\n\n@gluon.jit\ndef _held_prologue_kernel("
 RELEASE_THROUGH = '''def _release_through(v):
     """v (int16) unchanged, each element through an asm that also executes griddepcontrol.launch_dependents."""
     return gl.inline_asm_elementwise("{ griddepcontrol.launch_dependents; mov.b16 $0, $1; }", "=h,h", [v],
@@ -75,26 +65,8 @@ def released_source(src: str, where: str) -> str:
                                          f"            _release_when({val}.to(gl.int32, bitcast=True))\n")
 
 
-STAMP_HELPERS = '''
-
-_TRACE = [None]      # the record buffer [N / 16, 8] int64 of the next launch (set by the explore), or None
-
-
-@gluon.jit
-def _stamp(v):
-    """%globaltimer (ns) read once the int32 v is available."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
-        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smid(v):
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _held_prologue_kernel('''
+STAMP_HELPERS = ("\n\n_TRACE = [None]      # the record buffer [N / 16, 8] int64 of the next launch (set by the "
+                 "explore), or None\n\n\n" + HELPERS + "\n\n@gluon.jit\ndef _held_prologue_kernel(")
 STAMP_EDITS = [
     ("\n\n@gluon.jit\ndef _held_prologue_kernel(", STAMP_HELPERS),
     ("                          EARLY_RELEASE: gl.constexpr = False):\n",
