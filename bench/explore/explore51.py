@@ -33,6 +33,10 @@ after launch j - 1's last store launch j's first wait returned (lag); when launc
 relative to launch j - 1's end (negative: before it); each program's weights landing relative to its wait return
 (positive: the weights were the wait's bottleneck); the post-wait span (t3 - t1); SMs used, most programs an SM.
 
+Measured (session 38, bench/results/session38): TMA-held and released at the start, 95-98% of the copy floor (H100
+Llama 4.33 us against 4.24, H200 3.11-3.15 against 3.02; Qwen3 7.43 / 5.30-5.39); registers-held released after the
+wait (production's structure) 5.13-5.57 / 4.40-4.77; an empty chain ~1.1 us a launch.
+
     python bench/explore/explore51.py --out e51.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore51.py --sm90     # CPU: sm_90 compile of each form
 """

@@ -19,6 +19,9 @@ Variants (1 / 6 / 16 rows, per kernel as the bench times it: rotated cold weight
 Each is checked against the float64 reference at the numerics policy (explore44's `accuracy_verdict`) with every
 element written (NaN-filled before).
 
+Measured (session 38 call 7 H100, call 13 H200): not taken. 1 row H200 tma_late 8.43-8.55 against split_k 9.71-9.89
+and reg_cluster 7.97-8.07 (7.20 needed); H100 10.08-10.15 / 11.14-11.47 / 9.86-9.89; 16 rows (H100) 16.7 against 11.5.
+
     python bench/explore/explore53.py --rows 1,6,16 --out e53.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore53.py --sm90     # CPU: sm_90 compile
 """

@@ -10,6 +10,10 @@ weights then land in time is what this measures. Same arithmetic, so the same bi
 `--stamps`: production's own 1-row chain stamped instead (a copy of its source with explore52's stamps: start, wait
 returned, x's statistic done, mma done, end; `explore52.summarize_stamps`), to say where its period goes.
 
+Measured (session 38, H100, bitwise production in every case): 1 row prod 5.10-5.21, xrel 7.04-7.07, mrel 6.88-7.28,
+xissue_f 6.04-6.38 (prod_f 5.23-5.28). Stamps of production (H100 / H200, ns): lag 1584 / 1456, x 2160 / 1952, mma
+544 / 544, epilogue 160 / 160.
+
     python bench/explore/explore54.py --rows 1,6,16 [--warm-x] --out e54.json
     python bench/explore/explore54.py --stamps [--warm-x] --out e54s.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore54.py --sm90     # CPU: sm_90 compile
