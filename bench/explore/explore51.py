@@ -98,8 +98,8 @@ def _held_stream_kernel(w_ptr, w_desc, out_ptr, tr_ptr, K: gl.constexpr, KR: gl.
                         PF: gl.constexpr = False, PAD_KB: gl.constexpr = 0, Q: gl.constexpr = 4):
     """See the module docstring. Grid N / 16 programs of Q warps; KR columns in registers, NT boxes of 64 columns
     (from column KR) in shared memory; HOLD False: no weights at all (noop). PAD_KB: that much shared memory
-    written at the start and read at the end (only to limit the programs an SM). PF: the NT boxes prefetched to L2 before the wait and copied to
-    shared memory after it (nothing held)."""
+    written at the start and read at the end (only to limit the programs an SM). PF: the NT boxes prefetched to L2
+    before the wait and copied to shared memory after it (nothing held)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
     LA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=8)
     LB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=8)

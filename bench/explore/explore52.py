@@ -391,8 +391,8 @@ def sm90_report(rows: list) -> list:
         for v, (rel, prod_ssw, pf, q) in TMA_VARIANTS.items():
             spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
                                         REL=rel, Q=q, S=q, RB=RB, BK=BK, M=m, nvr_int=m),
-                        pointers=dict(x_ptr="*bf16", w_desc=desc.format(q), tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
-                                      nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
+                        pointers=dict(x_ptr="*bf16", w_desc=desc.format(q), tab_ptr="*fp32", pos_ptr="*i64",
+                                      loc_ptr="*i32", nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
                         scalars=dict(eps="fp32"), num_warps=q, launch_pdl=True, divisible=[])
             r = compile_for_sm90(kernel_for(2048 // (q * BK), prod_ssw, pf), spec)
             out.append(dict(rows=m, variant=v, registers=r["registers"],

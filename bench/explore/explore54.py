@@ -61,8 +61,8 @@ def released_source(src: str, where: str) -> str:
         # the held weights pass through the release (an identity asm that also releases), so ptxas cannot hoist an
         # mma (which waits for x) above the release; x's loads are issued before it in program order
         out = edited(out, X_LOAD, X_LOAD + "        if USE_PDL and b == 0:\n"
-                                           "            w = _release_through(w.to(gl.int16, bitcast=True)).to(gl.bfloat16, "
-                                           "bitcast=True)\n")
+                                           "            w = _release_through(w.to(gl.int16, bitcast=True))"
+                                           ".to(gl.bfloat16, bitcast=True)\n")
         return edited(out, "def _release_when(v):", RELEASE_THROUGH + "def _release_when(v):")
     anchor, val = (SSW, "ssw") if where == "x" else (MMA, "acc")
     return edited(out, anchor, anchor + f"        if USE_PDL and b == 0:\n"

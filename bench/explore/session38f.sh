@@ -7,7 +7,8 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-200}
 echo "== explore52 --warm-x (${SECONDS}s)"
-timeout "$(cap 120)" python3 bench/explore/explore52.py --rows 1,6,16 --rounds 2 --warm-x --out "$OUT/explore52_warm.json" \
+timeout "$(cap 120)" python3 bench/explore/explore52.py --rows 1,6,16 --rounds 2 --warm-x \
+  --out "$OUT/explore52_warm.json" \
   2>&1 | grep -v -i warn; echo "rc $?"
 echo "== explore52 cold (${SECONDS}s)"
 timeout "$(cap 60)" python3 bench/explore/explore52.py --rows 1 --rounds 2 --out "$OUT/explore52_cold.json" \

@@ -7,7 +7,8 @@ exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-120}
 for warm in "" "--warm-x"; do
   echo "== explore54 --stamps $warm (${SECONDS}s)"
-  timeout "$(cap 40)" python3 bench/explore/explore54.py --stamps $warm --out "$OUT/explore54_stamps${warm:+_warm}.json" \
+  timeout "$(cap 40)" python3 bench/explore/explore54.py --stamps $warm \
+    --out "$OUT/explore54_stamps${warm:+_warm}.json" \
     2>&1 | grep -v -i warn; echo "rc $?"
 done
 echo "== bench_attn_prologue Llama held (${SECONDS}s)"
