@@ -6,13 +6,18 @@ its x having landed, warm or cold, against a noop chain's whole period of ~1.1 u
 data arriving at the same SMs (the next launch's stream, released at the wait, or this launch's own when it starts
 late). Releasing the next launch only once x has landed takes that stream off x's path; whether the next launch's
 weights then land in time is what this measures. Same arithmetic, so the same bits as production (checked).
+Released right after x's loads are issued: xissue (the held weights pass through the releasing asm so that ptxas
+keeps every mma after it, which makes the release wait for the weights to land; with g multiplied in registers it
+spills 524 bytes) and xissue2 (x's values OR-ed with the release's 0, so every use of x follows the release: on
+folded weights the sm_90 SASS is the wait, x's 16 loads, the release, the 32 mma). `_f` variants run on
+`fold_attn_norm`'s weights (the same bits).
 
 `--stamps`: production's own 1-row chain stamped instead (a copy of its source with explore52's stamps: start, wait
 returned, x's statistic done, mma done, end; `explore52.summarize_stamps`), to say where its period goes.
 
 Measured (session 38, H100, bitwise production in every case): 1 row prod 5.10-5.21, xrel 7.04-7.07, mrel 6.88-7.28,
-xissue_f 6.04-6.38 (prod_f 5.23-5.28). Stamps of production (H100 / H200, ns): lag 1584 / 1456, x 2160 / 1952, mma
-544 / 544, epilogue 160 / 160.
+xissue_f 6.04-6.38 (prod_f 5.23-5.28); call 15: xissue2_f 6.09-6.16 against prod_f 5.16-5.22. Stamps of production
+(H100 / H200, ns): lag 1584 / 1456, x 2160 / 1952, mma 544 / 544, epilogue 160 / 160.
 
     python bench/explore/explore54.py --rows 1,6,16 [--warm-x] --out e54.json
     python bench/explore/explore54.py --stamps [--warm-x] --out e54s.json
@@ -70,8 +75,9 @@ def released_source(src: str, where: str) -> str:
         # statistic) comes after the release while x's loads, issued before it in program order, stay ahead of it
         out = edited(out, X_LOAD, X_LOAD + "        if USE_PDL and b == 0:\n"
                                            "            rel = _release_now(bm)\n"
-                                           "            xb = (xb.to(gl.int16, bitcast=True) | gl.expand_dims(gl.expand_dims("
-                                           "rel, 0), 1).to(gl.int16)).to(gl.bfloat16, bitcast=True)\n")
+                                           "            xb = (xb.to(gl.int16, bitcast=True)"
+                                           " | gl.expand_dims(gl.expand_dims(rel, 0), 1).to(gl.int16))"
+                                           ".to(gl.bfloat16, bitcast=True)\n")
         return edited(out, "def _release_when(v):", RELEASE_NOW + "def _release_when(v):")
     if where == "issue":
         # the held weights pass through the release (an identity asm that also releases), so ptxas cannot hoist an
