@@ -195,7 +195,7 @@ def test_explore53_qk_edits_apply_and_compile_at_three_programs_an_sm(explore, t
     assert "barrier.cluster.arrive.release" in info["ptx"]
 
 
-@pytest.mark.parametrize("where", ["issue", "x", "mma"])
+@pytest.mark.parametrize("where", ["issue", "issue2", "x", "mma"])
 def test_explore54_release_edits_move_the_release_after_the_wait(explore, where):
     from explore54 import released_source
 
@@ -204,11 +204,33 @@ def test_explore54_release_edits_move_the_release_after_the_wait(explore, where)
     src = released_source(open(aph.__file__).read(), where)
     body = src.split("def _held_prologue_kernel(")[1]
     wait = body.index("pdl_wait_then_release(USE_PDL, True)")
-    rel = body.index("_release_through(" if where == "issue" else "_release_when(")
+    rel = body.index({"issue": "_release_through(", "issue2": "_release_now("}.get(where, "_release_when("))
     x = body.index("xb = gl.load(x_ptr")
     assert wait < x < rel
-    if where != "issue":
+    if where in ("x", "mma"):
         assert body.index("ssw = gl.sum(xf * xf, axis=1)" if where == "x" else "acc = mma_v2(") < rel
+
+
+def test_explore54_xissue2_sass_is_wait_loads_release_mma(explore, tmp_path, monkeypatch):
+    """On folded weights at 1 row block (what call 15 timed): after the wait every x load, then the release, then
+    every mma, in the sm_90 SASS."""
+    from explore54 import released_source
+    from llama_prologue_sm90 import launch_spec
+    from sampling_stats import compile_sm90
+
+    from lowlat.config import preset
+    from lowlat.kernels import attn_prologue_held as aph
+
+    (tmp_path / "e54_issue2_test.py").write_text(released_source(open(aph.__file__).read(), "issue2"))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{EXPLORE}")
+    spec = dict(launch_spec(preset("Llama-3.2-1B"), 1, aph.SLICES, False, "timed"), dump=str(tmp_path / "issue2"))
+    info, = compile_sm90("e54_issue2_test:_held_prologue_kernel", [spec])
+    ops = [m.group(2).split(".")[0] for m in re.finditer(r"\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                                                          (tmp_path / "issue2.sass").read_text())]
+    after = ops[ops.index("ACQBULK") + 1:]
+    seq = [op for op in after if op in ("LDG", "PREEXIT", "HMMA")]
+    assert info["spill_bytes"] == 0
+    assert seq[:18] == ["LDG"] * 16 + ["PREEXIT", "HMMA"], seq[:20]
 
 
 def test_explore54_stamped_copy_compiles(explore, tmp_path, monkeypatch):
