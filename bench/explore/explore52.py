@@ -379,6 +379,37 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool = False) -
                   rounds=rounds)
 
 
+def probe_run(graphs: int, replays: int, out: str | None) -> None:
+    """Is tma1's bimodal 1-row time (calls 13-14) a property of a captured graph or of a replay? For prod and tma1:
+    `graphs` fresh captures of the chain (as `time_alternated` makes one a timing), each replayed `replays` times
+    back to back; prints each graph's replay times (us a launch) as min / median / max."""
+    from _common import LlamaPrologueCase, write_results
+    from explore47 import launches
+    from lowlat.benchmarking import capture_graph, event_times_us
+    from lowlat.kernels import attn_prologue_held as aph
+
+    case = LlamaPrologueCase(torch.device("cuda"))
+    cfg, lw, r = case.cfg, case.lw, case.r
+    n = max(r, 8)
+    descs = [tma_descriptor(tma_weight(w, lw.attn_norm, cfg.head_dim)) for w in case.ws]
+    xs, pos, locs = inputs = case.rows(1)
+    fns, qs, caches = launches(case, 1, {"prod": aph}, inputs)
+    kc, vc = case.cache(1, float("nan")), case.cache(1, float("nan"))
+    q1 = [case.q_out(1) for _ in range(r)]
+    fns["tma1"] = lambda i: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], 1, kc, vc, case.table, cfg,
+                                         q1[i % r], 1, False, 2)
+    res = {v: [] for v in fns}
+    for g_i in range(graphs):
+        for v, fn in fns.items():
+            g = capture_graph(fn, n)
+            t = sorted(event_times_us(g.replay, iters=replays, warmup=2, per=n))
+            res[v].append(t)
+            print(f"  graph {g_i} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f}", flush=True)
+            del g
+    write_results(out, [dict(variant=v, graphs=t) for v, t in res.items()], explore="explore52 --probe",
+                  model=cfg.name, replays=replays)
+
+
 def sm90_report(rows: list) -> list:
     """The kernel's sm_90 build at each width (CPU): registers, spills, shared memory."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
@@ -407,11 +438,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="A B C C B A rounds")
     ap.add_argument("--sm90", action="store_true", help="no GPU: compile for sm_90 and report")
     ap.add_argument("--warm-x", action="store_true", help="one x for every copy (warm in L2), weights still rotated")
+    ap.add_argument("--probe", type=int, default=0, help="that many fresh graphs of prod and tma1 at 1 row, each "
+                    "replayed --replays times (`probe_run`)")
+    ap.add_argument("--replays", type=int, default=40)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     rows = [int(x) for x in a.rows.split(",")]
     if a.sm90:
         sm90_report(rows)
+    elif a.probe:
+        probe_run(a.probe, a.replays, a.out)
     else:
         device_run(rows, a.rounds, a.out, a.warm_x)
 
