@@ -383,6 +383,8 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
     """Is tma1's bimodal 1-row time (calls 13-14) a property of a captured graph or of a replay? For prod and tma1:
     `graphs` fresh captures of the chain (as `time_alternated` makes one a timing), each replayed `replays` times
     back to back; prints each graph's replay times (us a launch) as min / median / max."""
+    import time
+
     from _common import LlamaPrologueCase, write_results
     from explore47 import launches
     from lowlat.benchmarking import capture_graph, event_times_us
@@ -404,7 +406,8 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
             g = capture_graph(fn, n)
             t = sorted(event_times_us(g.replay, iters=replays, warmup=2, per=n))
             res[v].append(t)
-            print(f"  graph {g_i} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f}", flush=True)
+            print(f"  graph {g_i} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f} "
+                  f"(ended at unix {time.time():.2f})", flush=True)
             del g
     write_results(out, [dict(variant=v, graphs=t) for v, t in res.items()], explore="explore52 --probe",
                   model=cfg.name, replays=replays)
