@@ -382,7 +382,8 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool = False) -
 def probe_run(graphs: int, replays: int, out: str | None) -> None:
     """Is tma1's bimodal 1-row time (calls 13-14) a property of a captured graph or of a replay? For prod and tma1:
     `graphs` fresh captures of the chain (as `time_alternated` makes one a timing), each replayed `replays` times
-    back to back; prints each graph's replay times (us a launch) as min / median / max."""
+    back to back; prints each graph's replay times (us a launch) as min / median / max; the first graph of each is
+    kept and timed again at the end (a graph's own property, or the process's state?)."""
     import time
 
     from _common import LlamaPrologueCase, write_results
@@ -401,14 +402,21 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
     fns["tma1"] = lambda i: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], 1, kc, vc, case.table, cfg,
                                          q1[i % r], 1, False, 2)
     res = {v: [] for v in fns}
+    first = {}
+
+    def timed(label, v, g):
+        t = sorted(event_times_us(g.replay, iters=replays, warmup=2, per=n))
+        res[v].append(t)
+        print(f"  {label} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f} "
+              f"(ended at unix {time.time():.2f})", flush=True)
     for g_i in range(graphs):
         for v, fn in fns.items():
             g = capture_graph(fn, n)
-            t = sorted(event_times_us(g.replay, iters=replays, warmup=2, per=n))
-            res[v].append(t)
-            print(f"  graph {g_i} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f} "
-                  f"(ended at unix {time.time():.2f})", flush=True)
-            del g
+            timed(f"graph {g_i}", v, g)
+            if g_i == 0:
+                first[v] = g                    # kept, and timed again at the end
+    for v, g in first.items():
+        timed("graph 0 again", v, g)
     write_results(out, [dict(variant=v, graphs=t) for v, t in res.items()], explore="explore52 --probe",
                   model=cfg.name, replays=replays)
 
