@@ -27,7 +27,9 @@ Each is timed per launch as the bench times a kernel (a CUDA graph of PDL-chaine
 copies, A B .. B A). Then a stamped run of each weight variant records in every program, by %globaltimer: t0 start,
 t1 the wait returned, tw its register weights landed (a per-thread sum of the held bits, stamped after the wait: a
 stamp before it would hold the release back until the weights land, session 29's slower "landed" rule),
-t2 its shared-memory weights landed (after the wait: the mbarrier), t3 its store issued; and its SM. Per launch j of
+t2 its shared-memory weights landed (after the wait: the mbarrier), t3 its store issued; and its SM. The stamped builds
+take more registers than the timed ones (hyb 94 against 79: 5 programs an SM instead of 6), so their stamps describe
+that residency. Per launch j of
 the chain (medians over the middle launches), in ns: the period (last t3 of j minus last t3 of j - 1); how long
 after launch j - 1's last store launch j's first wait returned (lag); when launch j's first / last program started
 relative to launch j - 1's end (negative: before it); each program's weights landing relative to its wait return
@@ -230,9 +232,10 @@ class Chain:
         return self.ws[0].double().view(self.n // BN, -1).sum(1)
 
 
-def summarize_trace(tr: torch.Tensor) -> dict:
+def summarize_trace(tr: torch.Tensor, register_part: bool = True) -> dict:
     """A stamped chain's record [launches, programs, FIELDS] (CPU int64) -> ns medians over launches 2 .. L - 2 of
-    the per-launch quantities in the module docstring."""
+    the per-launch quantities in the module docstring. register_part False (a form holding nothing in registers: its
+    record's second field is the program's start, not a landing): weights_after_wait(_max) and stream are left out."""
     t0, tw, t1, t2, t3, sm = (tr[:, :, i] for i in range(6))
     end = t3.max(1).values
     rows = []
@@ -248,7 +251,8 @@ def summarize_trace(tr: torch.Tensor) -> dict:
             smem_after_wait=per(t2[j] - t1[j]), stream=per(tw[j] - t0[j]), post_wait=per(t3[j] - t1[j]),
             post_wait_max=float((t3[j] - t1[j]).max()), wait_spread=float(t1[j].max() - t1[j].min()),
             sms=len(set(sm[j].tolist())), most_an_sm=int(counts)))
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    drop = () if register_part else ("weights_after_wait", "weights_after_wait_max", "stream")
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0] if k not in drop}
 
 
 def device_run(shapes: list, rounds: int, out: str | None) -> None:
@@ -305,7 +309,7 @@ def device_run(shapes: list, rounds: int, out: str | None) -> None:
                 if not bool((tr[:, :, 6] == 1).all()):
                     stamps[name] = "incomplete trace"
                     continue
-                stamps[name] = summarize_trace(tr)
+                stamps[name] = summarize_trace(tr, bool(FORMS[form][0]))
                 print(f"  stamps {name}: " + " ".join(f"{kk} {v:.0f}" for kk, v in stamps[name].items()), flush=True)
                 del g
         result["shapes"][shape] = dict(n=n, k=k, floor_us=floor, copies=ch.r, checks=checks, us=times,

@@ -189,7 +189,7 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
         acc = gl.zeros([S, 16, RB], gl.float32, MMA)
 {MMAS}        if b == 0:
             if TRACE:
-                tm = _stamp(acc.to(gl.int32, bitcast=True))
+                tmm = _stamp(acc.to(gl.int32, bitcast=True))
             if USE_PDL and REL == 3:
                 _release_when(acc.to(gl.int32, bitcast=True))
         if b > 0:
@@ -226,7 +226,7 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
         rec = gl.where(f == 0, gl.min(t0, axis=0),
                        gl.where(f == 1, gl.min(t1, axis=0),
                                 gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
-                                         gl.where(f == 3, gl.max(gl.max(gl.max(tm, axis=2), axis=1), axis=0),
+                                         gl.where(f == 3, gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0),
                                                   gl.where(f == 4, gl.max(t3, axis=0),
                                                            gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
                                                                     1))))))
@@ -403,22 +403,23 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
     fns["tma1"] = lambda i: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], 1, kc, vc, case.table, cfg,
                                          q1[i % r], 1, False, 2)
     res = {v: [] for v in fns}
-    first = {}
+    again, first = {}, {}
 
     def timed(label, v, g):
         t = sorted(event_times_us(g.replay, iters=replays, warmup=2, per=n))
-        res[v].append(t)
         print(f"  {label} {v:5s} min {t[0]:.2f} median {t[len(t) // 2]:.2f} max {t[-1]:.2f} "
               f"(ended at unix {time.time():.2f})", flush=True)
+        return t
     for g_i in range(graphs):
         for v, fn in fns.items():
             g = capture_graph(fn, n)
-            timed(f"graph {g_i}", v, g)
+            res[v].append(timed(f"graph {g_i}", v, g))
             if g_i == 0:
                 first[v] = g                    # kept, and timed again at the end
     for v, g in first.items():
-        timed("graph 0 again", v, g)
-    write_results(out, [dict(variant=v, graphs=t) for v, t in res.items()], explore="explore52 --probe",
+        again[v] = timed("graph 0 again", v, g)
+    write_results(out, [dict(variant=v, graphs=t, first_graph_again=again.get(v)) for v, t in res.items()],
+                  explore="explore52 --probe",
                   model=cfg.name, replays=replays)
 
 

@@ -9,7 +9,7 @@ chunks all loaded first); this applies explore44's QK-norm edits (the norm weigh
 slices' sum and x's rstd a q / k program stores its rows' partial sums of squares, the cluster syncs, the head's 8
 partials are added in program order, y rstd_head q_norm|k_norm before RoPE) to that kernel and launches it as
 clusters of 8 (explore44's `launch_clustered`: a prototype's patch of Triton's launch metadata, not production's).
-320 programs of 64 KB shared memory and ~110 registers: 3 an SM, one wave.
+320 programs of 64 KB shared memory and 136-140 registers (`--sm90`): 3 an SM, one wave.
 
 Variants (1 / 6 / 16 rows, per kernel as the bench times it: rotated cold weight copies, PDL, A B .. B A):
     split_k      the production split-K prologue (FusedModel's for Qwen3)

@@ -103,7 +103,7 @@ STAMP_EDITS = [
      "    pdl_release_early(USE_PDL, EARLY_RELEASE)\n"),
     (WAIT, WAIT + "    if TRACE:\n        t1 = _stamp(lane)\n"),
     (SSW, SSW + "        if TRACE:\n            tx = _stamp(ssw.to(gl.int32, bitcast=True))\n"),
-    (MMA, MMA + "        if TRACE:\n            tm = _stamp(acc.to(gl.int32, bitcast=True))\n"),
+    (MMA, MMA + "        if TRACE:\n            tmm = _stamp(acc.to(gl.int32, bitcast=True))\n"),
     ("        gl.store(kvp + HALF, rhi, mask=wmask)\n", """        gl.store(kvp + HALF, rhi, mask=wmask)
     if TRACE:
         t3 = _stamp(lane)
@@ -111,7 +111,7 @@ STAMP_EDITS = [
         rec = gl.where(f == 0, gl.min(t0, axis=0),
                        gl.where(f == 1, gl.min(t1, axis=0),
                                 gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
-                                         gl.where(f == 3, gl.max(gl.max(gl.max(tm, axis=2), axis=1), axis=0),
+                                         gl.where(f == 3, gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0),
                                                   gl.where(f == 4, gl.max(t3, axis=0),
                                                            gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
                                                                     1))))))
@@ -224,7 +224,8 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool, variants:
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
               + " ".join(f"{v} {w}" for v, w in written.items()) + f" | bitwise = {base}: "
               + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
-        results.append(dict(rows=m, us=times, every_element_written=written, bitwise_prod=same))
+        results.append(dict(rows=m, us=times, every_element_written=written, bitwise_baseline=base,
+                            bitwise_equal_to_baseline=same))
         torch.cuda.empty_cache()
     write_results(out, results, explore="explore54", model=case.cfg.name, warm_x=warm_x, rounds=rounds,
                   launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)")

@@ -16,7 +16,7 @@ reduction) would have to publish the flag, and the epochs would have to come fro
 production: bits checked equal.
 
 Measured (session 38 call 11, H100): not taken. 1 / 6 rows prod 5.09-5.23 / 5.45-5.50, flag_late 6.47-6.72 /
-6.98-7.01, flag_early 6.0-6.19 / 6.27-6.33; bitwise production, counters exact (17 x 192).
+6.98-7.01, flag_early 5.99-6.19 / 6.27-6.33; bitwise production, counters exact (17 x 192).
 
     python bench/explore/explore55.py --rows 1,6 --out e55.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore55.py --sm90     # CPU: sm_90 compile

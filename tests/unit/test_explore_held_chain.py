@@ -61,8 +61,10 @@ def test_explore51_forms_hold_their_weights_before_the_wait(explore, form):
     kr = 0 if frac is None else int(2048 * frac)
     nt = 0 if frac is None else (2048 - kr) // 64
     assert info["spill_bytes"] == 0
-    # the release right after the wait in this build; the weights (16 rows x K) all requested before it
-    assert after.lstrip().startswith("griddepcontrol.wait") and "griddepcontrol.launch_dependents" in after
+    # the release right after the wait in this build (no load, mma, barrier wait or store between them); the weights
+    # (16 rows x K) all requested before the wait
+    between = after[:after.index("griddepcontrol.launch_dependents")]
+    assert not re.search(r"\bld\.|mma\.sync|mbarrier\.|st\.global|bar\.sync", between), between
     assert before.count("ld.global.v4") == 16 * kr // 1024, "a thread's register part: 16 x KR / 1024 16-byte loads"
     assert after.count("ld.global") == 0
     if pf:
@@ -90,11 +92,12 @@ def test_explore51_early_build_releases_at_the_start(explore):
 
 
 def _records(launches=6, programs=5, base=1_800_000_000_000_000_000):
-    """Synthetic stamp records: launch j's programs start at base + 4000 j + p, the wait returns at + 3000, x / the
-    weights land at + 3300, the mma at + 3500, the end at + 3600 + 10 p (so the last program ends at + 3600 + 40)."""
+    """Synthetic stamp records: launch j's programs start at s_j + p, s_j = base + 4000 j + 100 j^2 (periods 4300,
+    4500, 4700 between launches 1-2, 2-3, 3-4: a summary over other launches than 2 .. L - 2 gives another median),
+    the wait returns at s_j + 3000, x / the weights land at + 3300, the mma at + 3500, the end at + 3600 + 10 p."""
     t = torch.zeros(launches, programs, 8, dtype=torch.int64)
     for j in range(launches):
-        s = base + 4000 * j
+        s = base + 4000 * j + 100 * j * j
         t[j, :, 0] = s + torch.arange(programs)
         t[j, :, 1] = s + 3000
         t[j, :, 2] = s + 3300
@@ -113,12 +116,13 @@ def test_explore51_summarize_trace_reads_records_in_int64():
     # explore51's record: t0, tw (weights landed), t1 (wait returned), t2, t3 (end), SM, 1
     t = t[:, :, [0, 2, 1, 3, 4, 5, 6, 7]]
     s = summarize_trace(t)
-    assert s["period"] == 4000
-    assert s["lag"] == 3000 - 3640 + 4000            # the first wait return after the previous launch's last end
-    assert s["first_start"] == -3640 + 4000 and s["last_start"] == 4 - 3640 + 4000
+    assert s["period"] == 4500                       # median of 4300, 4500, 4700 (launches 2, 3, 4 of 6)
+    assert s["lag"] == 3000 - 3640 + 4500            # the first wait return after the previous launch's last end
+    assert s["first_start"] == -3640 + 4500 and s["last_start"] == 4 - 3640 + 4500
     assert s["weights_after_wait"] == 300 and s["stream"] == 3300 - 2   # median of 3300 - p over p = 0..4
     assert s["post_wait"] == 3620 - 3000 and s["post_wait_max"] == 640
     assert s["sms"] == 3 and s["most_an_sm"] == 2
+    assert "weights_after_wait" not in summarize_trace(t, register_part=False)
 
 
 def test_explore52_summarize_stamps_reads_records_in_int64():
@@ -126,7 +130,7 @@ def test_explore52_summarize_stamps_reads_records_in_int64():
     from explore52 import summarize_stamps
 
     s = summarize_stamps(_records())
-    assert s["period"] == 4000 and s["lag"] == 3000 - 3640 + 4000
+    assert s["period"] == 4500 and s["lag"] == 3000 - 3640 + 4500
     assert (s["x"], s["mma"]) == (300, 200) and s["epilogue"] == 3620 - 3500
     assert s["post_wait"] == 620 and s["post_wait_max"] == 640 and s["wait_spread"] == 0
 
@@ -147,6 +151,8 @@ def test_explore52_permutation_gives_each_program_its_rope_pairs(d, hq, hkv):
     lo, hi = within[:, :8], within[:, 8:]
     assert (lo < half).all() and (hi == lo + half).all(), "rows 8..15 are rows 0..7's RoPE partners"
     assert (lo[:, 1:] - lo[:, :-1] == 1).all(), "8 consecutive rotary indices"
+    p0 = 8 * torch.arange(n // 16)                    # the kernel's program p: head p0 // (D / 2), index p0 % (D / 2)
+    assert (rows[:, 0] == (p0 // half) * d + p0 % half).all()
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, 256, generator=g).bfloat16()
     norm = (1 + torch.randn(256, generator=g) / 4).bfloat16()
@@ -178,6 +184,7 @@ def test_explore52_kernel_copies_weights_before_the_wait_and_issues_x_before_the
     first_mma = after.index("mma.sync")
     x_loads = len(re.findall(r"ld\.global(\.\w+)*\.v4", after[:first_mma]))
     assert x_loads >= ns, f"{x_loads} x loads before the first mma, {ns} chunks"
+    assert "ld.global" not in after[first_mma:], "an x load after the first mma (a round trip in the chain)"
     assert 65536 // (((info["registers"] + 7) // 8 * 8) * 32 * q) >= 3, "three programs an SM by registers"
 
 
@@ -253,8 +260,9 @@ def test_explore54_stamped_copy_compiles(explore, tmp_path, monkeypatch):
     plain, traced = compile_sm90("e54_stamped_test:_held_prologue_kernel", specs)
     assert plain["spill_bytes"] == traced["spill_bytes"] == 0
     assert plain["ptx"].count("%globaltimer") == 0
-    # t0, t1, t3 once each; tx / tm once per element a thread holds of the statistic / the accumulator
-    assert traced["ptx"].count("%globaltimer") >= 5
+    # t0, t1, t3 once each, tx / tm once per element a thread holds of the statistic / the accumulator: 8 in Triton
+    # 3.6's build (a stamp dropped makes 7 or fewer)
+    assert traced["ptx"].count("%globaltimer") == 8
 
 
 @pytest.mark.parametrize("flag,early", [(False, False), (True, False), (True, True)])
@@ -298,8 +306,8 @@ def test_gpu_explore51_forms_store_every_programs_weight_sum(explore, form, earl
     for i in range(3):
         want = ch.ws[i].double().view(512 // 16, -1).sum(1)
         got = ch.out[i].double()
-        # fp32 sums of 32768 bf16 values of size ~2^-5.5: within 1e-3 relative + 0.05 absolute (a skipped box or
-        # chunk is off by ~sqrt(2048) / 8 ~ 6); NaN fails
+        # fp32 sums of 32768 bf16 values of size ~2^-5.5: within 1e-3 relative + 0.05 absolute (a skipped box of
+        # 1024 values moves a sum by ~sqrt(1024) 2^-5.5 ~ 0.7); NaN fails
         assert torch.isfinite(got).all() and ((got - want).abs() <= 1e-3 * want.abs() + 0.05).all(), (i, form)
 
 
