@@ -24,9 +24,9 @@ wait). Timed per kernel as the bench times it (`LlamaPrologueCase`, rotated cold
 
 Measured (session 38 calls 2-6 H100, 13-14 H200; bench/results/session38): not taken. Every form within the policy,
 tma1p bitwise production; none faster than production at 1 row (H200, 10 timings: prod 4.30-4.45, tma1 4.14-4.59
-bimodal, median 4.54; tma0 4.87-4.96), 1.0-1.9 us slower at 16 rows. Stamps: lag 1.8-2.9 us, x 1.3-1.9, mma from
-shared memory 0.7-1.4. The fast timings (H200 4.14-4.19) belong to a process's first ~0.15 s of GPU work (`--probe`,
-calls 16-18: the same graph timed again later is 0.3-0.4 us slower; SM clock 1980 MHz throughout).
+bimodal, median 4.54; tma0 4.87-4.96), 0.5-1.9 us slower at 16 rows. Stamps: lag 1.4-2.9 us, x 1.2-1.9, mma from
+shared memory 0.7-1.4. tma1's two modes are a state of the GPU, not of a graph (`--probe`, calls 16-18: the first
+graph timed again later is slow too; SM clock 1980 MHz throughout); the cause is not known.
 
     python bench/explore/explore52.py --rows 1,6,16,48 --out e52.json
     env -u TRITON_INTERPRET .venv/bin/python bench/explore/explore52.py --sm90     # CPU: sm_90 compile
