@@ -282,6 +282,44 @@ class LlamaPrologueCase:
         return {v: fn(v) for v in variants}, qs
 
 
+def run_checked(fns: dict, qs: dict, caches: dict, n: int, base: str | None = None) -> tuple[dict, dict | None]:
+    """Run each variant's launches 0..n-1 once (`fns` {variant: launch(i)}, writing into NaN-filled q outputs `qs`
+    {variant: [q, ...]} and K / V caches `caches` {variant: (k_cache, v_cache)}), then ({variant: every element
+    written: no NaN in its q outputs nor in its caches' slots 1..}, with `base` {variant: its q outputs and caches
+    bitwise base's}, else None)."""
+    for v in fns:
+        for i in range(n):
+            fns[v](i)
+    torch.cuda.synchronize()
+    written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
+                       or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+    if base is None:
+        return written, None
+    same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs[base]))
+            and torch.equal(caches[v][0][1:], caches[base][0][1:])
+            and torch.equal(caches[v][1][1:], caches[base][1][1:]) for v in fns}
+    return written, same
+
+
+def stamp_chain(launch, n: int, tr, summarize, label: str):
+    """A stamped chain's summary: a CUDA graph of launch(0..n-1) replayed warm, the records `tr` [n, programs, 8]
+    (int64; field 6 is 1 where a program wrote its record) zeroed, one more replay, then summarize(tr on the CPU), or
+    "incomplete trace" where a program left its record unwritten; printed as "  stamps <label>: ..."."""
+    from lowlat.benchmarking import capture_graph
+
+    g = capture_graph(launch, n)
+    for _ in range(3):
+        g.replay()
+    tr.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    t = tr.cpu()
+    res = summarize(t) if bool((t[:, :, 6] == 1).all()) else "incomplete trace"
+    print(f"  stamps {label}: " + (res if isinstance(res, str) else " ".join(f"{k} {x:.0f}" for k, x in res.items())),
+          flush=True)
+    return res
+
+
 def time_alternated(fns: dict, n: int, rounds: int = 1) -> dict:
     """{variant: [us, ...]}: each of `fns` (launch(i) callables) timed 2 x rounds times in the order A B .. B A
     (repeated), a CUDA graph of launches 0..n-1 each time (`graph_time_us`)."""

@@ -223,13 +223,18 @@ def main() -> None:
         return
     res = sm90_rows(variants, rows)
     print(sm90_table(res))
-    if args.out:
+    write_sm90_json(args.out, res, SM90_COLUMNS)
+
+
+def write_sm90_json(out: str | None, res: list, columns: list) -> None:
+    """With `out`, the CPU compile's rows as JSON (provenance: no device, Triton's version, the command)."""
+    if out:
         import json
 
         import triton
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             json.dump(dict(device="none: compiled for sm_90 on the CPU (bundled ptxas)", triton=triton.__version__,
-                           model="Llama-3.2-1B", command=" ".join(sys.argv), columns=dict(SM90_COLUMNS),
+                           model="Llama-3.2-1B", command=" ".join(sys.argv), columns=dict(columns),
                            results=res), f, indent=1)
 
 

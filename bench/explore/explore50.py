@@ -35,15 +35,14 @@ the 1-row prologue above 70% of copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
-from _common import (LlamaPrologueCase, max_rel_diff, module_from_source, time_alternated,  # noqa: E402
+from _common import (LlamaPrologueCase, max_rel_diff, module_from_source, run_checked, time_alternated,  # noqa: E402
                      times_line, write_results)
 from explore44 import accuracy_verdict
 from explore46 import edited
-from explore47 import launches, sm90_rows
+from explore47 import launches, sm90_rows, write_sm90_json
 from lowlat.kernels import attn_prologue_held as aph
 
 VARIANTS = ("prod", "ch2", "ch4")
@@ -107,12 +106,7 @@ def device_run(variants: list, rows: list, rounds: int, out: str | None) -> None
     for m in rows:
         xs, pos, locs = inputs = case.rows(m)
         fns, qs, caches = launches(case, m, mods, inputs)
-        for v in fns:
-            for i in range(r):
-                fns[v](i)
-        torch.cuda.synchronize()
-        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
-                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+        written, _ = run_checked(fns, qs, caches, r)
         loc = locs[0].long()
         verdict = {v: accuracy_verdict((qs[v][0], caches[v][0][loc], caches[v][1][loc]), xs[0], case.w0, case.lw,
                                        pos, inv, cfg) for v in fns}
@@ -157,14 +151,7 @@ def main() -> None:
 
     res = sm90_rows(variants, rows, modules(variants))
     print(table(res, SM90_COLUMNS))
-    if args.out:
-        import json
-
-        import triton
-        with open(args.out, "w") as f:
-            json.dump(dict(device="none: compiled for sm_90 on the CPU (bundled ptxas)", triton=triton.__version__,
-                           model="Llama-3.2-1B", command=" ".join(sys.argv), columns=dict(SM90_COLUMNS),
-                           results=res), f, indent=1)
+    write_sm90_json(args.out, res, SM90_COLUMNS)
 
 
 if __name__ == "__main__":

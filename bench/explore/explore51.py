@@ -59,6 +59,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gluon_asm import _smid, _stamp  # noqa: E402
 
 BN, Q, BK, FIELDS = 16, 4, 64, 8
 SHAPES = {"llama": (3072, 2048), "qwen3": (5120, 2048)}
@@ -69,20 +72,6 @@ SHAPES = {"llama": (3072, 2048), "qwen3": (5120, 2048)}
 FORMS = {"noop": (None, False, 0), "reg2": (1.0, False, 96), "reg": (1.0, False, 0), "tma": (0.0, False, 0),
          "hyb4": (0.25, False, 0), "hyb": (0.5, False, 0), "pf": (0.0, True, 0)}
 FIELDS_C = gl.constexpr(FIELDS)
-
-
-@gluon.jit
-def _stamp(v):
-    """%globaltimer (ns, int64) read once the int32 v is available (the read is predicated on it)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
-        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smid(v):
-    """The SM this thread runs on (int32), read after v."""
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -172,6 +161,8 @@ def _held_stream_kernel(w_ptr, w_desc, out_ptr, tr_ptr, K: gl.constexpr, KR: gl.
     gl.store(out_ptr + pid, res)
     if TRACE:
         t3 = _stamp(lane + res.to(gl.int32, bitcast=True))
+        # the record as `gluon_asm._store_record` lays it out, written here as the measured build wrote it (the
+        # helper's form compiles differently here: 44 bytes spilled in the stamped hyb4 build)
         f = gl.arange(0, FIELDS_C, layout=L1)
         sm = gl.max(_smid(lane), axis=0).to(gl.int64)
         tw_last = gl.max(t0, axis=0)
@@ -256,7 +247,7 @@ def summarize_trace(tr: torch.Tensor, register_part: bool = True) -> dict:
 
 
 def device_run(shapes: list, rounds: int, out: str | None) -> None:
-    from _common import LlamaPrologueCase, time_alternated, times_line
+    from _common import LlamaPrologueCase, stamp_chain, time_alternated, times_line
     from explore47 import launches
     from lowlat.benchmarking import copy_bandwidth, versions
     from lowlat.kernels import attn_prologue_held as aph
@@ -297,21 +288,8 @@ def device_run(shapes: list, rounds: int, out: str | None) -> None:
         for form in FORMS:
             for early in (False, True):
                 name = form + ("_early" if early else "")
-                fn = ch.launch(form, early, trace=True)
-                from lowlat.benchmarking import capture_graph
-                g = capture_graph(fn, ch.r)
-                for _ in range(3):
-                    g.replay()
-                ch.trace.zero_()
-                g.replay()
-                torch.cuda.synchronize()
-                tr = ch.trace.cpu()
-                if not bool((tr[:, :, 6] == 1).all()):
-                    stamps[name] = "incomplete trace"
-                    continue
-                stamps[name] = summarize_trace(tr, bool(FORMS[form][0]))
-                print(f"  stamps {name}: " + " ".join(f"{kk} {v:.0f}" for kk, v in stamps[name].items()), flush=True)
-                del g
+                stamps[name] = stamp_chain(ch.launch(form, early, trace=True), ch.r, ch.trace,
+                                           lambda t, form=form: summarize_trace(t, bool(FORMS[form][0])), name)
         result["shapes"][shape] = dict(n=n, k=k, floor_us=floor, copies=ch.r, checks=checks, us=times,
                                        stamps=stamps)
         del ch
@@ -320,20 +298,23 @@ def device_run(shapes: list, rounds: int, out: str | None) -> None:
         Path(out).write_text(json.dumps(result, indent=1))
 
 
+def sm90_spec(form: str, early: bool = False, trace: bool = False) -> dict:
+    """tests/unit/compile_sm90.py's spec of a form at K 2048 as `Chain.launch` launches it (pointers aligned)."""
+    desc = ("tensordesc<bf16[16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, "
+            "transposed=False, fp4_padded=False, cga_layout=[])>")
+    return dict(constexprs=dict(form_constexprs(form, 2048), USE_PDL=True, EARLY=early, TRACE=trace, Q=Q),
+                pointers=dict(w_ptr="*bf16", w_desc=desc, out_ptr="*fp32", tr_ptr="*i64"), num_warps=Q,
+                launch_pdl=True, divisible=[])
+
+
 def sm90_report() -> list:
     """Each form's sm_90 build (CPU: Triton 3.6's front end and ptxas): registers, spills, shared memory."""
     from compile_sm90 import compile_for_sm90
 
-    desc = "tensordesc<bf16[16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, " \
-           "transposed=False, fp4_padded=False, cga_layout=[])>"
     rows = []
-    n, k = SHAPES["llama"]
     for form in FORMS:
         for trace in (False, True):
-            spec = dict(constexprs=dict(form_constexprs(form, k), USE_PDL=True, EARLY=False, TRACE=trace, Q=Q),
-                        pointers=dict(w_ptr="*bf16", w_desc=desc, out_ptr="*fp32", tr_ptr="*i64"),
-                        num_warps=Q, launch_pdl=True, divisible=[])
-            r = compile_for_sm90(_held_stream_kernel, spec)
+            r = compile_for_sm90(_held_stream_kernel, sm90_spec(form, trace=trace))
             rows.append(dict(form=form, trace=trace, registers=r["registers"], spill_bytes=r["spill_bytes"],
                              shared=r["shared"]))
             print(rows[-1], flush=True)

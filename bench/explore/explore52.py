@@ -77,28 +77,10 @@ def tma_descriptor(w: torch.Tensor, S: int = S):
     return TensorDescriptor(w, [S, n, kq], [kq, k, 1], [S, 16, BK], layout)
 
 
-#: Gluon helpers of the stamped / released kernel copies (explore52's and explore54's): a %globaltimer stamp and a
-#: release, each once a value is available, and the SM
-HELPERS = '''@gluon.jit
-def _stamp(v):
-    """%globaltimer (ns) read once the int32 v is available."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.eq.u32 p, $1, 0x7fc00001; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
-        "=l,r", [v], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _smid(v):
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _release_when(v):
-    """griddepcontrol.launch_dependents once the int32 v is available (one predicated release an element)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $1, 0x7fc00001; @p griddepcontrol.launch_dependents; mov.b32 $0, 0; }",
-        "=r,r", [v], dtype=gl.int32, is_pure=False, pack=1)
-'''
+#: the generated kernels' import of the shared inline-asm helpers (explore54's edited production copies use it too)
+HELPERS = "from gluon_asm import _release_when, _stamp, _store_record  # noqa: F401"
+#: weight chunks read from shared memory ahead of the mma chain (`kernel_source`)
+READ_AHEAD = 2
 
 #: the kernel's source, NS = K / (S BK) chunks written out by `kernel_source` (a loop would issue chunk s + 1's x load
 #: only after chunk s's mma, which waits for chunk s: one L2 round trip a chunk, session 38 call 2's first form)
@@ -222,27 +204,21 @@ def _tma_prologue_kernel(x_ptr, w_desc, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_
     mbarrier.invalidate(bar)
     if TRACE:
         t3 = _stamp(lane)
-        f = gl.arange(0, 8, layout=L1)
-        rec = gl.where(f == 0, gl.min(t0, axis=0),
-                       gl.where(f == 1, gl.min(t1, axis=0),
-                                gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
-                                         gl.where(f == 3, gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0),
-                                                  gl.where(f == 4, gl.max(t3, axis=0),
-                                                           gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
-                                                                    1))))))
-        gl.store(tr_ptr + pid.to(gl.int64) * 8 + f, rec)
+        _store_record(tr_ptr, pid, gl.min(t0, axis=0), gl.min(t1, axis=0), gl.max(gl.max(tx, axis=1), axis=0),
+                      gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0), gl.max(t3, axis=0), lane, L1)
 '''
 
 
-def kernel_source(ns: int, prod_ssw: bool, pf: int) -> str:
-    """KERNEL with its ns x chunks' loads (all first), then (the weights' mbarrier waited once) the first pf weight
-    chunks read from shared memory, x's statistic, and the ns mma in K order, chunk c + pf read after mma c (call 4's
-    stamps: reading each chunk just before its mma cost 1.4 us at 1 row). The statistic: with prod_ssw production's
-    (x's whole block loaded once more in production's layout, the same sum: production's bits), else from the chunks
-    (chunk sums added in chunk order: other bits)."""
+def kernel_source(ns: int, prod_ssw: bool) -> str:
+    """KERNEL with its ns x chunks' loads (all first), then (the weights' mbarrier waited once) the first READ_AHEAD
+    weight chunks read from shared memory, x's statistic, and the ns mma in K order, chunk c + READ_AHEAD read after
+    mma c (in the source; ptxas schedules the reads itself: 2 and 8 ahead compile to the same SASS). The statistic:
+    with prod_ssw production's (x's whole block loaded once more in production's layout, the same sum: production's
+    bits), else from the chunks (chunk sums added in chunk order: other bits)."""
     xl = "".join(f"        xc{c} = gl.load(x_ptr + b * RB * K + coff + {c} * BK, mask=cmask, other=0.0)\n"
                  for c in range(ns))
     xl += "        if b == 0:\n            mbarrier.wait(bar, 0)\n"
+    pf = READ_AHEAD
     xl += "".join(f"        a{c} = w_smem.index({c}).load(LA)\n" for c in range(min(pf, ns)))
     if prod_ssw:
         ssw = ("        bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)\n"
@@ -254,24 +230,24 @@ def kernel_source(ns: int, prod_ssw: bool, pf: int) -> str:
             f"        ssw += gl.sum(xf{c} * xf{c}, axis=1)\n" for c in range(1, ns))
     mm = "".join(f"        acc = mma_v2(a{c}, xc{c}, acc)\n"
                  + (f"        a{c + pf} = w_smem.index({c + pf}).load(LA)\n" if c + pf < ns else "") for c in range(ns))
-    return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm, HELPERS=HELPERS + "\n\n")
+    return KERNEL.format(XLOADS=xl, SSW=ssw, MMAS=mm, HELPERS=HELPERS + "\n\n\n")
 
 
 _MODS: dict = {}
 
 
-def kernel_for(ns: int, prod_ssw: bool, pf: int):
+def kernel_for(ns: int, prod_ssw: bool):
     """The generated kernel (`kernel_source`; one module each)."""
-    key = (ns, prod_ssw, pf)
+    key = (ns, prod_ssw)
     if key not in _MODS:
         from _common import module_from_source
 
-        _MODS[key] = module_from_source(f"e52_tma_{ns}_{int(prod_ssw)}_{pf}", kernel_source(*key))
+        _MODS[key] = module_from_source(f"e52_tma_{ns}_{int(prod_ssw)}", kernel_source(*key))
     return _MODS[key]._tma_prologue_kernel
 
 
 def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table, cfg, out_q, rel: int,
-                 prod_ssw: bool, pf: int, trace=None, warps: int = 4):
+                 prod_ssw: bool, trace=None, warps: int = 4):
     """The launcher (the explore's inputs only: no checks): q into out_q, K / V into the caches; rel: the release
     point (the kernel's REL); trace: a [N / 16, 8] int64 record buffer (stamps, 1 row block); warps: 4, or 8 (8 K
     slices, one a warp: w_desc must be `tma_descriptor(w, 8)`'s; not production's arithmetic)."""
@@ -279,7 +255,7 @@ def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table
 
     n = w_desc.shape[1]
     hq, hkv = out_q.shape[1], k_cache.shape[1]
-    kernel_for(x.shape[1] // (warps * BK), prod_ssw, pf)[(n // 16,)](
+    kernel_for(x.shape[1] // (warps * BK), prod_ssw)[(n // 16,)](
         x, w_desc, table, positions, out_cache_loc, out_cache_loc, m, out_q, out_q.stride(0), out_q.stride(1),
         k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),
         m, hq, hkv, table.shape[0], float(cfg.rms_eps), K=x.shape[1], D=cfg.head_dim,
@@ -288,9 +264,9 @@ def tma_prologue(x, w_desc, positions, out_cache_loc, m, k_cache, v_cache, table
     return out_q
 
 
-#: variant -> (the release point REL, production's statistic, weight chunks read ahead, warps = K slices)
-TMA_VARIANTS = {"tma0": (0, False, 2, 4), "tma1": (1, False, 2, 4), "tma1p": (1, True, 2, 4), "w8_0": (0, False, 2, 8),
-                "w8_1": (1, False, 2, 8)}
+#: variant -> (the release point REL, production's statistic, warps = K slices)
+TMA_VARIANTS = {"tma0": (0, False, 4), "tma1": (1, False, 4), "tma1p": (1, True, 4), "w8_0": (0, False, 8),
+                "w8_1": (1, False, 8)}
 
 
 def summarize_stamps(tr: torch.Tensor) -> dict:
@@ -314,10 +290,9 @@ def summarize_stamps(tr: torch.Tensor) -> dict:
 def device_run(rows: list, rounds: int, out: str | None, warm_x: bool = False) -> None:
     """Check each TMA variant against prod (bitwise, every element written, the numerics policy against float64),
     time them all A B .. B A at each width, then stamp each TMA variant's 1-row chain."""
-    from _common import LlamaPrologueCase, time_alternated, times_line, write_results
+    from _common import LlamaPrologueCase, run_checked, stamp_chain, time_alternated, times_line, write_results
     from explore44 import accuracy_verdict
     from explore47 import launches
-    from lowlat.benchmarking import capture_graph
     from lowlat.kernels import attn_prologue_held as aph
     from lowlat.reference.rope import rope_inv_freq
 
@@ -333,24 +308,16 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool = False) -
         if warm_x:                      # one x for every copy: in L2, as the previous launch of a step leaves it
             xs = [xs[0]] * r
         fns, qs, caches = launches(case, m, {"prod": aph}, (xs, pos, locs))
-        for v, (rel, pssw, pf, q) in TMA_VARIANTS.items():
+        for v, (rel, pssw, q) in TMA_VARIANTS.items():
             caches[v] = (case.cache(m, float("nan")), case.cache(m, float("nan")))
             qs[v] = [case.q_out(m) for _ in range(r)]
-            fns[v] = (lambda i, v=v, rel=rel, p=pssw, pf=pf, q=q: tma_prologue(
+            fns[v] = (lambda i, v=v, rel=rel, p=pssw, q=q: tma_prologue(
                 xs[i % r], descs[q][i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
-                qs[v][i % r], rel, p, pf, warps=q))
-        for v in fns:
-            for i in range(r):
-                fns[v](i)
-        torch.cuda.synchronize()
-        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
-                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+                qs[v][i % r], rel, p, warps=q))
+        written, same = run_checked(fns, qs, caches, r, "prod")
         loc = locs[0].long()
         verdict = {v: accuracy_verdict((qs[v][0], caches[v][0][loc], caches[v][1][loc]), xs[0], case.w0, lw, pos,
                                        inv, cfg) for v in fns}
-        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs["prod"]))
-                and torch.equal(caches[v][0][1:], caches["prod"][0][1:])
-                and torch.equal(caches[v][1][1:], caches["prod"][1][1:]) for v in fns}
         times = time_alternated(fns, max(r, 8), rounds=rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
               + " ".join(f"{v} {w}" for v, w in written.items()) + " | " + "; ".join(
@@ -358,22 +325,12 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool = False) -
               + " ".join(f"{v} {x}" for v, x in same.items()), flush=True)
         results.append(dict(rows=m, us=times, every_element_written=written, accuracy=verdict, bitwise_prod=same))
         if m == 1:
-            for v, (rel, pssw, pf, q) in TMA_VARIANTS.items():
+            for v, (rel, pssw, q) in TMA_VARIANTS.items():
                 tr = torch.zeros(r, n_prog, 8, dtype=torch.int64, device=case.dev)
-                fn = (lambda i, v=v, rel=rel, p=pssw, pf=pf, q=q: tma_prologue(
+                fn = (lambda i, v=v, rel=rel, p=pssw, q=q: tma_prologue(
                     xs[i % r], descs[q][i % r], pos, locs[i % r], m, caches[v][0], caches[v][1], case.table, cfg,
-                    qs[v][i % r], rel, p, pf, tr[i % r], warps=q))
-                g = capture_graph(fn, r)
-                for _ in range(3):
-                    g.replay()
-                tr.zero_()
-                g.replay()
-                torch.cuda.synchronize()
-                t = tr.cpu()
-                stamps[v] = summarize_stamps(t) if bool((t[:, :, 6] == 1).all()) else "incomplete trace"
-                print(f"  stamps {v}: " + (stamps[v] if isinstance(stamps[v], str) else " ".join(
-                    f"{k} {x:.0f}" for k, x in stamps[v].items())), flush=True)
-                del g
+                    qs[v][i % r], rel, p, tr[i % r], warps=q))
+                stamps[v] = stamp_chain(fn, r, tr, summarize_stamps, v)
         torch.cuda.empty_cache()
     write_results(out, results, explore="explore52", model=cfg.name, stamps_1row=stamps, warm_x=warm_x,
                   launch="per-kernel bench (LlamaPrologueCase, num_valid_rows int M, 4096-position table, PDL on)",
@@ -401,7 +358,7 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
     kc, vc = case.cache(1, float("nan")), case.cache(1, float("nan"))
     q1 = [case.q_out(1) for _ in range(r)]
     fns["tma1"] = lambda i: tma_prologue(xs[i % r], descs[i % r], pos, locs[i % r], 1, kc, vc, case.table, cfg,
-                                         q1[i % r], 1, False, 2)
+                                         q1[i % r], 1, False)
     res = {v: [] for v in fns}
     again, first = {}, {}
 
@@ -423,22 +380,28 @@ def probe_run(graphs: int, replays: int, out: str | None) -> None:
                   model=cfg.name, replays=replays)
 
 
+def sm90_spec(m: int, rel: int, q: int = 4, d: int = 64, **pointers) -> dict:
+    """tests/unit/compile_sm90.py's spec of the generated kernel at width m (K 2048, head_dim d, q warps = K slices,
+    release point rel) as the launcher specialises it (M and num_valid_rows constants, pointers aligned); extra
+    pointer types by name (explore53's QK-norm kernel's qn_ptr / kn_ptr / xs_ptr, a trace's tr_ptr)."""
+    desc = (f"tensordesc<bf16[{q}, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
+            "transposed=False, fp4_padded=False, cga_layout=[])>")
+    return dict(constexprs=dict(K=2048, D=d, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True, REL=rel, Q=q,
+                                S=q, RB=RB, BK=BK, M=m, nvr_int=m),
+                pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
+                              nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", **pointers),
+                scalars=dict(eps="fp32"), num_warps=q, launch_pdl=True, divisible=[])
+
+
 def sm90_report(rows: list) -> list:
     """The kernel's sm_90 build at each width (CPU): registers, spills, shared memory."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
     from compile_sm90 import compile_for_sm90
 
-    desc = ("tensordesc<bf16[{}, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
-            "transposed=False, fp4_padded=False, cga_layout=[])>")
     out = []
     for m in rows:
-        for v, (rel, prod_ssw, pf, q) in TMA_VARIANTS.items():
-            spec = dict(constexprs=dict(K=2048, D=64, NMB=(m + RB - 1) // RB, NVR_FROM_PTR=False, USE_PDL=True,
-                                        REL=rel, Q=q, S=q, RB=RB, BK=BK, M=m, nvr_int=m),
-                        pointers=dict(x_ptr="*bf16", w_desc=desc.format(q), tab_ptr="*fp32", pos_ptr="*i64",
-                                      loc_ptr="*i32", nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16"),
-                        scalars=dict(eps="fp32"), num_warps=q, launch_pdl=True, divisible=[])
-            r = compile_for_sm90(kernel_for(2048 // (q * BK), prod_ssw, pf), spec)
+        for v, (rel, prod_ssw, q) in TMA_VARIANTS.items():
+            r = compile_for_sm90(kernel_for(2048 // (q * BK), prod_ssw), sm90_spec(m, rel, q))
             out.append(dict(rows=m, variant=v, registers=r["registers"],
                             spill_bytes=r["spill_bytes"], shared=r["shared"]))
             print(out[-1], flush=True)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from explore44 import EDITS, HELPERS  # noqa: E402
-from explore52 import BK, kernel_source, tma_descriptor, tma_weight  # noqa: E402
+from explore52 import BK, kernel_source, sm90_spec, tma_descriptor, tma_weight  # noqa: E402
 
 VARIANTS = ("split_k", "reg_cluster", "tma_late", "tma_early")
 NS = 2048 // (4 * BK)          # K 2048, 4 slices
@@ -46,7 +46,7 @@ NS = 2048 // (4 * BK)          # K 2048, 4 slices
 
 def qk_tma_source() -> str:
     """explore52's kernel (production's statistic: x's whole block, 4 slices) with explore44's QK-norm edits."""
-    src = kernel_source(NS, True, 2)
+    src = kernel_source(NS, True)
     head = "\n\n@gluon.jit\ndef _tma_prologue_kernel("
     edits = [(head, HELPERS.replace("def _held_prologue_kernel(", "def _tma_prologue_kernel("))] + EDITS[1:]
     for old, new in edits:
@@ -143,17 +143,10 @@ def sm90_report(rows: list) -> list:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
     from compile_sm90 import compile_for_sm90
 
-    desc = ("tensordesc<bf16[4, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
-            "transposed=False, fp4_padded=False, cga_layout=[])>")
     out = []
     for m in rows:
         for rel in (1, 0):
-            spec = dict(constexprs=dict(K=2048, D=128, NMB=(m + 7) // 8, NVR_FROM_PTR=False, USE_PDL=True, REL=rel,
-                                        Q=4, S=4, RB=8, BK=BK, M=m, nvr_int=m),
-                        pointers=dict(x_ptr="*bf16", w_desc=desc, tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32",
-                                      nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", qn_ptr="*bf16",
-                                      kn_ptr="*bf16", xs_ptr="*fp32"),
-                        scalars=dict(eps="fp32"), num_warps=4, launch_pdl=True, divisible=[])
+            spec = sm90_spec(m, rel, d=128, qn_ptr="*bf16", kn_ptr="*bf16", xs_ptr="*fp32")
             r = compile_for_sm90(qk_tma_kernel(), spec)
             out.append(dict(rows=m, rel=rel, registers=r["registers"], spill_bytes=r["spill_bytes"],
                             shared=r["shared"]))

@@ -40,23 +40,8 @@ from lowlat.kernels import attn_prologue_held as aph  # noqa: E402
 
 VARIANTS = ("prod", "xissue", "xissue2", "xrel", "mrel")
 X_LOAD = "        xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)\n"
-HELPER = "\n\n" + HELPERS + "\n\n@gluon.jit\ndef _held_prologue_kernel("
-RELEASE_NOW = '''def _release_now(v):
-    """griddepcontrol.launch_dependents (once an element of v, whose values are not read); returns int32 0s."""
-    return gl.inline_asm_elementwise("{ griddepcontrol.launch_dependents; mov.b32 $0, 0; }", "=r,r", [v],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-'''
-RELEASE_THROUGH = '''def _release_through(v):
-    """v (int16) unchanged, each element through an asm that also executes griddepcontrol.launch_dependents."""
-    return gl.inline_asm_elementwise("{ griddepcontrol.launch_dependents; mov.b16 $0, $1; }", "=h,h", [v],
-                                     dtype=gl.int16, is_pure=False, pack=1)
-
-
-@gluon.jit
-'''
+HELPER = ("\n\nfrom gluon_asm import _release_now, _release_through, _release_when  # noqa: F401\n\n\n"
+          "@gluon.jit\ndef _held_prologue_kernel(")
 WAIT = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
 SSW = "        ssw = gl.sum(xf * xf, axis=1)\n"
 MMA = "        acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))\n"
@@ -78,14 +63,14 @@ def released_source(src: str, where: str) -> str:
                                            "            xb = (xb.to(gl.int16, bitcast=True)"
                                            " | gl.expand_dims(gl.expand_dims(rel, 0), 1).to(gl.int16))"
                                            ".to(gl.bfloat16, bitcast=True)\n")
-        return edited(out, "def _release_when(v):", RELEASE_NOW + "def _release_when(v):")
+        return out
     if where == "issue":
         # the held weights pass through the release (an identity asm that also releases), so ptxas cannot hoist an
         # mma (which waits for x) above the release; x's loads are issued before it in program order
         out = edited(out, X_LOAD, X_LOAD + "        if USE_PDL and b == 0:\n"
                                            "            w = _release_through(w.to(gl.int16, bitcast=True))"
                                            ".to(gl.bfloat16, bitcast=True)\n")
-        return edited(out, "def _release_when(v):", RELEASE_THROUGH + "def _release_when(v):")
+        return out
     anchor, val = (SSW, "ssw") if where == "x" else (MMA, "acc")
     return edited(out, anchor, anchor + f"        if USE_PDL and b == 0:\n"
                                          f"            _release_when({val}.to(gl.int32, bitcast=True))\n")
@@ -107,15 +92,9 @@ STAMP_EDITS = [
     ("        gl.store(kvp + HALF, rhi, mask=wmask)\n", """        gl.store(kvp + HALF, rhi, mask=wmask)
     if TRACE:
         t3 = _stamp(lane)
-        f = gl.arange(0, 8, layout=L1)
-        rec = gl.where(f == 0, gl.min(t0, axis=0),
-                       gl.where(f == 1, gl.min(t1, axis=0),
-                                gl.where(f == 2, gl.max(gl.max(tx, axis=1), axis=0),
-                                         gl.where(f == 3, gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0),
-                                                  gl.where(f == 4, gl.max(t3, axis=0),
-                                                           gl.where(f == 5, gl.max(_smid(lane), axis=0).to(gl.int64),
-                                                                    1))))))
-        gl.store(tr_ptr + gl.program_id(0).to(gl.int64) * 8 + f, rec)
+        _store_record(tr_ptr, gl.program_id(0), gl.min(t0, axis=0), gl.min(t1, axis=0),
+                      gl.max(gl.max(tx, axis=1), axis=0), gl.max(gl.max(gl.max(tmm, axis=2), axis=1), axis=0),
+                      gl.max(t3, axis=0), lane, L1)
 """),
     ("        EARLY_RELEASE=early_release, num_warps=WARPS,\n",
      "        EARLY_RELEASE=early_release, num_warps=WARPS, tr_ptr=_TRACE[0], TRACE=_TRACE[0] is not None,\n"),
@@ -133,10 +112,9 @@ def stamped_source(src: str) -> str:
 
 def stamp_run(warm_x: bool, out: str | None) -> None:
     """Production's 1-row chain stamped (its stamped copy, the same launches as the timing)."""
-    from _common import LlamaPrologueCase, module_from_source, write_results
+    from _common import LlamaPrologueCase, module_from_source, stamp_chain, write_results
     from explore47 import launches
     from explore52 import summarize_stamps
-    from lowlat.benchmarking import capture_graph
 
     mod = module_from_source("e54_stamped", stamped_source(open(aph.__file__).read()))
     case = LlamaPrologueCase(torch.device("cuda"))
@@ -153,16 +131,7 @@ def stamp_run(warm_x: bool, out: str | None) -> None:
             fns["stamped"](i)
         finally:
             mod._TRACE[0] = None
-    g = capture_graph(fn, r)
-    for _ in range(3):
-        g.replay()
-    tr.zero_()
-    g.replay()
-    torch.cuda.synchronize()
-    t = tr.cpu()
-    res = summarize_stamps(t) if bool((t[:, :, 6] == 1).all()) else "incomplete trace"
-    print("  stamps prod: " + (res if isinstance(res, str) else " ".join(f"{k} {x:.0f}" for k, x in res.items())),
-          flush=True)
+    res = stamp_chain(fn, r, tr, summarize_stamps, "prod")
     write_results(out, [dict(rows=1, stamps=res)], explore="explore54 --stamps", model=case.cfg.name, warm_x=warm_x)
 
 
@@ -192,7 +161,7 @@ def folded_launches(case, m: int, mods: dict, rows, wfs: list):
 
 
 def device_run(rows: list, rounds: int, out: str | None, warm_x: bool, variants: list) -> None:
-    from _common import LlamaPrologueCase, time_alternated, times_line, write_results
+    from _common import LlamaPrologueCase, run_checked, time_alternated, times_line, write_results
     from explore47 import launches
 
     all_mods = modules()
@@ -210,16 +179,8 @@ def device_run(rows: list, rounds: int, out: str | None, warm_x: bool, variants:
         ffns, fqs, fcaches = folded_launches(case, m, fmods, (xs, pos, locs), wfs)
         fns.update(ffns), qs.update(fqs), caches.update(fcaches)
         fns = {v: fns[v] for v in variants}
-        for v in fns:
-            for i in range(r):
-                fns[v](i)
-        torch.cuda.synchronize()
-        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
-                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
         base = variants[0]
-        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs[base]))
-                and torch.equal(caches[v][0][1:], caches[base][0][1:])
-                and torch.equal(caches[v][1][1:], caches[base][1][1:]) for v in fns}
+        written, same = run_checked(fns, qs, caches, r, base)
         times = time_alternated(fns, max(r, 8), rounds=rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
               + " ".join(f"{v} {w}" for v, w in written.items()) + f" | bitwise = {base}: "

@@ -102,7 +102,7 @@ def flag_module():
 
 
 def device_run(rows: list, rounds: int, out: str | None) -> None:
-    from _common import LlamaPrologueCase, time_alternated, times_line, write_results
+    from _common import LlamaPrologueCase, run_checked, time_alternated, times_line, write_results
     from explore47 import launches
 
     mod = flag_module()
@@ -130,15 +130,7 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
                 finally:
                     mod._FLAG[:] = [None, 0, False]
             fns[v] = fn
-        for v in fns:
-            for i in range(n):
-                fns[v](i)
-        torch.cuda.synchronize()
-        written = {v: not (bool(caches[v][0][1:].isnan().any()) or bool(caches[v][1][1:].isnan().any())
-                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
-        same = {v: all(torch.equal(a, b) for a, b in zip(qs[v], qs["prod"]))
-                and torch.equal(caches[v][0][1:], caches["prod"][0][1:])
-                and torch.equal(caches[v][1][1:], caches["prod"][1][1:]) for v in fns}
+        written, same = run_checked(fns, qs, caches, n, "prod")
         counts = {v: int(flags[v].item()) for v in flags}
         times = time_alternated(fns, n, rounds=rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "

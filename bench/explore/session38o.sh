@@ -7,11 +7,12 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-120}
+PROBE=${PROBE:-10}   # fresh graphs of each variant (session38p.sh: 8)
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv,nounits -lms 50 > "$OUT/smi.csv" 2>&1 &
 SMI=$!
 echo "== explore52 --probe (${SECONDS}s) unix $(date +%s.%N)"
-timeout "$(cap 100)" python3 bench/explore/explore52.py --probe 10 --replays 200 --out "$OUT/explore52_probe.json" \
-  2>&1 | grep -v -i warn; echo "rc $?"
+timeout "$(cap 100)" python3 bench/explore/explore52.py --probe "$PROBE" --replays 200 \
+  --out "$OUT/explore52_probe.json" 2>&1 | grep -v -i warn; echo "rc $?"
 kill $SMI
 echo "done at ${SECONDS}s"

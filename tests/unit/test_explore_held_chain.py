@@ -28,10 +28,6 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 EXPLORE = BENCH / "explore"
-DESC3 = ("tensordesc<bf16[{}, 16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, "
-         "transposed=False, fp4_padded=False, cga_layout=[])>")
-DESC2 = ("tensordesc<bf16[16, 64],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, "
-         "transposed=False, fp4_padded=False, cga_layout=[])>")
 
 
 @pytest.fixture
@@ -48,13 +44,10 @@ def _ptx_before_wait(ptx: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("form", ["noop", "reg2", "reg", "tma", "hyb4", "hyb", "pf"])
 def test_explore51_forms_hold_their_weights_before_the_wait(explore, form):
-    from explore51 import FORMS, Q, form_constexprs
+    from explore51 import FORMS, sm90_spec
     from sampling_stats import compile_sm90
 
-    spec = dict(constexprs=dict(form_constexprs(form, 2048), USE_PDL=True, EARLY=False, TRACE=False, Q=Q),
-                pointers=dict(w_ptr="*bf16", w_desc=DESC2, out_ptr="*fp32", tr_ptr="*i64"), num_warps=Q,
-                launch_pdl=True, divisible=[], ptx=True)
-    info, = compile_sm90("explore51:_held_stream_kernel", [spec])
+    info, = compile_sm90("explore51:_held_stream_kernel", [dict(sm90_spec(form), ptx=True)])
     before, after = _ptx_before_wait(info["ptx"])
     frac, pf, pad = FORMS[form]
     tma = "cp.async.bulk.tensor"
@@ -78,13 +71,10 @@ def test_explore51_forms_hold_their_weights_before_the_wait(explore, form):
 
 
 def test_explore51_early_build_releases_at_the_start(explore):
-    from explore51 import Q, form_constexprs
+    from explore51 import sm90_spec
     from sampling_stats import compile_sm90
 
-    spec = dict(constexprs=dict(form_constexprs("tma", 2048), USE_PDL=True, EARLY=True, TRACE=True, Q=Q),
-                pointers=dict(w_ptr="*bf16", w_desc=DESC2, out_ptr="*fp32", tr_ptr="*i64"), num_warps=Q,
-                launch_pdl=True, divisible=[], ptx=True)
-    info, = compile_sm90("explore51:_held_stream_kernel", [spec])
+    info, = compile_sm90("explore51:_held_stream_kernel", [dict(sm90_spec("tma", early=True, trace=True), ptx=True)])
     ptx = info["ptx"]
     assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("cp.async.bulk.tensor") < \
         ptx.index("griddepcontrol.wait")
@@ -160,11 +150,10 @@ def test_explore52_permutation_gives_each_program_its_rope_pairs(d, hq, hkv):
 
 
 def _tma_spec(m, rel, q=4, d=64, **extra):
-    return dict(constexprs=dict(K=2048, D=d, NMB=(m + 7) // 8, NVR_FROM_PTR=False, USE_PDL=True, REL=rel, Q=q, S=q,
-                                RB=8, BK=64, M=m, nvr_int=m),
-                pointers=dict(x_ptr="*bf16", w_desc=DESC3.format(q), tab_ptr="*fp32", pos_ptr="*i64",
-                              loc_ptr="*i32", nvr_ptr="*i32", q_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16", **extra),
-                scalars=dict(eps="fp32"), num_warps=q, launch_pdl=True, divisible=[], ptx=True)
+    """explore52's `sm90_spec`, with the PTX returned."""
+    from explore52 import sm90_spec
+
+    return dict(sm90_spec(m, rel, q, d, **extra), ptx=True)
 
 
 @pytest.mark.parametrize("prod_ssw,rel,q", [(True, 1, 4), (False, 0, 4), (False, 1, 8)])
@@ -174,7 +163,7 @@ def test_explore52_kernel_copies_weights_before_the_wait_and_issues_x_before_the
     from sampling_stats import compile_sm90
 
     ns = 2048 // (q * 64)
-    (tmp_path / "e52_test.py").write_text(kernel_source(ns, prod_ssw, 2))
+    (tmp_path / "e52_test.py").write_text(kernel_source(ns, prod_ssw))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{EXPLORE}")
     info, = compile_sm90("e52_test:_tma_prologue_kernel", [_tma_spec(1, rel, q)])
     before, after = _ptx_before_wait(info["ptx"])
@@ -332,7 +321,7 @@ def test_gpu_explore52_production_statistic_is_production_bits(explore, m):
     loc = locs[0].long()
     for rel, pssw in ((1, True), (0, False)):
         kc, vc, q = case.cache(m, float("nan")), case.cache(m, float("nan")), case.q_out(m)
-        tma_prologue(xs[0], desc, pos, locs[0], m, kc, vc, case.table, cfg, q, rel, pssw, 2)
+        tma_prologue(xs[0], desc, pos, locs[0], m, kc, vc, case.table, cfg, q, rel, pssw)
         torch.cuda.synchronize()
         assert not (q.isnan().any() or kc[loc].isnan().any() or vc[loc].isnan().any()), "an element not written"
         if pssw:
@@ -370,3 +359,74 @@ def test_gpu_explore55_flag_chain_is_production_bits(explore):
         assert torch.equal(qs["flag"][i], qs["prod"][i])
     assert torch.equal(kc[1:n * m + 1], caches["prod"][0][1:n * m + 1])
     assert torch.equal(vc[1:n * m + 1], caches["prod"][1][1:n * m + 1])
+
+
+# ------------------------------------------------- the explores' shared host helpers (CPU, CUDA calls stood in)
+def test_run_checked_flags_an_unwritten_element_and_a_bit_difference(explore, monkeypatch):
+    """`_common.run_checked`: runs every launch once, then "every element written" is False for a variant that left
+    a NaN in a q output or in a cache slot 1.. (slot 0 is never written: not checked), and "bitwise the base's" False
+    for one element off by one ulp."""
+    import _common
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    nan = float("nan")
+
+    def case():
+        return [torch.full((2, 3), nan) for _ in range(2)], (torch.full((5, 2), nan), torch.full((5, 2), nan))
+    qs, caches, runs = {}, {}, []
+    for v in ("base", "same", "q_nan", "slot_nan", "off"):
+        qs[v], caches[v] = case()
+
+    def launch(v):
+        def fn(i):
+            runs.append((v, i))
+            qs[v][i].copy_(torch.arange(6.).view(2, 3) + i)
+            for c in caches[v]:
+                c[1 + 2 * i: 3 + 2 * i] = float(i)
+            if v == "q_nan" and i == 1:
+                qs[v][i][1, 2] = nan
+            if v == "slot_nan" and i == 1:
+                caches[v][1][4, 1] = nan
+            if v == "off" and i == 1:
+                qs[v][i][0, 0] = torch.nextafter(qs[v][i][0, 0], torch.tensor(1e9))
+        return fn
+    fns = {v: launch(v) for v in qs}
+    written, same = _common.run_checked(fns, qs, caches, 2, "base")
+    assert sorted(runs) == sorted((v, i) for v in qs for i in range(2))
+    assert written == {"base": True, "same": True, "q_nan": False, "slot_nan": False, "off": True}
+    assert same == {"base": True, "same": True, "q_nan": False, "slot_nan": False, "off": False}
+    assert _common.run_checked(fns, qs, caches, 2)[1] is None
+
+
+def test_stamp_chain_zeroes_the_records_and_reports_an_unwritten_one(explore, monkeypatch):
+    """`_common.stamp_chain`: the records are zeroed before the measured replay (a stale record from the warm replays
+    does not count as written), the summary gets the records, and a program that wrote no record in the measured
+    replay makes it "incomplete trace"."""
+    import _common
+    import lowlat.benchmarking as bm
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    replays = []
+
+    class Graph:
+        def __init__(self, launch, n):
+            self.launch, self.n = launch, n
+
+        def replay(self):
+            replays.append(1)
+            for i in range(self.n):
+                self.launch(i)
+    monkeypatch.setattr(bm, "capture_graph", Graph)
+    tr = torch.zeros(3, 4, 8, dtype=torch.int64)
+
+    def launch(skip_last_replay):
+        def fn(i):
+            if skip_last_replay and len(replays) == 4 and i == 2:
+                return                              # launch 2 writes nothing in the measured (4th) replay
+            tr[i, :, 4] = 100 * i + len(replays)
+            tr[i, :, 6] = 1
+        return fn
+    got = _common.stamp_chain(launch(False), 3, tr, lambda t: {"end": int(t[:, :, 4].max())}, "x")
+    assert got == {"end": 204} and len(replays) == 4
+    replays.clear()
+    assert _common.stamp_chain(launch(True), 3, tr, lambda t: {"end": 0}, "x") == "incomplete trace"
