@@ -202,9 +202,11 @@ def test_explore54_release_edits_move_the_release_after_the_wait(explore, where)
     wait = body.index("pdl_wait_then_release(USE_PDL, True)")
     rel = body.index({"issue": "_release_through(", "issue2": "_release_now("}.get(where, "_release_when("))
     x = body.index("xb = gl.load(x_ptr")
-    assert wait < x < rel
-    if where in ("x", "mma"):
-        assert body.index("ssw = gl.sum(xf * xf, axis=1)" if where == "x" else "acc = mma_v2(") < rel
+    ssw, mma = body.index("ssw = gl.sum(xf * xf, axis=1)"), body.index("acc = mma_v2(")
+    assert wait < x < rel                                   # the wait alone, then x's loads, then the release
+    assert body.count("pdl_wait_then_release(USE_PDL, EARLY_RELEASE)") == 0
+    # the release right after the x loads (issue, issue2), after the statistic (x), after the mma (mma)
+    assert {"issue": rel < ssw, "issue2": rel < ssw, "x": ssw < rel < mma, "mma": mma < rel}[where]
 
 
 def test_explore54_xissue2_sass_is_wait_loads_release_mma(explore, tmp_path, monkeypatch):
