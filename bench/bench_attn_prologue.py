@@ -7,6 +7,8 @@ For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) a
                    where `held_prologue_supported` allows (Llama-3.2-1B here; skipped with the reason elsewhere), the
                    norm weight multiplied into the weights in registers
   held_folded_pdl  the same on weights folded once (`fold_attn_norm`, as FusedModel stores them): same bits
+  held_paced_pdl   the same folded weights with pace=True and early_release=True (the paced form at 1-8 rows, the
+                   next launch released at the start; g = 1 past 8 rows: `attn_prologue_held`'s pace): same bits
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
@@ -73,6 +75,7 @@ def main() -> None:
     configs = [(name, m) for name in args.models for m in args.rows]
     # phases: every fused measurement first, then the references while the budget lasts
     phases = [("fused", False), ("fused_pdl", False), ("held_pdl", False), ("held_folded_pdl", False),
+              ("held_paced_pdl", False),
               ("ref_graph", True), ("ref_compile_graph", True)]
     try:
         for variant, optional in phases:
@@ -110,12 +113,14 @@ def main() -> None:
                 if held:
                     base.update(plan="attn_prologue_held (4 warps, 4 K slices, 8-row blocks)", early_inputs=True)
                 if held:
-                    folded = variant == "held_folded_pdl"
+                    folded = variant in ("held_folded_pdl", "held_paced_pdl")
+                    paced = variant == "held_paced_pdl"
                     if folded:
                         ws_ = [fold_attn_norm(t, lw.attn_norm) for t in ws_]
                     g = None if folded else lw.attn_norm
                     calls = [lambda i=i: attn_prologue_held(xs[i], ws_[i], g, pos, locs[i], m, kc, vc, table, cfg=cfg,
-                                                            out_q=qs[i], use_pdl=True) for i in range(r)]
+                                                            out_q=qs[i], use_pdl=True, early_release=paced,
+                                                            pace=paced) for i in range(r)]
                 elif variant.startswith("fused"):
                     pdl = variant == "fused_pdl"
                     calls = [lambda i=i: attn_prologue(xs[i], ws_[i], b0, lw.attn_norm, lw.q_norm, lw.k_norm, pos,

@@ -187,6 +187,37 @@ def accuracy_verdict(got, x, w0, lw, pos, inv, cfg) -> str:
     return "within policy"
 
 
+def nan_outputs(variants, r: int, m: int, cfg, dev):
+    """({variant: K cache}, {variant: V cache}, {variant: r q outputs}) at width m, all NaN: caches of r m + 1 slots
+    [slots, Hkv, D], q [m, Hq, D], bf16."""
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    kcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev) for v in variants}
+    vcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev) for v in variants}
+    qs = {v: [torch.full((m, hq, d), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(r)]
+          for v in variants}
+    return kcs, vcs, qs
+
+
+def checked_times(fns: dict, r: int, m: int, kcs: dict, vcs: dict, qs: dict, rows, w0, lw, inv, cfg, rounds: int):
+    """Qwen3 prologue variants `fns` {variant: launch(i)} at width m run (the first launch alone: a clustered form's
+    first launch of a width compiles it unclustered), then ({variant: every element written: no NaN in its r q
+    outputs `qs` nor its caches' `kcs` / `vcs` slots 1..}, {variant: `accuracy_verdict` of copy 0}, {variant: us} of
+    `time_alternated` over max(r, 8) launches, `rounds` rounds). rows: (xs, positions) the launches read."""
+    from _common import time_alternated
+
+    xs, pos = rows
+    for v in fns:
+        fns[v](0)
+        for i in range(r):
+            fns[v](i)
+    torch.cuda.synchronize()
+    written = {v: not (bool(kcs[v][1:].isnan().any()) or bool(vcs[v][1:].isnan().any())
+                       or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
+    verdict = {v: accuracy_verdict((qs[v][0], kcs[v][1:m + 1], vcs[v][1:m + 1]), xs[0], w0, lw, pos, inv, cfg)
+               for v in fns}
+    return written, verdict, time_alternated(fns, max(r, 8), rounds=rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,6,16,48")

@@ -86,15 +86,15 @@ class TmaClusterProlog:
 
 
 def device_run(rows: list, rounds: int, out: str | None) -> None:
-    from _common import prologue_rows, time_alternated, times_line, write_results
-    from explore44 import ClusterProlog, accuracy_verdict, qwen3_case
+    from _common import prologue_rows, times_line, write_results
+    from explore44 import ClusterProlog, checked_times, nan_outputs, qwen3_case
     from lowlat.kernels import attn_prologue_held as aph
     from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace
 
     dev = torch.device("cuda")
     cfg, lw, w0, table, inv, r = qwen3_case(dev)
     n = w0.shape[0]
-    hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    d, h = cfg.head_dim, cfg.hidden_size
     ws = [w0.clone() for _ in range(r)]
     wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
     tws = [tma_weight(w, lw.attn_norm, d) for w in ws]
@@ -106,10 +106,7 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
     results = []
     for m in rows:
         xs, pos, locs = prologue_rows(m, h, r, dev)
-        kcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev) for v in VARIANTS}
-        vcs = {v: torch.full((r * m + 1, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev) for v in VARIANTS}
-        qs = {v: [torch.full((m, hq, d), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(r)]
-              for v in VARIANTS}
+        kcs, vcs, qs = nan_outputs(VARIANTS, r, m, cfg, dev)
         fns = {"split_k": lambda i: attn_prologue(xs[i % r], ws[i % r], None, lw.attn_norm, lw.q_norm, lw.k_norm,
                                                   pos, locs[i % r], m, kcs["split_k"], vcs["split_k"], table,
                                                   cfg=cfg, out_q=qs["split_k"][i % r], workspace=pws, use_pdl=True),
@@ -120,16 +117,7 @@ def device_run(rows: list, rounds: int, out: str | None) -> None:
             fns[v] = (lambda i, v=v, prolog=prolog: prolog(xs[i % r], descs[i % r], lw.q_norm, lw.k_norm, pos,
                                                            locs[i % r], m, kcs[v], vcs[v], table, cfg, qs[v][i % r],
                                                            scratch))
-        for v in fns:
-            fns[v](0)                           # a clustered form's first launch of a width compiles (unclustered)
-            for i in range(r):
-                fns[v](i)
-        torch.cuda.synchronize()
-        written = {v: not (bool(kcs[v][1:].isnan().any()) or bool(vcs[v][1:].isnan().any())
-                           or any(bool(q.isnan().any()) for q in qs[v])) for v in fns}
-        verdict = {v: accuracy_verdict((qs[v][0], kcs[v][1:m + 1], vcs[v][1:m + 1]), xs[0], w0, lw, pos, inv, cfg)
-                   for v in fns}
-        times = time_alternated(fns, max(r, 8), rounds=rounds)
+        written, verdict, times = checked_times(fns, r, m, kcs, vcs, qs, (xs, pos), w0, lw, inv, cfg, rounds)
         print(f"  r{m:<3} us (min/max of {2 * rounds}) {times_line(times)} | every element written "
               + " ".join(f"{v} {w}" for v, w in written.items()) + " | " + "; ".join(
                   f"{v} {x}" for v, x in verdict.items()), flush=True)

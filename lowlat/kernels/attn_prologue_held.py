@@ -59,6 +59,39 @@ MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated
 #                    PTX loads the weights 2-4 times at H 64-128), a form the GPU tests do not cover
 
 
+#: The paced form (`attn_prologue_held(..., pace=True)` on folded weights with early_release under PDL at 1-8 rows):
+#: the weights in chunks of PACE_COLUMNS columns of each K slice, at most PACE_WINDOW in flight a thread (so at H
+#: >= 1024: more chunks than the window), maxnreg PACE_MAXNREG
+#: (three programs an SM: 396 slots hold two launches of Llama-3.2-1B's 192). Why: a launch's x (loaded after its
+#: wait) queues behind the next launch's weight requests, ~2 us on the H200 when all 64 KB a program are requested at
+#: once (session 38's stamps); a window of 16 KB a program keeps the stream's bandwidth and shortens that queue.
+#: Session 39 (bench/explore/explore56.py `c8w2_early_x2`, per kernel, H100, Llama-3.2-1B, 1 row): 4.76-4.96 us
+#: against production's 4.97-5.23 in the same runs (calls 2-4); 32-column chunks were faster (4.59-4.72) but give
+#: other bits than the one-call mma of 2+ row blocks (64-column chunks: the same bits), and the windows 1 and 3 of 8
+#: chunks slower.
+PACE_COLUMNS = 64
+PACE_WINDOW = 2
+PACE_MAXNREG = 168
+#: With pace=True, folded weights (attn_norm None) outside the paced form run the g-multiplied form with g = 1:
+#: bf16(w 1) = w, the same bits, and ptxas's schedule of that form; the FOLD_G-off build trickles x's loads between the
+#: mma at 2+ row blocks (session 39 call 4, explore56 `prod_f1` / `prod_f`, H100, Llama-3.2-1B, 16 / 48 rows:
+#: 7.16-7.20 / 13.85-14.08 us with g = 1, 10.94-10.98 / 14.48-14.52 without; production 7.13-7.17 / 13.85-14.04).
+_ONES: dict = {}
+
+
+def _ones(hidden: int, device: torch.device) -> torch.Tensor:
+    """A cached [hidden] bf16 tensor of ones on `device` (the folded weights' g). Made on first use, which must not be
+    under CUDA-graph capture (its fill would only be recorded, and another graph could read it unfilled): raises
+    StepContractError there (FusedModel and `benchmarking.capture_graph` run every launch eagerly first)."""
+    key = (str(device), hidden)
+    if key not in _ONES:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise StepContractError("attn_prologue_held(pace=True) on folded weights: launch it once outside "
+                                    f"CUDA-graph capture first (its ones vector of H={hidden} is made then)")
+        _ONES[key] = torch.ones(hidden, dtype=torch.bfloat16, device=device)
+    return _ONES[key]
+
+
 def held_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str | None:
     """None where `attn_prologue_held` runs this model's prologue, else why not (the first reason found, the model's
     before the device's): it needs no QKV bias, no QK-norm, a head_dim that is a power of two in 16..128, a hidden
@@ -104,16 +137,30 @@ def _rope_inputs(pos_ptr, loc_ptr, tab_ptr, erow, M, nvr, max_pos, j, D: gl.cons
 
 
 @gluon.jit
+def _zero_after(v, zero):
+    """int32 v & zero an element (v int16, zero a runtime int 0): 0, but only once v has landed, so that an address
+    offset by it makes its load wait for v's (the paced weight stream's window)."""
+    return gl.inline_asm_elementwise("{ .reg .b32 t; cvt.u32.u16 t, $1; and.b32 $0, t, $2; }", "=r,h,r", [v, zero],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
                           stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
                           M, Hq, Hkv, max_pos, eps, K: gl.constexpr, D: gl.constexpr, NMB: gl.constexpr,
                           NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FOLD_G: gl.constexpr = True,
                           Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8,
+                          PACE: gl.constexpr = 0, PACE_WIN: gl.constexpr = 2, zero=0,
                           EARLY_RELEASE: gl.constexpr = False):
     """See the module docstring. Grid (Hq + 2 Hkv) D / 16 programs of Q warps; NMB = ceil(M / RB) row blocks; x
     contiguous (row stride K: a runtime stride cost the 2-row-block launch 12 bytes of spills at K 2048). FOLD_G:
     multiply g into the weights here (else w is `fold_attn_norm`'s, g unread). EARLY_RELEASE: the next launch
-    released at the program's start, not after the wait (`attn_prologue_held`'s early_release)."""
+    released at the program's start, not after the wait (`attn_prologue_held`'s early_release). PACE > 0 (one row
+    block, folded weights): the weights loaded in PACE chunks of each slice's K, chunk c's addresses offset by
+    `_zero_after` of chunk c - PACE_WIN's values (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in
+    flight; x is loaded whole (the statistic) and in the same chunks, and the mma runs chunk after chunk (the same
+    k16 steps in the same order as the one call: the same bits). The whole-slice weight load and mma below then have
+    no use and are not compiled (dead code; the sm_90 CPU test checks the loads before the wait)."""
     pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
@@ -148,6 +195,22 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     w = gl.load(w_ptr + aoff)
     if FOLD_G:
         w = (w.to(gl.float32) * gl.load(g_ptr + acol + 0 * aoff).to(gl.float32)).to(gl.bfloat16)
+    if PACE > 0:
+        gl.static_assert(NMB == 1 and not FOLD_G, "PACE: one row block, folded weights")
+        KC: gl.constexpr = KQ // PACE
+        akc = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
+        aoffc = gl.expand_dims(gl.expand_dims(wrow, 0), 2) * K + gl.expand_dims(gl.expand_dims(aq, 1), 2) * KQ + \
+            gl.expand_dims(gl.expand_dims(akc, 0), 1)                               # [S, 16, KC]
+        ws = ()
+        for c in gl.static_range(PACE):
+            off = aoffc + c * KC
+            if c >= PACE_WIN:   # 0, once chunk c - PACE_WIN has landed; the offsets stay 8-wide vectors (16 bytes)
+                off = gl.max_contiguous(gl.multiple_of(
+                    off + _zero_after(ws[c - PACE_WIN].to(gl.int16, bitcast=True), zero), [1, 1, 8]), [1, 1, 8])
+            ws = ws + (gl.load(w_ptr + off),)
+        bkc = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
+        boffc = gl.expand_dims(gl.expand_dims(bm, 0), 1) * K + gl.expand_dims(gl.expand_dims(bq, 1), 2) * KQ + \
+            gl.expand_dims(gl.expand_dims(bkc, 0), 2)                               # [S, KC, RB]
     if NVR_FROM_PTR:
         nvr = gl.load(nvr_ptr)
     else:
@@ -158,6 +221,11 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         brow = b * RB + bm
         bmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boff >= 0)
         xb = gl.load(x_ptr + b * RB * K + boff, mask=bmask, other=0.0)
+        if PACE > 0:
+            cmask = gl.expand_dims(gl.expand_dims(brow < M, 0), 1) & (boffc >= 0)
+            xs = ()
+            for c in gl.static_range(PACE):
+                xs = xs + (gl.load(x_ptr + b * RB * K + boffc + c * KC, mask=cmask, other=0.0),)
         erow = b * RB + tm
         if b == 0:
             loc, cos, sin = loc0, cos0, sin0
@@ -170,6 +238,10 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         # slice order need not be the cross-warp gl.sum's, so equal bits are not guaranteed, and nothing relies on them)
         ssw = gl.sum(xf * xf, axis=1)
         acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))
+        if PACE > 0:
+            acc = gl.zeros([S, 16, RB], gl.float32, MMA)
+            for c in gl.static_range(PACE):
+                acc = mma_v2(ws[c], xs[c], acc)
         if b > 0:
             gl.thread_barrier()                                                     # the last block's reads done
         part.store(acc)
@@ -204,7 +276,7 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                        k_cache: torch.Tensor,
                        v_cache: torch.Tensor, cos_sin_table: torch.Tensor, *, cfg: ModelConfig,
                        out_q: torch.Tensor | None = None, use_pdl: bool = False,
-                       check_values: bool = False, early_release: bool = False) -> torch.Tensor:
+                       check_values: bool = False, early_release: bool = False, pace: bool = False) -> torch.Tensor:
     """RMSNorm -> QKV projection -> RoPE -> KV write in one launch, the weights held in registers across the PDL wait.
 
     Matches `lowlat.reference.attn_prologue.attn_prologue` (numerics policy of lowlat/numerics.py; g multiplied into
@@ -234,16 +306,25 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                       so it must read before its own wait nothing that predecessor (or any launch of the step
                       before it) writes. FusedModel's successor, `decode_attention`, reads there only the step inputs
                       (positions, request indices, out_cache_loc, num_valid_rows, the page table) and KV slots
-                      written by earlier steps. Same bits either way. Slower where measured (Llama-3.2-1B per kernel,
-                      session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3 against 13.4 at 48), so off in
-                      FusedModel unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
+                      written by earlier steps. Same bits either way. With g multiplied in registers, slower where
+                      measured (Llama-3.2-1B per kernel, session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3
+                      against 13.4 at 48); with pace on folded weights at 1-8 rows it runs the paced form (see
+                      pace). Off in FusedModel unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
+        pace          (a bool) on folded weights (attn_norm None) with early_release under PDL at 1-8 rows and
+                      H >= 1024, the paced form (PACE_COLUMNS: three programs an SM, the weights requested a window
+                      at a time, so that the next launch's stream leaves room for this launch's x); elsewhere the
+                      next launch released after the wait whatever early_release allows (its early release measured
+                      slower there, see early_release) and folded weights run the g-multiplied form with g = 1
+                      (`_ones`: FOLD_G off trickles x's loads at 2+ row blocks). The same bits as pace=False in every
+                      case (GPU tests).
     Returns: q [M, Hq, D] bf16, post-RoPE, every row (padding rows computed like valid ones).
     Mutates: k_cache, v_cache at out_cache_loc[:num_valid_rows]; padding rows write nothing.
     Raises: StepContractError naming the offending tensor / value, nothing launched (out_q allocated at most): M
         outside 1..48, H not cfg.hidden_size, x not contiguous, a tensor of another dtype / shape / device, N not
         (Hq + 2 Hkv) D, num_valid_rows outside 0..M, cfg.rms_eps not a finite float > 0, out_q / k_cache /
         v_cache overlapping one another or an input (`attn_prologue.check_prologue_writes`), with check_values a
-        position outside the table or a slot outside 1..S-1 or two valid rows' equal slots, an early_release that is not a bool, then a model or device the kernel does not take
+        position outside the table or a slot outside 1..S-1 or two valid rows' equal slots, an early_release or
+        pace that is not a bool, then a model or device the kernel does not take
         (`held_prologue_supported`'s reason).
     """
     require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)
@@ -271,10 +352,19 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
                       cos_sin_table.shape[0], k_cache.shape[0])
     check_early_release(early_release)
+    if not isinstance(pace, bool):
+        raise StepContractError(f"pace={pace!r} must be a bool")
     why = held_prologue_supported(cfg, dev)
     if why is not None:
         raise StepContractError(f"the held prologue cannot run here: {why}")
     pdl = bool(use_pdl) and pdl_supported(dev)
+    chunks = hidden // SLICES // PACE_COLUMNS
+    paced = pace and attn_norm is None and early_release and pdl and m <= ROW_BLOCK and chunks > PACE_WINDOW
+    if pace and not paced:
+        early_release = False           # after the wait: the early release measured slower outside the paced form
+        if attn_norm is None:           # folded weights times ones: the same bits, the g-multiplied form's schedule
+            attn_norm = _ones(hidden, x.device)
+    form = dict(zero=0, **(dict(PACE=chunks, PACE_WIN=PACE_WINDOW, maxnreg=PACE_MAXNREG) if paced else {}))
     _held_prologue_kernel[(n // 16,)](
         x, qkv_weight, qkv_weight if attn_norm is None else attn_norm, cos_sin_table, positions, out_cache_loc,
         nvr_t if nvr_t is not None else out_cache_loc, nvr_int, out_q, out_q.stride(0), out_q.stride(1),
@@ -282,5 +372,5 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         m, hq, hkv, cos_sin_table.shape[0], float(cfg.rms_eps), K=hidden, D=d, NMB=(m + ROW_BLOCK - 1) // ROW_BLOCK,
         NVR_FROM_PTR=nvr_t is not None, USE_PDL=pdl, FOLD_G=attn_norm is not None, Q=WARPS, S=SLICES, RB=ROW_BLOCK,
         EARLY_RELEASE=early_release, num_warps=WARPS,
-        launch_pdl=pdl)
+        launch_pdl=pdl, **form)
     return out_q

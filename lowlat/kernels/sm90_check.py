@@ -160,7 +160,7 @@ RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_p
 HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")},
                      "tab_ptr": "*fp32", "pos_ptr": "*i64", "loc_ptr": "*i32", "nvr_ptr": "*i32", "nvr_int": "i32",
                      **{a: "i32" for a in ("stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs",
-                                           "stride_vch", "M", "Hq", "Hkv", "max_pos")}, "eps": "fp32"}
+                                           "stride_vch", "M", "Hq", "Hkv", "max_pos", "zero")}, "eps": "fp32"}
 
 
 def runs_held_prologue(cfg) -> bool:

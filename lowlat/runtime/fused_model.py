@@ -778,7 +778,7 @@ class FusedModel:
                 g = None if self._held_folded else L.attn_norm                  # None: folded at build
                 q = attn_prologue_held(xin, L.qkv, g, bufs.positions, bufs.out_cache_loc, bufs.nvalid,
                                        kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl,
-                                       early_release=self._held_early)
+                                       early_release=self._held_early, pace=self._held_folded)
             else:
                 q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                                   bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,

@@ -607,7 +607,8 @@ def test_attn_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device,
 
 
 # ----------------------------------------------------------------------------- the held prologue (session 25)
-def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folded=False, early_release=False):
+def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folded=False, early_release=False,
+              pace=False):
     """The held prologue with g multiplied into the weights in registers, or (folded) by `fold_attn_norm` first."""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm
 
@@ -615,7 +616,7 @@ def _run_held(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None, folde
     w, g = (fold_attn_norm(pack_qkv(lw), lw.attn_norm), None) if folded else (pack_qkv(lw), lw.attn_norm)
     q = attn_prologue_held(x, w, g, step.positions, step.out_cache_loc,
                            step.num_valid_rows if nvr is None else nvr, kc, vc, table, cfg=cfg, out_q=out_q,
-                           use_pdl=use_pdl, early_release=early_release)
+                           use_pdl=use_pdl, early_release=early_release, pace=pace)
     assert q is out_q
     return q
 
@@ -639,6 +640,33 @@ def test_held_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, h
 
 
 @pytest.mark.gpu
+@settings(max_examples=40)
+@given(m=st.integers(1, 12), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
+       hkv=st.sampled_from([1, 2, 8]), d=st.sampled_from([16, 32, 64, 128]),
+       hidden=st.sampled_from([256, 512, 1024, 2048]), hostile=st.booleans(), seed=st.integers(0, 2**16))
+def test_held_prologue_paced_bitwise_equal_to_production(device, m, pad, group, hkv, d, hidden, hostile, seed):
+    """pace=True on folded weights with early_release under PDL (the paced form at 1-8 rows: the weights in chunks
+    with a window, x loaded whole and in chunks, the mma chunk after chunk; g = 1 in the g-multiplied form past 8
+    rows) gives production's bits (g multiplied in registers, released after the wait): q of every row (poisoned
+    before), the K / V caches whole (every valid slot written: NaN fails; no other slot changed); and the paced
+    launch alone is within the prologue's policy against the reference. The shapes of the test above at 1-15 rows
+    (the paced form where H >= 1024 and M <= 8; g = 1 at 9-15 rows and at H 256 / 512)."""
+    cfg = tiny_config(hidden_size=hidden, num_heads=group * hkv, num_kv_heads=hkv, head_dim=d)
+    rows = split_rows(m)
+    ctxs = [(seed >> i) % 40 for i in range(len(rows))]
+    pad = min(pad, 48 - m)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device,
+                                  hostile_padding=hostile)
+    table = rope_table(cfg, MAX_POS, device)
+    paced = dict(use_pdl=True, folded=True, early_release=True, pace=True)
+    want = _on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=True), kc0, vc0)
+    got = _on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, **paced), kc0, vc0)
+    _assert_same_outputs(got, want, "paced")
+    _assert_same_outputs(got, want, "paced_slots", loc=step.out_cache_loc[:step.num_valid_rows].long())
+    _check_against_reference(cfg, lw, step, x, kc0, vc0, run=_run_held, **paced)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_held_prologue_llama_shapes_and_tp_shards_within_2x_baseline_error(device, tp):
     """Llama-3.2-1B's prologue (H 2048, 32 / 8 heads of D 64: 192 programs) and its TP shards (16 / 4, 8 / 2 heads
@@ -655,10 +683,12 @@ def test_held_prologue_llama_shapes_and_tp_shards_within_2x_baseline_error(devic
 def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device):
     """Llama-3.2-1B's shapes: run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and
     among the first 6 / 17 / 33 (`_assert_rows_invariant`); PDL on == off; the weights folded by `fold_attn_norm` ==
-    g multiplied in registers; the next launch released at the start (early_release) == after the wait;
-    num_valid_rows as a device tensor in a CUDA-graph replay == eager; a position past the RoPE table rotates by
+    g multiplied in registers; the next launch released at the start (early_release) == after the wait; pace=True
+    (g = 1 at these 48 rows; the paced form itself at 1-8 rows in the tests beside) == production;
+    num_valid_rows as a device tensor in a CUDA-graph replay == eager (and the paced form's at 6 rows == production's
+    eager run); a position past the RoPE table rotates by
     cos = sin = 0 (q and K of that row 0, V untouched), as the split-K prologue does."""
-    from lowlat.kernels.attn_prologue_held import attn_prologue_held
+    from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm
 
     cfg = preset("Llama-3.2-1B")
     lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
@@ -668,9 +698,14 @@ def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device)
                                                 early_release=early), kc0, vc0)
             for pdl, folded, early in ((False, False, False), (False, False, False), (True, False, False),
                                        (True, True, False), (True, False, True))]
+    runs += [_on_copies(lambda kc, vc: _run_held(cfg, lw, step, x, kc, vc, table=table, use_pdl=True, folded=True,
+                                                 early_release=early, pace=True), kc0, vc0) for early in (False, True)]
     for got in runs[1:]:
         _assert_same_outputs(got, runs[0], "run_to_run_pdl_folded")
     _assert_rows_invariant(lambda st, xs, kc, vc: _run_held(cfg, lw, st, xs, kc, vc, table=table),
+                           step, x, kc0, vc0, runs[0])
+    _assert_rows_invariant(lambda st, xs, kc, vc: _run_held(cfg, lw, st, xs, kc, vc, table=table, use_pdl=True,
+                                                            folded=True, early_release=True, pace=True),
                            step, x, kc0, vc0, runs[0])
     nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
     w = pack_qkv(lw)
@@ -678,6 +713,14 @@ def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device)
         lambda kc, vc, out_q: attn_prologue_held(x, w, lw.attn_norm, step.positions, step.out_cache_loc, nvr, kc, vc,
                                                  table, cfg=cfg, out_q=out_q, use_pdl=True),
         kc0, vc0, runs[0])
+    # the paced form (6 rows: one row block) with num_valid_rows a device tensor, as FusedModel launches it
+    st6, x6, wf = _rows(step, 6), x[:6].contiguous(), fold_attn_norm(w, lw.attn_norm)
+    want6 = _on_copies(lambda kc, vc: _run_held(cfg, lw, st6, x6, kc, vc, table=table, use_pdl=True), kc0, vc0)
+    nvr6 = torch.tensor([st6.num_valid_rows], dtype=torch.int32, device=device)
+    _assert_graph_replay_equals_eager(
+        lambda kc, vc, out_q: attn_prologue_held(x6, wf, None, st6.positions, st6.out_cache_loc, nvr6, kc, vc, table,
+                                                 cfg=cfg, out_q=out_q, use_pdl=True, early_release=True, pace=True),
+        kc0, vc0, want6)
     q_all, _, vc_all = runs[0]
     loc = step.out_cache_loc[:step.num_valid_rows].long()
     far = _rows(step, 2)
@@ -723,6 +766,7 @@ def _held_error_cases():
         ("two rows, one slot", dict(out_cache_loc=torch.tensor([1, 2, 1], dtype=torch.int32), check_values=True),
          "out_cache_loc rows [0, 2] all write KV slot 1"),
         ("early_release", dict(early_release="yes"), "early_release='yes' must be a bool"),
+        ("pace", dict(pace=1), "pace=1 must be a bool"),
         ("model", {}, "the held prologue cannot run here: hidden_size 64"),
         ("model, folded weight", dict(attn_norm=None), "the held prologue cannot run here: hidden_size 64"),
     ]
@@ -821,3 +865,55 @@ def test_held_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypa
         assert before.count("ld.global") - loads == 5, case       # num_valid_rows, position, slot, cos, sin
         assert "mma.sync" not in before, case
         assert ptx.count("mma.sync.aligned.m16n8k16") == k // 16 // 4 * nmb, case
+
+
+def test_held_prologue_paced_form_compiles_for_sm90_with_a_window_of_chunks():
+    """The paced form (PACE chunks of 64 columns a K slice, PACE_WIN 2, maxnreg 168, early release; Llama-3.2-1B's H
+    2048 / D 64 and H 1024 / D 128, 1 row block) compiled for sm_90 on the CPU: at most 168 registers, no spills; the
+    next launch released before the first load; before the wait only the weights' 16-byte loads (the whole-slice load
+    of the unpaced form is not compiled) and each chunk past the window offset by an `and` with the chunk PACE_WIN
+    back (one per 16-byte load: the window); after the wait x's 16-byte loads twice (whole, then in chunks) and K / 64
+    mma.sync."""
+    from lowlat.kernels.attn_prologue_held import PACE_COLUMNS, PACE_MAXNREG, PACE_WINDOW
+    from sampling_stats import compile_sm90
+
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "g_ptr": "*bf16", "tab_ptr": "*fp32", "pos_ptr": "*i64",
+            "loc_ptr": "*i32", "nvr_ptr": "*i32", "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16"}
+    cases = [(2048, 64), (1024, 128)]
+    specs = [{"constexprs": {"K": k, "D": d, "NMB": 1, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": False,
+                             "EARLY_RELEASE": True, "PACE": k // 4 // PACE_COLUMNS, "PACE_WIN": PACE_WINDOW},
+              "pointers": ptrs, "scalars": {"eps": "fp32"}, "num_warps": 4, "launch_pdl": True, "ptx": True,
+              "maxnreg": PACE_MAXNREG, "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch",
+                                                     "stride_vcs", "stride_vch", "zero"]}
+             for k, d in cases]
+    for (k, d), info in zip(cases, compile_sm90("lowlat.kernels.attn_prologue_held:_held_prologue_kernel", specs)):
+        assert info["registers"] <= PACE_MAXNREG and info["spill_bytes"] == 0, (k, info)
+        ptx = info["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx.count("griddepcontrol.launch_dependents") == 1
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global"), k
+        before, after = ptx[:wait], ptx[wait:]
+        v4 = 16 * k // 4 * 2 // 32 // 16                      # the weights' 16-byte loads a thread
+        chunks = k // 4 // PACE_COLUMNS
+        assert before.count("ld.global.v4") == v4, k
+        assert before.count("cvt.u32.u16") == v4 // chunks * (chunks - PACE_WINDOW), k     # `_zero_after`
+        assert after.count("ld.global.v4") == 2 * (8 * k // 4 * 2 // 32 // 16), k      # x [K / 4, 8] a warp, twice
+        assert "mma.sync" not in before and after.count("mma.sync.aligned.m16n8k16") == k // 64, k
+
+
+def test_held_prologue_ones_vector_is_made_outside_capture_and_cached(monkeypatch):
+    """pace=True's g = 1 for folded weights: one cached [H] bf16 ones tensor a (device, H); its first use under
+    CUDA-graph capture is refused (the fill would only be recorded), a cached one is served there."""
+    import lowlat.kernels.attn_prologue_held as aph
+
+    monkeypatch.setattr(aph, "_ONES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(StepContractError, match="outside CUDA-graph capture"):
+        aph._ones(64, torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    one = aph._ones(64, torch.device("cpu"))
+    assert one.dtype == torch.bfloat16 and one.shape == (64,) and bool((one == 1).all())
+    assert aph._ones(64, torch.device("cpu")) is one and aph._ones(32, torch.device("cpu")) is not one
+    aph._ONES[("cuda:0", 64)] = one                                  # cached: served under capture too
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert aph._ones(64, torch.device("cuda", 0)) is one

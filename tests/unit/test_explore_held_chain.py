@@ -432,3 +432,55 @@ def test_stamp_chain_zeroes_the_records_and_reports_an_unwritten_one(explore, mo
     assert got == {"end": 204} and len(replays) == 4
     replays.clear()
     assert _common.stamp_chain(launch(True), 3, tr, lambda t: {"end": 0}, "x") == "incomplete trace"
+
+
+# ----------------------------------------------------------------------------- session 39: explore56 / explore57
+@pytest.mark.parametrize("variant,chunks,win,whole_x,loads", [("c8w2_early_x2", 8, 2, True, 32),
+                                                               ("c16w4_early", 16, 4, False, 64),
+                                                               ("c8w8_early", 8, 8, False, 32)])
+def test_explore56_paced_source_requests_a_window_of_chunks(explore, tmp_path, monkeypatch, variant, chunks, win,
+                                                            whole_x, loads):
+    """explore56's paced forms (what calls 1-4 timed) at Llama-3.2-1B's shapes, 1 row, maxnreg 168: no spills; the
+    weights' 16-byte loads before the wait (32 a thread: 64 KB a program; 64 with 32-column chunks, whose mma operand
+    layout holds each piece twice, as narrow slices do: the held prologue's MIN_HIDDEN), every chunk past the window
+    offset by an `and` with the chunk `win` back (none where win = chunks: chunked, not paced); after the wait x's
+    chunks (16 loads; 32 in 32-column chunks), 16 more with x also loaded whole, and 32 mma.sync."""
+    from explore56 import CAP, paced_source, parse_variant
+    from llama_prologue_sm90 import launch_spec
+    from sampling_stats import compile_sm90
+
+    from lowlat.config import preset
+    from lowlat.kernels import attn_prologue_held as aph
+
+    ch, w, early, wx, fold_g, capped = parse_variant(variant)
+    assert (ch, w, wx, fold_g, capped) == (chunks, win, whole_x, False, True)
+    (tmp_path / "e56_test.py").write_text(paced_source(open(aph.__file__).read(), ch, w, wx, False, CAP))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{EXPLORE}")
+    spec = launch_spec(preset("Llama-3.2-1B"), 1, aph.SLICES, False, "timed")
+    spec["constexprs"]["EARLY_RELEASE"] = early
+    spec.update(maxnreg=CAP, ptx=True)
+    info, = compile_sm90("e56_test:_held_prologue_kernel", [spec])
+    before, after = _ptx_before_wait(info["ptx"])
+    assert info["spill_bytes"] == 0 and info["registers"] <= CAP
+    assert before.count("ld.global.v4") == loads and before.count("cvt.u32.u16") == loads // chunks * (chunks - win)
+    assert after.count("ld.global.v4") == loads // 2 + (16 if whole_x else 0) and after.count("mma.sync") == 32
+
+
+def test_explore57_paced_cluster_source_builds_on_explore44(explore, tmp_path, monkeypatch):
+    """explore57's paced Qwen3 form (explore44's QK-norm edits, then explore56's) at Qwen3-30B-A3B's shapes, 1 row
+    block, maxnreg 168: no spills, the window's `and`s before the wait (64 weight loads a thread in 32-column chunks,
+    see the test above), the cluster barrier after it."""
+    from explore46 import sm90_spec
+    from explore57 import source
+    from sampling_stats import compile_sm90
+
+    src, early = source("cluster_c16w4_late")
+    assert not early and "_cluster_sync" in src and "_zero_after(wr" in src
+    (tmp_path / "e57_test.py").write_text(src)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{EXPLORE}")
+    spec = sm90_spec(1, True)
+    spec["divisible"].append("zero")
+    info, = compile_sm90("e57_test:_held_prologue_kernel", [dict(spec, ptx=True)])
+    before, after = _ptx_before_wait(info["ptx"])
+    assert info["spill_bytes"] == 0
+    assert before.count("cvt.u32.u16") == 64 // 16 * (16 - 4) and "barrier.cluster" in after

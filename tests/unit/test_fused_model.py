@@ -606,7 +606,8 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device,
     and prefill-chunk rows, padding) gives logits and K / V within the policy against the float64 reference, like the
     split-K prologue's model on the same step; graphed decode steps of 1 / 6 / 16 rows give bitwise the logits and KV
     of a 24-row width (row invariance with padding) and of a model applying the norm weight the other way
-    (`HELD_FOLD`: folded at build or multiplied in registers), and the same logits on a pure replay with q and the
+    (`HELD_FOLD`: folded at build or multiplied in registers) and of a folded model releasing early (the paced
+    prologue at 1 / 6 rows: `attn_prologue_held`'s pace), and the same logits on a pure replay with q and the
     attention's output NaN first (a launch reading them before its wait would show)."""
     cfg = preset("Llama-3.2-1B").replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
@@ -622,11 +623,16 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device,
     monkeypatch.setattr(fmod, "HELD_FOLD", "registers" if fmod.HELD_FOLD == "build" else "build")
     other = FusedModel(cfg, w, device=device, widths=(1, 6, 16))       # the norm weight applied the other way
     assert other.held_prologue and other._held_folded != held._held_folded
-    models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)), fold=other)
+    monkeypatch.setattr(fmod, "HELD_FOLD", "build")        # folded weights + the prologue's early release: paced
+    paced = FusedModel(cfg, w, device=device, widths=(1, 6, 16), early_release=("out_proj", "down", "attn_prologue"))
+    assert paced._held_folded and paced._held_early
+    models = dict(on=held, wide=FusedModel(cfg, w, device=device, widths=(24,)), fold=other, paced=paced)
     for rows, seed in ((1, 0), (6, 1), (16, 2)):
         case, ks, vs = decode_case(cfg, rows, seed, device)
         on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
         replay_after_nan(held, case, ks, vs, (held._full["q"], held._full["attn"]), on, f"_r{rows}")
+        replay_after_nan(paced, case, ks, vs, (paced._full["q"], paced._full["attn"], paced._x2), on,
+                         f"_paced_r{rows}")
 
 
 @pytest.mark.gpu
