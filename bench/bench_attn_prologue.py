@@ -7,8 +7,9 @@ For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) a
                    where `held_prologue_supported` allows (Llama-3.2-1B here; skipped with the reason elsewhere), the
                    norm weight multiplied into the weights in registers
   held_folded_pdl  the same on weights folded once (`fold_attn_norm`, as FusedModel stores them): same bits
-  held_paced_pdl   the same folded weights with pace=True and early_release=True (the paced form at 1-8 rows, the
-                   next launch released at the start; g = 1 past 8 rows: `attn_prologue_held`'s pace): same bits
+  held_paced_pdl   the same folded weights with pace=True and early_release=True (the paced form at 1 row, the next
+                   launch released at the start; g = 1 and the release after the wait at 2+ rows:
+                   `attn_prologue_held`'s pace): same bits
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.

@@ -22,7 +22,7 @@ difference from production is printed).
     prod          production (g multiplied in registers, two programs an SM, released after the wait)
     prod_f        the same on `fold_attn_norm`'s weights (the same bits)
     prod_paced    production's own paced form since session 39 (`attn_prologue_held(..., pace=True)` on folded
-                  weights, released at the start: c8w2_early_x2 at H 2048, 1-8 rows; g = 1 past 8 rows)
+                  weights, released at the start: c8w2_early_x2 at H 2048 and 1 row; g = 1 past it)
     prod_f1       production's g-in-registers form on `fold_attn_norm`'s weights with g = 1 (bf16(w 1) = w: the same
                   bits; production's schedule, which the folded form's 2-row-block build lacks)
     f168_early    `fold_attn_norm`'s weights, maxnreg 168, released at the start (explore45's folded_r168_early)
@@ -210,10 +210,10 @@ def sm90_rows(variants: list, rows: list) -> list:
     out = []
     for v, (mod, folded, early) in modules(variants).items():
         for m in rows:
-            spec = launch_spec(cfg, m, aph.SLICES, not folded or (v == "prod_paced" and m > aph.ROW_BLOCK), "timed")
+            spec = launch_spec(cfg, m, aph.SLICES, not folded or (v == "prod_paced" and m > aph.PACE_MAX_ROWS), "timed")
             spec["constexprs"]["EARLY_RELEASE"] = early
             pv = parse_variant(v)
-            if v == "prod_paced" and m <= aph.ROW_BLOCK:
+            if v == "prod_paced" and m <= aph.PACE_MAX_ROWS:
                 spec["constexprs"].update(PACE=cfg.hidden_size // aph.SLICES // aph.PACE_COLUMNS,
                                           PACE_WIN=aph.PACE_WINDOW)
                 spec["maxnreg"] = aph.PACE_MAXNREG

@@ -59,7 +59,7 @@ MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated
 #                    PTX loads the weights 2-4 times at H 64-128), a form the GPU tests do not cover
 
 
-#: The paced form (`attn_prologue_held(..., pace=True)` on folded weights with early_release under PDL at 1-8 rows):
+#: The paced form (`attn_prologue_held(..., pace=True)` on folded weights with early_release under PDL at 1 row):
 #: the weights in chunks of PACE_COLUMNS columns of each K slice, at most PACE_WINDOW in flight a thread (so at H
 #: >= 1024: more chunks than the window), maxnreg PACE_MAXNREG
 #: (three programs an SM: 396 slots hold two launches of Llama-3.2-1B's 192). Why: a launch's x (loaded after its
@@ -68,8 +68,10 @@ MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated
 #: Session 39 (bench/explore/explore56.py `c8w2_early_x2`, per kernel, H100, Llama-3.2-1B, 1 row): 4.76-4.96 us
 #: against production's 4.97-5.23 in the same runs (calls 2-4); 32-column chunks were faster (4.59-4.72) but give
 #: other bits than the one-call mma of 2+ row blocks (64-column chunks: the same bits), and the windows 1 and 3 of 8
-#: chunks slower.
+#: chunks slower. At 6 / 8 rows the same form was slower than production (5.54-5.64 / 5.77-5.81 against 5.32-5.46 /
+#: 5.45-6.34 us, calls 2): hence 1 row only (PACE_MAX_ROWS; 2-5 rows not measured).
 PACE_COLUMNS = 64
+PACE_MAX_ROWS = 1
 PACE_WINDOW = 2
 PACE_MAXNREG = 168
 #: With pace=True, folded weights (attn_norm None) outside the paced form run the g-multiplied form with g = 1:
@@ -308,9 +310,9 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                       (positions, request indices, out_cache_loc, num_valid_rows, the page table) and KV slots
                       written by earlier steps. Same bits either way. With g multiplied in registers, slower where
                       measured (Llama-3.2-1B per kernel, session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3
-                      against 13.4 at 48); with pace on folded weights at 1-8 rows it runs the paced form (see
+                      against 13.4 at 48); with pace on folded weights at 1 row it runs the paced form (see
                       pace). Off in FusedModel unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
-        pace          (a bool) on folded weights (attn_norm None) with early_release under PDL at 1-8 rows and
+        pace          (a bool) on folded weights (attn_norm None) with early_release under PDL at 1 row and
                       H >= 1024, the paced form (PACE_COLUMNS: three programs an SM, the weights requested a window
                       at a time, so that the next launch's stream leaves room for this launch's x); elsewhere the
                       next launch released after the wait whatever early_release allows (its early release measured
@@ -359,7 +361,7 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         raise StepContractError(f"the held prologue cannot run here: {why}")
     pdl = bool(use_pdl) and pdl_supported(dev)
     chunks = hidden // SLICES // PACE_COLUMNS
-    paced = pace and attn_norm is None and early_release and pdl and m <= ROW_BLOCK and chunks > PACE_WINDOW
+    paced = pace and attn_norm is None and early_release and pdl and m <= PACE_MAX_ROWS and chunks > PACE_WINDOW
     if pace and not paced:
         early_release = False           # after the wait: the early release measured slower outside the paced form
         if attn_norm is None:           # folded weights times ones: the same bits, the g-multiplied form's schedule

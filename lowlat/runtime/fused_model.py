@@ -127,6 +127,10 @@ HELD_PROLOGUE = "auto"
 #: 6.56-6.59 / 13.90-13.91, build 4.66-4.67 / 5.58-5.59 / 6.38-6.42 / 13.92-13.96. In the step (call 4, explore26
 #: --held-fold, Llama-3.2-1B 16 layers, two runs each alternated, us): registers 861.6 / 942.4 / 1068.5 / 1636.4,
 #: build 871.6 / 957.6 / 1067.1 / 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows).
+#: Since session 39 a "build" model launches the prologue with pace=True: with "attn_prologue" in early_release it
+#: runs the paced form at width 1 (`attn_prologue_held`'s PACE_COLUMNS), the g-multiplied form with g = 1 released
+#: after the wait elsewhere (the same bits as "registers"); in the step not yet measured (session 39 had no device
+#: left for it: bench/explore/session39g.sh).
 HELD_FOLD = "registers"
 #: The MoE layers' output projection. "norm_epilogue": `out_proj.out_proj` writes x and h = rms_norm(x) (a
 #: cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth), the

@@ -641,20 +641,20 @@ def test_held_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, h
 
 @pytest.mark.gpu
 @settings(max_examples=40)
-@given(m=st.integers(1, 12), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
+@given(m=st.one_of(st.just(1), st.integers(2, 12)), pad=st.integers(0, 3), group=st.sampled_from([1, 3, 4, 8]),
        hkv=st.sampled_from([1, 2, 8]), d=st.sampled_from([16, 32, 64, 128]),
        hidden=st.sampled_from([256, 512, 1024, 2048]), hostile=st.booleans(), seed=st.integers(0, 2**16))
 def test_held_prologue_paced_bitwise_equal_to_production(device, m, pad, group, hkv, d, hidden, hostile, seed):
-    """pace=True on folded weights with early_release under PDL (the paced form at 1-8 rows: the weights in chunks
-    with a window, x loaded whole and in chunks, the mma chunk after chunk; g = 1 in the g-multiplied form past 8
-    rows) gives production's bits (g multiplied in registers, released after the wait): q of every row (poisoned
-    before), the K / V caches whole (every valid slot written: NaN fails; no other slot changed); and the paced
-    launch alone is within the prologue's policy against the reference. The shapes of the test above at 1-15 rows
-    (the paced form where H >= 1024 and M <= 8; g = 1 at 9-15 rows and at H 256 / 512)."""
+    """pace=True on folded weights with early_release under PDL (the paced form at 1 row: the weights in chunks with
+    a window, x loaded whole and in chunks, the mma chunk after chunk; g = 1 in the g-multiplied form, released
+    after the wait, at 2+ rows) gives production's bits (g multiplied in registers, released after the wait): q of
+    every row (poisoned before), the K / V caches whole (every valid slot written: NaN fails; no other slot
+    changed); and the paced launch alone is within the prologue's policy against the reference. The shapes of the
+    test above at 1 row (half the examples: the paced form where H >= 1024, g = 1 at H 256 / 512) and 2-15 rows."""
     cfg = tiny_config(hidden_size=hidden, num_heads=group * hkv, num_kv_heads=hkv, head_dim=d)
     rows = split_rows(m)
     ctxs = [(seed >> i) % 40 for i in range(len(rows))]
-    pad = min(pad, 48 - m)
+    pad = 0 if m == 1 else min(pad, 48 - m)              # one row in all: the paced form
     lw, step, x, kc0, vc0 = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device,
                                   hostile_padding=hostile)
     table = rope_table(cfg, MAX_POS, device)
@@ -684,10 +684,9 @@ def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device)
     """Llama-3.2-1B's shapes: run-to-run bitwise; each row's q / K / V identical alone, among 48 rows (44 valid) and
     among the first 6 / 17 / 33 (`_assert_rows_invariant`); PDL on == off; the weights folded by `fold_attn_norm` ==
     g multiplied in registers; the next launch released at the start (early_release) == after the wait; pace=True
-    (g = 1 at these 48 rows; the paced form itself at 1-8 rows in the tests beside) == production;
-    num_valid_rows as a device tensor in a CUDA-graph replay == eager (and the paced form's at 6 rows == production's
-    eager run); a position past the RoPE table rotates by
-    cos = sin = 0 (q and K of that row 0, V untouched), as the split-K prologue does."""
+    (g = 1 at 2+ rows, the paced form for each row alone) == production; num_valid_rows as a device tensor in a
+    CUDA-graph replay == eager (and the paced form's at 1 row == production's eager run); a position past the RoPE
+    table rotates by cos = sin = 0 (q and K of that row 0, V untouched), as the split-K prologue does."""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm
 
     cfg = preset("Llama-3.2-1B")
@@ -713,14 +712,14 @@ def test_held_prologue_bitwise_deterministic_row_invariant_pdl_and_graph(device)
         lambda kc, vc, out_q: attn_prologue_held(x, w, lw.attn_norm, step.positions, step.out_cache_loc, nvr, kc, vc,
                                                  table, cfg=cfg, out_q=out_q, use_pdl=True),
         kc0, vc0, runs[0])
-    # the paced form (6 rows: one row block) with num_valid_rows a device tensor, as FusedModel launches it
-    st6, x6, wf = _rows(step, 6), x[:6].contiguous(), fold_attn_norm(w, lw.attn_norm)
-    want6 = _on_copies(lambda kc, vc: _run_held(cfg, lw, st6, x6, kc, vc, table=table, use_pdl=True), kc0, vc0)
-    nvr6 = torch.tensor([st6.num_valid_rows], dtype=torch.int32, device=device)
+    # the paced form (1 row) with num_valid_rows a device tensor, as FusedModel launches it
+    st1, x1, wf = _rows(step, 1), x[:1].contiguous(), fold_attn_norm(w, lw.attn_norm)
+    want1 = _on_copies(lambda kc, vc: _run_held(cfg, lw, st1, x1, kc, vc, table=table, use_pdl=True), kc0, vc0)
+    nvr1 = torch.tensor([1], dtype=torch.int32, device=device)
     _assert_graph_replay_equals_eager(
-        lambda kc, vc, out_q: attn_prologue_held(x6, wf, None, st6.positions, st6.out_cache_loc, nvr6, kc, vc, table,
+        lambda kc, vc, out_q: attn_prologue_held(x1, wf, None, st1.positions, st1.out_cache_loc, nvr1, kc, vc, table,
                                                  cfg=cfg, out_q=out_q, use_pdl=True, early_release=True, pace=True),
-        kc0, vc0, want6)
+        kc0, vc0, want1)
     q_all, _, vc_all = runs[0]
     loc = step.out_cache_loc[:step.num_valid_rows].long()
     far = _rows(step, 2)
@@ -869,7 +868,7 @@ def test_held_prologue_compiles_for_sm90_with_weights_held_in_registers(monkeypa
 
 def test_held_prologue_paced_form_compiles_for_sm90_with_a_window_of_chunks():
     """The paced form (PACE chunks of 64 columns a K slice, PACE_WIN 2, maxnreg 168, early release; Llama-3.2-1B's H
-    2048 / D 64 and H 1024 / D 128, 1 row block) compiled for sm_90 on the CPU: at most 168 registers, no spills; the
+    2048 / D 64 and H 1024 / D 128, 1 row) compiled for sm_90 on the CPU: at most 168 registers, no spills; the
     next launch released before the first load; before the wait only the weights' 16-byte loads (the whole-slice load
     of the unpaced form is not compiled) and each chunk past the window offset by an `and` with the chunk PACE_WIN
     back (one per 16-byte load: the window); after the wait x's 16-byte loads twice (whole, then in chunks) and K / 64
@@ -881,7 +880,8 @@ def test_held_prologue_paced_form_compiles_for_sm90_with_a_window_of_chunks():
             "loc_ptr": "*i32", "nvr_ptr": "*i32", "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16"}
     cases = [(2048, 64), (1024, 128)]
     specs = [{"constexprs": {"K": k, "D": d, "NMB": 1, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": False,
-                             "EARLY_RELEASE": True, "PACE": k // 4 // PACE_COLUMNS, "PACE_WIN": PACE_WINDOW},
+                             "EARLY_RELEASE": True, "PACE": k // 4 // PACE_COLUMNS, "PACE_WIN": PACE_WINDOW,
+                             "M": 1},                    # a 1-row launch: Triton specialises the int 1
               "pointers": ptrs, "scalars": {"eps": "fp32"}, "num_warps": 4, "launch_pdl": True, "ptx": True,
               "maxnreg": PACE_MAXNREG, "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch",
                                                      "stride_vcs", "stride_vch", "zero"]}

@@ -607,7 +607,7 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device,
     split-K prologue's model on the same step; graphed decode steps of 1 / 6 / 16 rows give bitwise the logits and KV
     of a 24-row width (row invariance with padding) and of a model applying the norm weight the other way
     (`HELD_FOLD`: folded at build or multiplied in registers) and of a folded model releasing early (the paced
-    prologue at 1 / 6 rows: `attn_prologue_held`'s pace), and the same logits on a pure replay with q and the
+    prologue at 1 row: `attn_prologue_held`'s pace), and the same logits on a pure replay with q and the
     attention's output NaN first (a launch reading them before its wait would show)."""
     cfg = preset("Llama-3.2-1B").replace(num_layers=2)
     w = random_model_weights(cfg, seed=0).to(device=device)
