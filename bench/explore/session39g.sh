@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 39, call 5 (one GPU, no carry; sessions39e/f's essentials in one call after failed starts): the paced held
+# Prepared in session 39, NOT run (no device could be started after call 4; one GPU, no carry, ~450 s): the paced held
 # prologue in production (`attn_prologue_held(..., pace=True)`): its GPU tests and FusedModel's held-prologue /
 # early-release tests; the per-kernel bench at Llama-3.2-1B's shapes (held_pdl / held_folded_pdl / held_paced_pdl);
 # the decode step (explore26, 16 layers) with FusedModel's default against folded weights with the prologue's early
-# release (the paced prologue at 1 / 6 rows); explore57 (Qwen3's paced cluster prologue) while time is left.
+# release (the paced prologue at width 1); explore57 (Qwen3's paced cluster prologue) while time is left.
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1

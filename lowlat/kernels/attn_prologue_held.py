@@ -66,10 +66,10 @@ MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated
 #: wait) queues behind the next launch's weight requests, ~2 us on the H200 when all 64 KB a program are requested at
 #: once (session 38's stamps); a window of 16 KB a program keeps the stream's bandwidth and shortens that queue.
 #: Session 39 (bench/explore/explore56.py `c8w2_early_x2`, per kernel, H100, Llama-3.2-1B, 1 row): 4.76-4.96 us
-#: against production's 4.97-5.23 in the same runs (calls 2-4); 32-column chunks were faster (4.59-4.72) but give
+#: against production's 4.97-5.21 in the same runs (calls 2-4); 32-column chunks were faster (4.59-4.72) but give
 #: other bits than the one-call mma of 2+ row blocks (64-column chunks: the same bits), and the windows 1 and 3 of 8
 #: chunks slower. At 6 / 8 rows the same form was slower than production (5.54-5.64 / 5.77-5.81 against 5.32-5.46 /
-#: 5.45-6.34 us, calls 2): hence 1 row only (PACE_MAX_ROWS; 2-5 rows not measured).
+#: 5.45-6.34 us, calls 2-3): hence 1 row only (PACE_MAX_ROWS; 2-5 rows not measured).
 PACE_COLUMNS = 64
 PACE_MAX_ROWS = 1
 PACE_WINDOW = 2
