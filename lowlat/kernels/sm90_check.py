@@ -156,7 +156,8 @@ RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_p
 
 
 #: `attn_prologue_held._held_prologue_kernel`'s runtime parameters and their types as FusedModel's launch specialises
-#: them (g_ptr: the norm weight with HELD_FOLD "registers", else the weight again; a bf16 pointer either way)
+#: them (g_ptr: the norm weight with HELD_FOLD "registers", a ones vector or the weight again with "build"; a bf16
+#: pointer either way; zero: the paced form's runtime 0)
 HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")},
                      "tab_ptr": "*fp32", "pos_ptr": "*i64", "loc_ptr": "*i32", "nvr_ptr": "*i32", "nvr_int": "i32",
                      **{a: "i32" for a in ("stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs",
@@ -178,18 +179,19 @@ def held_prologue_variants(cfg, row_blocks) -> list[dict]:
     (`runs_held_prologue`); else one per 8-row block count NMB = ceil(width / 8) of FusedModel's default widths
     within those counts (1 / 2 / 3 blocks of 16: NMB 1-2 / 3-4 / 6, every NMB FusedModel launches by default; the
     kernel unrolls its NMB blocks), each with what `FusedModel._run`'s launch passes: K = H, D = head_dim,
-    NVR_FROM_PTR (num_valid_rows the device tensor nvalid), USE_PDL, FOLD_G (`fused_model.HELD_FOLD` "registers": the
-    norm weight multiplied in registers; "build": `fold_attn_norm`'s weights, attn_norm None) and the launcher's warps /
-    K slices / row block (Q, S, RB)."""
+    NVR_FROM_PTR (num_valid_rows the device tensor nvalid), USE_PDL, FOLD_G (on: `fused_model.HELD_FOLD` "registers"
+    multiplies the norm weight in registers, "build" launches with pace=True, whose folded weights take g = 1 in the
+    same form; the paced build a "build" model with the prologue's early release runs at width 1 is not listed) and
+    the launcher's warps / K slices / row block (Q, S, RB)."""
     from lowlat.kernels._gemv import row_blocks as blocks_of
     from lowlat.kernels.attn_prologue_held import ROW_BLOCK, SLICES, WARPS
-    from lowlat.runtime.fused_model import DEFAULT_WIDTHS, HELD_FOLD
+    from lowlat.runtime.fused_model import DEFAULT_WIDTHS
 
     if not runs_held_prologue(cfg):
         return []
     nmbs = sorted({-(-w // ROW_BLOCK) for w in DEFAULT_WIDTHS if blocks_of(w) in row_blocks})
     return [dict(K=cfg.hidden_size, D=cfg.head_dim, NMB=nmb, NVR_FROM_PTR=True, USE_PDL=True,
-                 FOLD_G=HELD_FOLD == "registers", Q=WARPS,
+                 FOLD_G=True, Q=WARPS,
                  S=SLICES, RB=ROW_BLOCK) for nmb in nmbs]
 
 
