@@ -211,7 +211,7 @@ def sm90_rows(variants: list, rows: list) -> list:
     for v, (mod, folded, early) in modules(variants).items():
         for m in rows:
             spec = launch_spec(cfg, m, aph.SLICES, not folded or (v == "prod_paced" and m > aph.PACE_MAX_ROWS), "timed")
-            spec["constexprs"]["EARLY_RELEASE"] = early
+            spec["constexprs"]["EARLY_RELEASE"] = early and not (v == "prod_paced" and m > aph.PACE_MAX_ROWS)
             pv = parse_variant(v)
             if v == "prod_paced" and m <= aph.PACE_MAX_ROWS:
                 spec["constexprs"].update(PACE=cfg.hidden_size // aph.SLICES // aph.PACE_COLUMNS,

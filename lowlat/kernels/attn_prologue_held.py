@@ -161,7 +161,8 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     block, folded weights): the weights loaded in PACE chunks of each slice's K, chunk c's addresses offset by
     `_zero_after` of chunk c - PACE_WIN's values (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in
     flight; x is loaded whole (the statistic) and in the same chunks, and the mma runs chunk after chunk (the same
-    k16 steps in the same order as the one call: the same bits). The whole-slice weight load and mma below then have
+    k16 steps in the same order as the one call: the same bits). The unpaced form's whole-slice weight load and mma,
+    kept in the source beside the paced ones, then have
     no use and are not compiled (dead code; the sm_90 CPU test checks the loads before the wait)."""
     pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
@@ -303,17 +304,17 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
                       prologue reads them after its wait). FusedModel copies them in before the step.
         check_values  also check positions (in the table) / out_cache_loc (valid rows' in 1..S-1 and distinct)
                       values (host sync; not under capture)
-        early_release (a bool; under PDL) release the next launch at the start of every program instead of right
-                      after the wait: the next launch may then start before this launch's predecessor is complete,
-                      so it must read before its own wait nothing that predecessor (or any launch of the step
-                      before it) writes. FusedModel's successor, `decode_attention`, reads there only the step inputs
-                      (positions, request indices, out_cache_loc, num_valid_rows, the page table) and KV slots
-                      written by earlier steps. Same bits either way. With g multiplied in registers, slower where
-                      measured (Llama-3.2-1B per kernel, session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3
-                      against 13.4 at 48); with pace on folded weights at 1 row it runs the paced form (see
-                      pace). Off in FusedModel unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
+        early_release (a bool; under PDL) release the next launch at the start of every program instead of right after
+                      the wait: the next launch may then start before this launch's predecessor is complete, so it must
+                      read before its own wait nothing that predecessor (or any launch of the step before it) writes.
+                      FusedModel's successor, `decode_attention`, reads there only the step inputs (positions, request
+                      indices, out_cache_loc, num_valid_rows, the page table) and KV slots written by earlier steps.
+                      Same bits either way. With g multiplied in registers, slower where measured (Llama-3.2-1B per
+                      kernel, session 28's explore39: 5.26 against 4.39 us at 1 row, 29.3 against 13.4 at 48); with pace
+                      on folded weights at 1 row and H >= 1024 it runs the paced form (see pace). Off in FusedModel
+                      unless named (`FusedModel(early_release=(..., "attn_prologue"))`).
         pace          (a bool) on folded weights (attn_norm None) with early_release under PDL at 1 row and
-                      H >= 1024, the paced form (PACE_COLUMNS: three programs an SM, the weights requested a window
+                      H >= 1024, the paced form (PACE_MAXNREG: three programs an SM; the weights requested a window
                       at a time, so that the next launch's stream leaves room for this launch's x); elsewhere the
                       next launch released after the wait whatever early_release allows (its early release measured
                       slower there, see early_release) and folded weights run the g-multiplied form with g = 1
@@ -326,7 +327,8 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         (Hq + 2 Hkv) D, num_valid_rows outside 0..M, cfg.rms_eps not a finite float > 0, out_q / k_cache /
         v_cache overlapping one another or an input (`attn_prologue.check_prologue_writes`), with check_values a
         position outside the table or a slot outside 1..S-1 or two valid rows' equal slots, an early_release or
-        pace that is not a bool, then a model or device the kernel does not take
+        pace that is not a bool, then a model or device the kernel does not take; with pace on folded weights outside
+        the paced form, a first such launch under CUDA-graph capture (`_ones`)
         (`held_prologue_supported`'s reason).
     """
     require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)

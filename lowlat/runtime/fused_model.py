@@ -121,16 +121,17 @@ EARLY_RELEASE_LAUNCHES = ("out_proj", "down", "attn_prologue")
 #: input, so a model running it never defers the down projection's reduction (`defers_down`).
 HELD_PROLOGUE = "auto"
 #: Where a held-prologue model applies the attention RMSNorm weight g to its QKV weights (read at build): "registers"
-#: (the kernel multiplies g into its held weights before its wait, FOLD_G) or "build" (`fold_attn_norm` once, FOLD_G
-#: off). The same bits either way (`fold_attn_norm`'s rounding; GPU tests of the kernel and of the step). Per kernel
-#: (session 26 call 2, bench_attn_prologue.py twice, us at 1 / 6 / 16 / 48 rows): registers 4.49-4.51 / 4.67-4.68 /
-#: 6.56-6.59 / 13.90-13.91, build 4.66-4.67 / 5.58-5.59 / 6.38-6.42 / 13.92-13.96. In the step (call 4, explore26
-#: --held-fold, Llama-3.2-1B 16 layers, two runs each alternated, us): registers 861.6 / 942.4 / 1068.5 / 1636.4,
-#: build 871.6 / 957.6 / 1067.1 / 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows).
-#: Since session 39 a "build" model launches the prologue with pace=True: with "attn_prologue" in early_release it
-#: runs the paced form at width 1 (`attn_prologue_held`'s PACE_COLUMNS), the g-multiplied form with g = 1 released
-#: after the wait elsewhere (the same bits as "registers"); in the step not yet measured (session 39 had no device
-#: left for it: bench/explore/session39g.sh).
+#: (the kernel multiplies g into its held weights before its wait, FOLD_G) or "build" (`fold_attn_norm` once; since
+#: session 39 launched with pace=True: g = 1 in the FOLD_G form, or the paced form, see below). The same bits either way
+#: (`fold_attn_norm`'s rounding; GPU tests of the kernel and of the step). Per kernel (session 26 call 2,
+#: bench_attn_prologue.py twice, us at 1 / 6 / 16 / 48 rows): registers 4.49-4.51 / 4.67-4.68 / 6.56-6.59 / 13.90-13.91,
+#: build 4.66-4.67 / 5.58-5.59 / 6.38-6.42 / 13.92-13.96. In the step (call 4, explore26 --held-fold, Llama-3.2-1B 16
+#: layers, two runs each alternated, us): registers 861.6 / 942.4 / 1068.5 / 1636.4, build 871.6 / 957.6 / 1067.1 /
+#: 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows). Since session 39 a "build" model
+#: launches the prologue with pace=True: with "attn_prologue" in early_release it runs the paced form at width 1
+#: (`attn_prologue_held`'s PACE_COLUMNS), the g-multiplied form with g = 1 released after the wait elsewhere (the same
+#: bits as "registers"); in the step not yet measured (session 39 had no device left for it:
+#: bench/explore/session39g.sh).
 HELD_FOLD = "registers"
 #: The MoE layers' output projection. "norm_epilogue": `out_proj.out_proj` writes x and h = rms_norm(x) (a
 #: cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth), the
@@ -356,7 +357,8 @@ class FusedModel:
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
         self._held_folded = self.held_prologue and HELD_FOLD == "build"
-        #: whether the held prologue releases the next launch at its start (early_release names "attn_prologue")
+        #: whether the held prologue may release the next launch at its start (early_release names "attn_prologue"; on
+        #: folded weights, pace=True, it does so only in the paced form: width 1)
         self._held_early = "attn_prologue" in self.early_release
         if self._held_early and not self.held_prologue:
             raise StepContractError("early_release names 'attn_prologue', which only the held prologue does; this "

@@ -917,3 +917,50 @@ def test_held_prologue_ones_vector_is_made_outside_capture_and_cached(monkeypatc
     aph._ONES[("cuda:0", 64)] = one                                  # cached: served under capture too
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert aph._ones(64, torch.device("cuda", 0)) is one
+
+
+@pytest.mark.parametrize("hidden", [512, 1024, 2048])
+def test_held_prologue_launcher_picks_the_paced_build_where_documented(monkeypatch, hidden):
+    """On the CPU with the kernel stubbed (the launcher's decision, not the GPU's bits): pace=True launches the paced
+    build (PACE = H / 256 chunks, PACE_WIN 2, maxnreg 168, FOLD_G off, the release at the start) exactly on folded
+    weights with early_release under PDL at 1 row and H >= 1024; elsewhere pace=True releases after the wait and
+    folded weights take the cached ones vector as g (FOLD_G on); pace=False launches as before. `zero` is 0 always."""
+    import itertools
+
+    import lowlat.kernels.attn_prologue_held as aph
+
+    launches = []
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+
+    monkeypatch.setattr(aph, "_held_prologue_kernel", Stub())
+    monkeypatch.setattr(aph, "held_prologue_supported", lambda cfg, dev: None)
+    monkeypatch.setattr(aph, "require_runnable", lambda name, t: None)
+    monkeypatch.setattr(aph, "_ONES", {})
+    cfg = tiny_config(hidden_size=hidden, num_heads=4, num_kv_heads=2, head_dim=64)
+    bf = torch.bfloat16
+    w, g = torch.randn(8 * 64, hidden).to(bf), torch.randn(hidden).to(bf)
+    for m, folded, early, pdl, pace in itertools.product((1, 2, 9), *[(False, True)] * 4):
+        monkeypatch.setattr(aph, "pdl_supported", lambda dev, pdl=pdl: pdl)
+        aph.attn_prologue_held(torch.randn(m, hidden).to(bf), w, None if folded else g, torch.arange(m),
+                               torch.arange(1, m + 1, dtype=torch.int32), m, torch.zeros(m + 1, 2, 64, dtype=bf),
+                               torch.zeros(m + 1, 2, 64, dtype=bf), torch.zeros(16, 64), cfg=cfg, use_pdl=True,
+                               early_release=early, pace=pace)
+        grid, args, kw = launches[-1]
+        case = (m, folded, early, pdl, pace)
+        paced = pace and folded and early and pdl and m == 1 and hidden >= 1024
+        assert grid == (8 * 64 // 16,) and kw["zero"] == 0 and ("PACE" in kw) == paced, case
+        if paced:
+            assert (kw["PACE"], kw["PACE_WIN"], kw["maxnreg"]) == (hidden // 256, 2, 168), case
+            assert kw["FOLD_G"] is False and kw["EARLY_RELEASE"] is True and kw["NMB"] == 1, case
+            continue
+        assert "maxnreg" not in kw and kw["EARLY_RELEASE"] == (early and not pace), case
+        if not folded:
+            assert kw["FOLD_G"] is True and args[2] is g, case
+        elif pace:
+            assert kw["FOLD_G"] is True and args[2] is aph._ones(hidden, torch.device("cpu")), case
+            assert bool((args[2] == 1).all()), case
+        else:
+            assert kw["FOLD_G"] is False and args[2] is w, case
