@@ -187,6 +187,15 @@ def accuracy_verdict(got, x, w0, lw, pos, inv, cfg) -> str:
     return "within policy"
 
 
+def qwen3_copies(dev):
+    """`qwen3_case` and what the per-kernel explores time it on: (cfg, lw, w0, table, inv, r, ws: r copies of w0,
+    wfs: their `fold_attn_norm`, pws: the split-K prologue's workspace)."""
+    cfg, lw, w0, table, inv, r = qwen3_case(dev)
+    ws = [w0.clone() for _ in range(r)]
+    return (cfg, lw, w0, table, inv, r, ws, [aph.fold_attn_norm(w, lw.attn_norm) for w in ws],
+            make_prologue_workspace(w0, cfg.head_dim))
+
+
 def nan_outputs(variants, r: int, m: int, cfg, dev):
     """({variant: K cache}, {variant: V cache}, {variant: r q outputs}) at width m, all NaN: caches of r m + 1 slots
     [slots, Hkv, D], q [m, Hq, D], bf16."""

@@ -87,19 +87,14 @@ class TmaClusterProlog:
 
 def device_run(rows: list, rounds: int, out: str | None) -> None:
     from _common import prologue_rows, times_line, write_results
-    from explore44 import ClusterProlog, checked_times, nan_outputs, qwen3_case
-    from lowlat.kernels import attn_prologue_held as aph
-    from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace
+    from explore44 import ClusterProlog, checked_times, nan_outputs, qwen3_copies
+    from lowlat.kernels.attn_prologue import attn_prologue
 
     dev = torch.device("cuda")
-    cfg, lw, w0, table, inv, r = qwen3_case(dev)
-    n = w0.shape[0]
-    d, h = cfg.head_dim, cfg.hidden_size
-    ws = [w0.clone() for _ in range(r)]
-    wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
+    cfg, lw, w0, table, inv, r, ws, wfs, pws = qwen3_copies(dev)
+    n, d, h = w0.shape[0], cfg.head_dim, cfg.hidden_size
     tws = [tma_weight(w, lw.attn_norm, d) for w in ws]
     descs = [tma_descriptor(w) for w in tws]
-    pws = make_prologue_workspace(w0, d)
     reg = ClusterProlog(fold_g=False, maxnreg=168)
     tma = {"tma_late": TmaClusterProlog(1), "tma_early": TmaClusterProlog(0)}
     scratch = torch.full((n // 16 * 6 * 8,), float("nan"), device=dev)

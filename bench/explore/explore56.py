@@ -66,6 +66,8 @@ SSW_MMA = """        ssw = gl.sum(xf * xf, axis=1)
 """
 WAIT = "    pdl_wait_then_release(USE_PDL, EARLY_RELEASE)\n"
 LAUNCH = "        EARLY_RELEASE=early_release, num_warps=WARPS,\n"
+
+
 def paced_source(src: str, ch: int, win: int, whole_x: bool = False, fold_g: bool | str = False,
                  cap: int | None = CAP) -> str:
     """Production's source with the weights loaded in `ch` K chunks a slice, chunk c's addresses depending on chunk
@@ -76,7 +78,8 @@ def paced_source(src: str, ch: int, win: int, whole_x: bool = False, fold_g: boo
     wait, beside x); else folded weights (attn_norm None)."""
     from explore46 import edited
 
-    out = src              # production's kernel takes `zero` and has `_zero_after` since session 39
+    # production's kernel takes `zero` and has `_zero_after` since session 39 (its own paced form, PACE, is this
+    # generator's c8w2_early_x2; the generator keeps the forms production does not take)
     lines = [f"    gl.static_assert({'' if fold_g else 'not '}FOLD_G, 'paced: the fold form built')",
              f"    KC: gl.constexpr = KQ // {ch}",
              "    akc = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))",
@@ -92,7 +95,7 @@ def paced_source(src: str, ch: int, win: int, whole_x: bool = False, fold_g: boo
             lines.append(f"    w{c} = (wr{c}.to(gl.float32) * gl.load(g_ptr + {goff}).to(gl.float32)).to(gl.bfloat16)")
         else:
             lines.append(f"    w{c} = wr{c}")
-    out = edited(out, W_LOAD, "\n".join(lines) + "\n")
+    out = edited(src, W_LOAD, "\n".join(lines) + "\n")
     if fold_g == "late":
         out = edited(out, WAIT, WAIT + "".join(
             f"    w{c} = (wr{c}.to(gl.float32) * gl.load(g_ptr + acolc + {c} * KC + 0 * aoffc).to(gl.float32))"

@@ -65,16 +65,12 @@ def prologs(variants: list) -> dict:
 
 def device_run(rows: list, rounds: int, out: str | None, variants: list) -> None:
     from _common import prologue_rows, times_line, write_results
-    from explore44 import checked_times, nan_outputs, qwen3_case
-    from lowlat.kernels.attn_prologue import attn_prologue, make_prologue_workspace
+    from explore44 import checked_times, nan_outputs, qwen3_copies
+    from lowlat.kernels.attn_prologue import attn_prologue
 
     dev = torch.device("cuda")
-    cfg, lw, w0, table, inv, r = qwen3_case(dev)
-    n = w0.shape[0]
-    d, h = cfg.head_dim, cfg.hidden_size
-    ws = [w0.clone() for _ in range(r)]
-    wfs = [aph.fold_attn_norm(w, lw.attn_norm) for w in ws]
-    pws = make_prologue_workspace(w0, d)
+    cfg, lw, w0, table, inv, r, ws, wfs, pws = qwen3_copies(dev)
+    n, h = w0.shape[0], cfg.hidden_size
     held = prologs(variants)
     scratch = torch.full((n // 16 * 6 * 8,), float("nan"), device=dev)
     results = []

@@ -8,7 +8,6 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-540}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 echo "== bench_attn_prologue Llama-3.2-1B (${SECONDS}s)"
 timeout "$(cap 100)" python3 bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 6 8 16 48 --budget-s 0 \
   --out "$OUT/attn_prologue_llama.json" 2>&1 | grep -v -i warn | grep -v "M=.*  fused" | cut -c1-200

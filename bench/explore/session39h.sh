@@ -6,7 +6,6 @@ cd "$(dirname "$0")/../.."
 source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-280}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 echo "== explore56 (${SECONDS}s)"
 timeout "$(cap 90)" python3 bench/explore/explore56.py --rows 1 --rounds 3 --out "$OUT/explore56.json" \
   --variants prod,prod_paced,c8w2_early_x2,c8w1_early_x2,c8w3_early_x2,c16w4_early 2>&1 | grep -v -i warn | cut -c1-1200
