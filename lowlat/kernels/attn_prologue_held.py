@@ -162,8 +162,8 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     `_zero_after` of chunk c - PACE_WIN's values (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in
     flight; x is loaded whole (the statistic) and in the same chunks, and the mma runs chunk after chunk (the same
     k16 steps in the same order as the one call: the same bits). The unpaced form's whole-slice weight load and mma,
-    kept in the source beside the paced ones, then have
-    no use and are not compiled (dead code; the sm_90 CPU test checks the loads before the wait)."""
+    kept in the source beside the paced ones, then have no use and are not compiled (dead code; the sm_90 CPU test
+    checks the loads before the wait)."""
     pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
