@@ -65,3 +65,21 @@ tune_shape() {
 # a part's timeout: LIMIT seconds or what is left before $END (the script's last second), whichever is less, at
 # least 1 (session 33-34 scripts): timeout "$(cap LIMIT)" ...
 cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+# session 40: true on an H200 (issue 3's card): on_h200
+on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
+# the production prologue bench at Llama-3.2-1B's 1 row RUNS times (issue 3's 70%-of-copy-bandwidth check; held_pdl
+# and held_paced_pdl among its variants), JSONs as $OUT/attn_prologue_llama_I.json (session 40): llama_prologue_bench RUNS
+llama_prologue_bench() {
+  for i in $(seq "$1"); do
+    echo "== bench_attn_prologue Llama-3.2-1B 1 row, run $i (${SECONDS}s)"
+    timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 --budget-s 0 \
+      --out "$OUT/attn_prologue_llama_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
+  done
+}
+# explore57's paced Qwen3 cluster forms at 1 / 6 rows, $OUT/explore57.json (session 40): explore57_paced LIMIT_S
+explore57_paced() {
+  echo "== explore57 (${SECONDS}s)"
+  timeout "$(cap "$1")" python3 bench/explore/explore57.py --rows 1,6 --rounds 2 --out "$OUT/explore57.json" \
+    --variants split_k,cluster,cluster_c16w4_late,cluster_c16w2_late,cluster_c16w6_late,cluster_c8w2_late \
+    2>&1 | grep -v -i warn | cut -c1-1500
+}

@@ -140,19 +140,19 @@ class ClusterProlog:
         return out_q
 
 
-def launch_clustered(kernel, programs: int, m: int, seen: set, args, kw) -> None:
-    """`programs` programs of `kernel` launched as clusters of CLUSTER. A width's first launch (m not in `seen`)
+def launch_clustered(kernel, programs: int, m: int, seen: set, args, kw, cluster: int = CLUSTER) -> None:
+    """`programs` programs of `kernel` launched as clusters of `cluster`. A width's first launch (m not in `seen`)
     compiles it with a plain launch (its sums are wrong, nothing hangs; Triton specialises M: 1, multiples of 16)
-    and patches the compiled kernels' packed launch metadata to num_ctas CLUSTER (see the module docstring)."""
+    and patches the compiled kernels' packed launch metadata to num_ctas `cluster` (see the module docstring)."""
     if m not in seen:
         kernel[(programs,)](*args, **kw)
         for caches in kernel.device_caches.values():
             for ck in caches[0].values():
                 md = ck.packed_metadata
                 if md[1] == 1:
-                    ck.packed_metadata = (md[0], CLUSTER, md[2])
+                    ck.packed_metadata = (md[0], cluster, md[2])
         seen.add(m)
-    kernel[(programs // CLUSTER,)](*args, **kw)
+    kernel[(programs // cluster,)](*args, **kw)
 
 
 def qwen3_case(dev):
@@ -194,6 +194,19 @@ def qwen3_copies(dev):
     ws = [w0.clone() for _ in range(r)]
     return (cfg, lw, w0, table, inv, r, ws, [aph.fold_attn_norm(w, lw.attn_norm) for w in ws],
             make_prologue_workspace(w0, cfg.head_dim))
+
+
+def split_k_launch(rows: tuple, ws: list, lw, m: int, kcs: dict, vcs: dict, qs: dict, table, cfg, pws):
+    """FusedModel's split-K prologue for Qwen3 as a timed launch(i) (the Qwen3 explores' baseline, variant "split_k"):
+    copy i % r of `prologue_rows`' rows = (xs, positions, locs) and of the weights `ws`, PDL on, into `nan_outputs`'
+    split_k outputs; pws: `qwen3_copies`' workspace."""
+    from lowlat.kernels.attn_prologue import attn_prologue
+
+    xs, pos, locs = rows
+    r = len(xs)
+    return lambda i: attn_prologue(xs[i % r], ws[i % r], None, lw.attn_norm, lw.q_norm, lw.k_norm, pos, locs[i % r], m,
+                                   kcs["split_k"], vcs["split_k"], table, cfg=cfg, out_q=qs["split_k"][i % r],
+                                   workspace=pws, use_pdl=True)
 
 
 def nan_outputs(variants, r: int, m: int, cfg, dev):

@@ -65,8 +65,7 @@ def prologs(variants: list) -> dict:
 
 def device_run(rows: list, rounds: int, out: str | None, variants: list) -> None:
     from _common import prologue_rows, times_line, write_results
-    from explore44 import checked_times, nan_outputs, qwen3_copies
-    from lowlat.kernels.attn_prologue import attn_prologue
+    from explore44 import checked_times, nan_outputs, qwen3_copies, split_k_launch
 
     dev = torch.device("cuda")
     cfg, lw, w0, table, inv, r, ws, wfs, pws = qwen3_copies(dev)
@@ -80,9 +79,7 @@ def device_run(rows: list, rounds: int, out: str | None, variants: list) -> None
         fns = {}
         for v in variants:
             if v == "split_k":
-                fns[v] = lambda i: attn_prologue(xs[i % r], ws[i % r], None, lw.attn_norm, lw.q_norm, lw.k_norm, pos,
-                                                 locs[i % r], m, kcs["split_k"], vcs["split_k"], table, cfg=cfg,
-                                                 out_q=qs["split_k"][i % r], workspace=pws, use_pdl=True)
+                fns[v] = split_k_launch((xs, pos, locs), ws, lw, m, kcs, vcs, qs, table, cfg, pws)
             else:
                 fns[v] = (lambda p, v: lambda i: p(xs[i % r], wfs[i % r], None, lw.q_norm, lw.k_norm, pos,
                                                    locs[i % r], m, kcs[v], vcs[v], table, cfg, qs[v][i % r],

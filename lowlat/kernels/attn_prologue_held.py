@@ -69,7 +69,9 @@ MIN_HIDDEN = 256   # H / 4 >= 64 columns a slice: narrower slices are replicated
 #: against production's 4.97-5.21 in the same runs (calls 2-4); 32-column chunks were faster (4.59-4.72) but give
 #: other bits than the one-call mma of 2+ row blocks (64-column chunks: the same bits), and the windows 1 and 3 of 8
 #: chunks slower. At 6 / 8 rows the same form was slower than production (5.54-5.64 / 5.77-5.81 against 5.32-5.46 /
-#: 5.45-6.34 us, calls 2-3): hence 1 row only (PACE_MAX_ROWS; 2-5 rows not measured).
+#: 5.45-6.34 us, calls 2-3), and at 3 / 4 rows too (session 40 call 3; at 2 rows 4.98-5.01 against 5.04-5.22): hence
+#: 1 row only (PACE_MAX_ROWS). On the H100 the paced form is 4.98 us at 1 row against held_pdl's 5.18 in
+#: `bench_attn_prologue.py` (session 40 call 1); in the decode step (explore26) it gained nothing.
 PACE_COLUMNS = 64
 PACE_MAX_ROWS = 1
 PACE_WINDOW = 2

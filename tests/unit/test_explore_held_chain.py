@@ -484,3 +484,23 @@ def test_explore57_paced_cluster_source_builds_on_explore44(explore, tmp_path, m
     before, after = _ptx_before_wait(info["ptx"])
     assert info["spill_bytes"] == 0
     assert before.count("cvt.u32.u16") == 64 // 16 * (16 - 4) and "barrier.cluster" in after
+
+
+
+# ----------------------------------------------------------------------------- session 40: explore58
+@pytest.mark.parametrize("model,rows,maxnreg,order", [("qwen3", 1, 168, "sx9|lx24s|lx8sx4"),
+                                                      ("qwen3", 16, None, "sx18|lx24slx24s|lx8sx4lx8sx4"),
+                                                      ("llama", 1, None, "sx5|lx12sx4")])
+def test_explore58_ksplit_orders_scratch_stores_barriers_and_loads(explore, model, rows, maxnreg, order):
+    """explore58's K-split cluster prologue compiled for sm_90 (CPU), its PTX's scratch / output stores (s), cluster
+    barriers (|) and .cg loads (l) in order: a row block's x partial sum of squares and D partial outputs (8 a thread
+    at D 128, 4 at 64) stored before the first barrier, then a row block's CL ranks' partials and sums loaded (3 CL),
+    with QK-norm the head's sum-of-squares store a row block, a second barrier, CL loads and the four output stores a
+    row block; without QK-norm (Llama) one barrier. No spills where explore58 runs uncapped."""
+    from explore58 import scratch_order, sm90_spec
+    from sampling_stats import compile_sm90
+
+    info, = compile_sm90("explore58:_ksplit_prologue_kernel", [sm90_spec(rows, model, maxnreg)])
+    assert scratch_order(info["ptx"]) == order
+    if maxnreg is None:
+        assert info["spill_bytes"] == 0
