@@ -10,6 +10,9 @@ For SmolLM2-135M, Llama-3.2-1B and Qwen3-30B-A3B shapes (lowlat.config.preset) a
   held_paced_pdl   the same folded weights with pace=True and early_release=True (the paced form at 1 row, the next
                    launch released at the start; g = 1 and the release after the wait at 2+ rows:
                    `attn_prologue_held`'s pace): same bits
+  cluster_pdl      lowlat/kernels/attn_prologue_cluster.py (QK-norm models, Qwen3 here: the held prologue with a
+                   head's programs one thread-block cluster, folded weights in paced 32-column chunks) with PDL,
+                   where `cluster_prologue_supported` allows
   ref_graph        lowlat.reference.attn_prologue under a CUDA graph (bf16, eager kernels)
   ref_compile_graph  the same through torch.compile(dynamic=True), then a CUDA graph
 Bytes: fused QKV weight + norms (+ bias) + x + q + the K/V rows written + cos/sin rows + int inputs.
@@ -35,6 +38,7 @@ from lowlat.benchmarking import (Budget, copy_bandwidth, exit_on_sigterm, rotati
 from lowlat.config import preset  # noqa: E402
 from lowlat.kernels.attn_prologue import (attn_prologue, make_prologue_workspace, pack_qkv,  # noqa: E402
                                           pack_qkv_bias, rope_table)
+from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster, cluster_prologue_supported  # noqa: E402
 from lowlat.kernels.attn_prologue_held import (attn_prologue_held, fold_attn_norm,  # noqa: E402
                                                held_prologue_supported)
 from lowlat.reference.attn_prologue import attn_prologue as ref_attn_prologue  # noqa: E402
@@ -76,7 +80,7 @@ def main() -> None:
     configs = [(name, m) for name in args.models for m in args.rows]
     # phases: every fused measurement first, then the references while the budget lasts
     phases = [("fused", False), ("fused_pdl", False), ("held_pdl", False), ("held_folded_pdl", False),
-              ("held_paced_pdl", False),
+              ("held_paced_pdl", False), ("cluster_pdl", False),
               ("ref_graph", True), ("ref_compile_graph", True)]
     try:
         for variant, optional in phases:
@@ -88,7 +92,9 @@ def main() -> None:
                     skipped.append({**base, "variant": variant, "why": "time budget spent"})
                     continue
                 held = variant.startswith("held")
-                why = held_prologue_supported(cfg, dev) if held else None
+                cluster = variant == "cluster_pdl"
+                why = (held_prologue_supported(cfg, dev) if held else
+                       cluster_prologue_supported(cfg, dev) if cluster else None)
                 if why is not None:
                     skipped.append({**base, "variant": variant, "why": why})
                     continue
@@ -111,9 +117,16 @@ def main() -> None:
                 qs = [torch.empty(m, hq, d, dtype=torch.bfloat16, device=dev) for _ in range(r)]
                 wsp = make_prologue_workspace(w0, d)
                 base.update(plan=wsp.plan.describe(), early_inputs=wsp.early_inputs)
-                if held:
-                    base.update(plan="attn_prologue_held (4 warps, 4 K slices, 8-row blocks)", early_inputs=True)
-                if held:
+                if held or cluster:
+                    base.update(plan="attn_prologue_held (4 warps, 4 K slices, 8-row blocks)"
+                                + (", clusters of D / 16 programs, 32-column chunks" if cluster else ""),
+                                early_inputs=True)
+                if cluster:
+                    ws_ = [fold_attn_norm(t, lw.attn_norm) for t in ws_]
+                    calls = [lambda i=i: attn_prologue_cluster(xs[i], ws_[i], lw.q_norm, lw.k_norm, pos, locs[i], m, kc,
+                                                               vc, table, cfg=cfg, out_q=qs[i], use_pdl=True)
+                             for i in range(r)]
+                elif held:
                     folded = variant in ("held_folded_pdl", "held_paced_pdl")
                     paced = variant == "held_paced_pdl"
                     if folded:

@@ -1,6 +1,7 @@
 """The attention prologue with its QKV weights held in registers across the PDL wait (Gluon, sm_90, GPU only).
 
-Matches `lowlat.reference.attn_prologue.attn_prologue` for the Llama family (no QKV bias, no QK-norm):
+Matches `lowlat.reference.attn_prologue.attn_prologue` for the Llama family (no QKV bias, no QK-norm; QK-norm models
+launch the same kernel with QK_NORM through `attn_prologue_cluster`, whose docstring says how):
 
     rstd     = 1 / sqrt(sum_k x[m, k]^2 / H + eps)                               fp32
     lo, hi   = rstd * sum_k bf16(W[row, k] g[k]) x[m, k]                          fp32 (mma.sync, bf16 operands)
@@ -148,6 +149,26 @@ def _zero_after(v, zero):
                                      dtype=gl.int32, is_pure=True, pack=1)
 
 
+
+@gluon.jit
+def _store_cg_f32(ptr, val):
+    """st.global.cg of an fp32 an element (straight to L2, where the cluster's other programs read it); returns 0 an
+    element, opaque, so that what is offset by it comes after the store."""
+    return gl.inline_asm_elementwise("st.global.cg.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                                     [ptr.to(gl.int64, bitcast=True), val], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_barrier(dep, size):
+    """Trap unless the launch's clusters have `size` programs (`attn_prologue_cluster.launch_as_clusters` not taken:
+    a plain launch would sum another head's programs), then every thread of the cluster arrives (release: its stores
+    before it visible to the cluster) and waits (acquire); returns 0 an element of dep, opaque (loads offset by it stay
+    after the barrier). dep must hold one element a thread (one barrier a thread)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 n; mov.u32 n, %cluster_nctarank; setp.ne.u32 p, n, $2; @p trap; "
+        "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0; }",
+        "=r,r,r", [dep, dep * 0 + size], dtype=gl.int32, is_pure=False, pack=1)
+
 @gluon.jit
 def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
                           stride_qm, stride_qh, kc_ptr, stride_kcs, stride_kch, vc_ptr, stride_vcs, stride_vch,
@@ -155,17 +176,27 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
                           NVR_FROM_PTR: gl.constexpr, USE_PDL: gl.constexpr, FOLD_G: gl.constexpr = True,
                           Q: gl.constexpr = 4, S: gl.constexpr = 4, RB: gl.constexpr = 8,
                           PACE: gl.constexpr = 0, PACE_WIN: gl.constexpr = 2, zero=0,
+                          QK_NORM: gl.constexpr = False, qnorm_ptr=0, knorm_ptr=0, hsum_ptr=0,
+                          CHUNK_STAT: gl.constexpr = False,
                           EARLY_RELEASE: gl.constexpr = False):
     """See the module docstring. Grid (Hq + 2 Hkv) D / 16 programs of Q warps; NMB = ceil(M / RB) row blocks; x
     contiguous (row stride K: a runtime stride cost the 2-row-block launch 12 bytes of spills at K 2048). FOLD_G:
     multiply g into the weights here (else w is `fold_attn_norm`'s, g unread). EARLY_RELEASE: the next launch
-    released at the program's start, not after the wait (`attn_prologue_held`'s early_release). PACE > 0 (one row
-    block, folded weights): the weights loaded in PACE chunks of each slice's K, chunk c's addresses offset by
-    `_zero_after` of chunk c - PACE_WIN's values (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in
-    flight; x is loaded whole (the statistic) and in the same chunks, and the mma runs chunk after chunk (the same
-    k16 steps in the same order as the one call: the same bits). The unpaced form's whole-slice weight load and mma,
+    released at the program's start, not after the wait (`attn_prologue_held`'s early_release). PACE > 0 (folded
+    weights; one row block from `attn_prologue_held`, every count from `attn_prologue_cluster`): the weights loaded
+    in PACE chunks of each slice's K, chunk c's addresses offset by `_zero_after` of chunk c - PACE_WIN's values
+    (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in flight; x is loaded whole (the statistic)
+    and in the same chunks, and the mma runs chunk after chunk (64-column chunks: the same k16 steps in the same
+    order as the one call, the same bits; 32-column chunks' operand layout gives others). The unpaced form's
+    whole-slice weight load and mma,
     kept in the source beside the paced ones, then have no use and are not compiled (dead code; the sm_90 CPU test
-    checks the loads before the wait)."""
+    checks the loads before the wait).
+    QK_NORM (`attn_prologue_cluster`: Qwen3's QK-norm; launched as clusters of a head's HALF / 8 programs): the q / k
+    norm weights of the program's rows (qnorm_ptr / knorm_ptr [D]) loaded before the wait; per row block a q / k
+    program stores the sum of its 16 outputs' squares (after x's rstd) to hsum_ptr [programs, NMB, RB] (fp32, .cg),
+    syncs the cluster, adds its head's partial sums in program order and scales y by rstd_head q_norm|k_norm before
+    RoPE (the split-K prologue's formulas). CHUNK_STAT (with PACE): x's statistic summed chunk by chunk, not from x
+    loaded whole (whose load is then dead)."""
     pdl_release_early(USE_PDL, EARLY_RELEASE)
     HALF: gl.constexpr = D // 2
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[Q, 1, 1], instr_shape=[1, 16, 8])
@@ -201,7 +232,7 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     if FOLD_G:
         w = (w.to(gl.float32) * gl.load(g_ptr + acol + 0 * aoff).to(gl.float32)).to(gl.bfloat16)
     if PACE > 0:
-        gl.static_assert(NMB == 1 and not FOLD_G, "PACE: one row block, folded weights")
+        gl.static_assert(not FOLD_G, "PACE: folded weights")
         KC: gl.constexpr = KQ // PACE
         akc = gl.arange(0, KC, layout=gl.SliceLayout(0, gl.SliceLayout(1, LA)))
         aoffc = gl.expand_dims(gl.expand_dims(wrow, 0), 2) * K + gl.expand_dims(gl.expand_dims(aq, 1), 2) * KQ + \
@@ -221,6 +252,13 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     else:
         nvr = nvr_int
     loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
+    if QK_NORM:                                       # the q / k norm weights of the program's 16 rows
+        nlo = gl.expand_dims(gl.where(is_q, gl.load(qnorm_ptr + j0 + ti), gl.load(knorm_ptr + j0 + ti))
+                             .to(gl.float32), 1)
+        nhi = gl.expand_dims(gl.where(is_q, gl.load(qnorm_ptr + HALF + j0 + ti), gl.load(knorm_ptr + HALF + j0 + ti))
+                             .to(gl.float32), 1)
+        PH: gl.constexpr = HALF // 8                  # programs a head: one cluster
+        first = hd * PH
     pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
     for b in gl.static_range(NMB):
         brow = b * RB + bm
@@ -244,6 +282,12 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         ssw = gl.sum(xf * xf, axis=1)
         acc = mma_v2(w, xb, gl.zeros([S, 16, RB], gl.float32, MMA))
         if PACE > 0:
+            if CHUNK_STAT:                            # x's statistic chunk by chunk (x loaded whole unused)
+                xc = xs[0].to(gl.float32)
+                ssw = gl.sum(xc * xc, axis=1)
+                for c in gl.static_range(1, PACE):
+                    xc = xs[c].to(gl.float32)
+                    ssw += gl.sum(xc * xc, axis=1)
             acc = gl.zeros([S, 16, RB], gl.float32, MMA)
             for c in gl.static_range(PACE):
                 acc = mma_v2(ws[c], xs[c], acc)
@@ -263,6 +307,17 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         rstd = 1.0 / gl.sqrt(ss2 / K + eps)                                         # [1, RB]
         lo = gl.sum(lo3, axis=0) * rstd                                             # (a size-1 axis: exact)
         hi = gl.sum(hi3, axis=0) * rstd
+        if QK_NORM:
+            if not is_v:                              # a whole head (cluster) takes this branch or none does
+                dep = _store_cg_f32(hsum_ptr + (gl.program_id(0) * NMB + b) * RB + tm,
+                                    gl.sum(lo * lo + hi * hi, axis=0))
+                dep = _cluster_barrier(dep, PH)
+                hs = gl.load(hsum_ptr + (first * NMB + b) * RB + tm + dep, cache_modifier=".cg")
+                for r in gl.static_range(1, PH):      # the head's programs in order
+                    hs += gl.load(hsum_ptr + ((first + r) * NMB + b) * RB + tm + dep, cache_modifier=".cg")
+                r2 = gl.expand_dims(1.0 / gl.sqrt(hs / D + eps), 0)
+                lo = lo * r2 * nlo
+                hi = hi * r2 * nhi
         rlo = gl.where(is_v, lo, lo * cos - hi * sin).to(gl.bfloat16)
         rhi = gl.where(is_v, hi, hi * cos + lo * sin).to(gl.bfloat16)
         emask = gl.expand_dims(erow < M, 0) & gl.expand_dims(ti >= 0, 1)
@@ -333,30 +388,13 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         the paced form, a first such launch under CUDA-graph capture (`_ones`)
         (`held_prologue_supported`'s reason).
     """
-    require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)
-    dev = x.device if isinstance(x, torch.Tensor) else None
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
+    nvr_int, nvr_t, out_q, hq, hkv = checked_inputs(x, qkv_weight, {"attn_norm": attn_norm}, positions, out_cache_loc,
+                                                    num_valid_rows, k_cache, v_cache, cos_sin_table, cfg, out_q,
+                                                    check_values)
     m, hidden = x.shape
-    if not 1 <= m <= MAX_ROWS:
-        raise StepContractError(f"x has M={m} rows; the held prologue takes 1..{MAX_ROWS}")
-    if hidden != cfg.hidden_size:
-        raise StepContractError(f"x has H={hidden} columns; cfg.hidden_size is {cfg.hidden_size}")
-    if not x.is_contiguous():
-        raise StepContractError(f"x must be contiguous (the kernel takes its row stride to be H), got strides "
-                                f"{x.stride()}")
     d = cfg.head_dim
-    _, hkv, hq = check_qkv_and_caches(qkv_weight, k_cache, v_cache, hidden, d, dev)
     n = qkv_weight.shape[0]
-    if attn_norm is not None:
-        check_tensor("attn_norm", attn_norm, dtype=torch.bfloat16, ndim=1, shape=(("H", hidden),), device=dev)
-    nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
-                                              d, dev)
-    check_prologue_writes(cfg.rms_eps, out_q, k_cache, v_cache,
-                          {"x": x, "qkv_weight": qkv_weight, "attn_norm": attn_norm, "positions": positions,
-                           "out_cache_loc": out_cache_loc, "cos_sin_table": cos_sin_table, "num_valid_rows": nvr_t})
-    if check_values:
-        _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
-                      cos_sin_table.shape[0], k_cache.shape[0])
+    dev = x.device
     check_early_release(early_release)
     if not isinstance(pace, bool):
         raise StepContractError(f"pace={pace!r} must be a bool")
@@ -380,3 +418,38 @@ def attn_prologue_held(x: torch.Tensor, qkv_weight: torch.Tensor, attn_norm: tor
         EARLY_RELEASE=early_release, num_warps=WARPS,
         launch_pdl=pdl, **form)
     return out_q
+
+
+def checked_inputs(x, qkv_weight, norms: dict, positions, out_cache_loc, num_valid_rows, k_cache, v_cache,
+                   cos_sin_table, cfg: ModelConfig, out_q, check_values: bool) -> tuple:
+    """The held prologues' input checks (`attn_prologue_held`, `attn_prologue_cluster.attn_prologue_cluster`):
+    norms {name: a [H] (attn_norm) or [D] (q_norm / k_norm) bf16 weight or None}. Returns (num_valid_rows as an int
+    or None, as a device tensor or None, out_q (allocated where None), Hq, Hkv); raises StepContractError as
+    `attn_prologue_held` documents, nothing launched."""
+    require_runnable("x", x); require_runnable("qkv_weight", qkv_weight)
+    dev = x.device if isinstance(x, torch.Tensor) else None
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev)
+    m, hidden = x.shape
+    if not 1 <= m <= MAX_ROWS:
+        raise StepContractError(f"x has M={m} rows; the held prologue takes 1..{MAX_ROWS}")
+    if hidden != cfg.hidden_size:
+        raise StepContractError(f"x has H={hidden} columns; cfg.hidden_size is {cfg.hidden_size}")
+    if not x.is_contiguous():
+        raise StepContractError(f"x must be contiguous (the kernel takes its row stride to be H), got strides "
+                                f"{x.stride()}")
+    d = cfg.head_dim
+    _, hkv, hq = check_qkv_and_caches(qkv_weight, k_cache, v_cache, hidden, d, dev)
+    for name, t in norms.items():
+        if t is not None:
+            size = ("H", hidden) if name == "attn_norm" else ("D", d)
+            check_tensor(name, t, dtype=torch.bfloat16, ndim=1, shape=(size,), device=dev)
+    nvr_int, nvr_t, out_q = check_rows_inputs(positions, out_cache_loc, cos_sin_table, num_valid_rows, out_q, m, hq,
+                                              d, dev)
+    check_prologue_writes(cfg.rms_eps, out_q, k_cache, v_cache,
+                          {"x": x, "qkv_weight": qkv_weight, **norms, "positions": positions,
+                           "out_cache_loc": out_cache_loc, "cos_sin_table": cos_sin_table, "num_valid_rows": nvr_t})
+    if check_values:
+        _check_values(positions, out_cache_loc, nvr_int if nvr_t is None else int(nvr_t.item()),
+                      cos_sin_table.shape[0], k_cache.shape[0])
+    return nvr_int, nvr_t, out_q, hq, hkv
+

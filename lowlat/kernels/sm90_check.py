@@ -157,11 +157,13 @@ RESIDUAL_GEMV_SIG = {**{a: "*bf16" for a in ("a_ptr", "w_ptr", "res_ptr", "out_p
 
 #: `attn_prologue_held._held_prologue_kernel`'s runtime parameters and their types as FusedModel's launch specialises
 #: them (g_ptr: the norm weight with HELD_FOLD "registers", a ones vector or the weight again with "build"; a bf16
-#: pointer either way; zero: the paced form's runtime 0)
+#: pointer either way; zero: the paced form's runtime 0; the QK-norm pointers, which the Llama family's launch leaves
+#: at their default 0)
 HELD_PROLOGUE_SIG = {**{a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr")},
                      "tab_ptr": "*fp32", "pos_ptr": "*i64", "loc_ptr": "*i32", "nvr_ptr": "*i32", "nvr_int": "i32",
                      **{a: "i32" for a in ("stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs",
-                                           "stride_vch", "M", "Hq", "Hkv", "max_pos", "zero")}, "eps": "fp32"}
+                                           "stride_vch", "M", "Hq", "Hkv", "max_pos", "zero", "qnorm_ptr",
+                                           "knorm_ptr", "hsum_ptr")}, "eps": "fp32"}
 
 
 def runs_held_prologue(cfg) -> bool:

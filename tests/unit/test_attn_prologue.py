@@ -964,3 +964,207 @@ def test_held_prologue_launcher_picks_the_paced_build_where_documented(monkeypat
             assert bool((args[2] == 1).all()), case
         else:
             assert kw["FOLD_G"] is False and args[2] is w, case
+
+
+# ----------------------------------------------------------------------------- the cluster prologue (session 40)
+def _run_cluster(cfg, lw, step, x, kc, vc, *, table, use_pdl=False, nvr=None):
+    """attn_prologue_cluster on `fold_attn_norm`'s weights with the layer's q_norm / k_norm."""
+    from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+
+    out_q = poison(torch.empty((x.shape[0], cfg.num_heads, cfg.head_dim), dtype=torch.bfloat16, device=x.device))
+    q = attn_prologue_cluster(x, fold_attn_norm(pack_qkv(lw), lw.attn_norm), lw.q_norm, lw.k_norm, step.positions,
+                              step.out_cache_loc, step.num_valid_rows if nvr is None else nvr, kc, vc, table, cfg=cfg,
+                              out_q=out_q, use_pdl=use_pdl)
+    assert q is out_q
+    return q
+
+
+def _qk_config(hidden, group, hkv, d):
+    return tiny_config(architecture="Qwen3ForCausalLM", qk_norm=True, hidden_size=hidden, num_heads=group * hkv,
+                       num_kv_heads=hkv, head_dim=d)
+
+
+@pytest.mark.gpu
+@given(m=st.integers(1, 48), pad=st.integers(0, 3), group=st.sampled_from([1, 4, 8]), hkv=st.sampled_from([1, 2, 4]),
+       d=st.sampled_from([64, 128]), hidden=st.sampled_from([1024, 2048]), hostile=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_cluster_prologue_within_2x_baseline_error(device, m, pad, group, hkv, d, hidden, hostile, seed):
+    """kernels/attn_prologue_cluster.py (Gluon clusters, GPU only): q of every row (poisoned before: every element
+    written) and the K / V of every valid row against the reference with QK-norm, no other KV slot changed; rows 1..48
+    with padding (optionally padding rows of 1e4: they must not leak into valid rows), GQA ratios 1 / 4 / 8, head_dim
+    64 / 128 (clusters of 4 / 8 programs), H 1024 / 2048 (8 / 16 chunks a K slice), PDL on or off."""
+    cfg = _qk_config(hidden, group, hkv, d)
+    rows = split_rows(m)
+    ctxs = [(seed >> i) % 40 for i in range(len(rows))]
+    pad = min(pad, 48 - m)
+    lw, step, x, kc, vc = _case(cfg, ctxs=ctxs, rows=rows, pad=pad, seed=seed, device=device, hostile_padding=hostile)
+    _check_against_reference(cfg, lw, step, x, kc, vc, run=_run_cluster, use_pdl=bool(seed & 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tp", [1, 4])
+def test_cluster_prologue_qwen3_deterministic_row_invariant_and_graph(device, tp):
+    """Qwen3-30B-A3B's prologue (H 2048, 32 / 4 heads of D 128: 320 programs, 40 clusters) and its TP-4 shard: within
+    the policy at 1 / 6 / 17 / 48 rows; run-to-run bitwise; PDL on == off; each row's q / K / V identical alone,
+    among 48 rows (44 valid) and among the first 6 / 17 / 33 (`_assert_rows_invariant`: the chunked mma at every
+    width); a CUDA-graph replay (num_valid_rows a device tensor) == eager."""
+    from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+
+    cfg = preset("Qwen3-30B-A3B")
+    cfg = cfg.replace(num_heads=cfg.num_heads // tp, num_kv_heads=cfg.num_kv_heads // tp)
+    for m, pad, seed in ((1, 0, 1), (6, 0, 2), (15, 2, 3), (44, 4, 4)):
+        lw, step, x, kc, vc = _case(cfg, ctxs=[(5 * i) % 90 for i in range(m)], rows=[1] * m, pad=pad, seed=seed,
+                                    device=device)
+        _check_against_reference(cfg, lw, step, x, kc, vc, run=_run_cluster, use_pdl=True)
+    lw, step, x, kc0, vc0 = _case(cfg, ctxs=[(7 * i) % 90 for i in range(44)], rows=[1] * 44, pad=4, seed=11,
+                                  device=device)
+    table = rope_table(cfg, MAX_POS, device)
+    runs = [_on_copies(lambda kc, vc: _run_cluster(cfg, lw, step, x, kc, vc, table=table, use_pdl=pdl), kc0, vc0)
+            for pdl in (False, False, True)]
+    for got in runs[1:]:
+        _assert_same_outputs(got, runs[0], "run_to_run_pdl")
+    _assert_rows_invariant(lambda st, xs, kc, vc: _run_cluster(cfg, lw, st, xs, kc, vc, table=table),
+                           step, x, kc0, vc0, runs[0])
+    nvr = torch.tensor([step.num_valid_rows], dtype=torch.int32, device=device)
+    wf = fold_attn_norm(pack_qkv(lw), lw.attn_norm)
+    _assert_graph_replay_equals_eager(
+        lambda kc, vc, out_q: attn_prologue_cluster(x, wf, lw.q_norm, lw.k_norm, step.positions, step.out_cache_loc,
+                                                    nvr, kc, vc, table, cfg=cfg, out_q=out_q, use_pdl=True),
+        kc0, vc0, runs[0])
+
+
+def _cluster_error_cases():
+    """(cfg, base arguments, [(name, change, message)]) for attn_prologue_cluster's refusals on the CPU (the device's
+    reason last: the CPU is not an sm_90 GPU)."""
+    cfg = _qk_config(1024, 2, 1, 64)
+    bf = torch.bfloat16
+    n = (2 + 2 * 1) * 64
+    base = dict(x=torch.randn(3, 1024).to(bf), qkv_weight=torch.randn(n, 1024).to(bf), q_norm=torch.ones(64, dtype=bf),
+                k_norm=torch.ones(64, dtype=bf), positions=torch.arange(3),
+                out_cache_loc=torch.arange(1, 4, dtype=torch.int32), num_valid_rows=3,
+                k_cache=torch.zeros(8, 1, 64, dtype=bf), v_cache=torch.zeros(8, 1, 64, dtype=bf),
+                cos_sin_table=torch.zeros(16, 64), out_q=torch.zeros(3, 2, 64, dtype=bf))
+    cases = [
+        ("M 49", dict(x=torch.zeros(49, 1024, dtype=bf)), "x has M=49 rows; the held prologue takes 1..48"),
+        ("q_norm None", dict(q_norm=None), "q_norm is None: this prologue applies QK-norm"),
+        ("k_norm shape", dict(k_norm=torch.ones(32, dtype=bf)), "k_norm has shape (32,): dim 0 must be D=64"),
+        ("q_norm dtype", dict(q_norm=torch.ones(64)), "q_norm must be torch.bfloat16"),
+        ("N", dict(qkv_weight=torch.zeros(n + 32, 1024, dtype=bf)), "qkv_weight has N=288 rows"),
+        ("nvr", dict(num_valid_rows=-1), "num_valid_rows=-1 must be in 0..M=3"),
+        ("out_q is q_norm", dict(q_norm=base["out_q"].view(-1)[:64]), "out_q overlaps q_norm"),
+        ("no QK-norm", dict(cfg=cfg.replace(qk_norm=False)), "cannot run here: no QK-norm"),
+        ("QKV bias", dict(cfg=cfg.replace(qkv_bias=True)), "cannot run here: QKV bias"),
+        ("H 512", dict(cfg=cfg.replace(hidden_size=512), x=torch.zeros(3, 512, dtype=bf),
+                       qkv_weight=torch.zeros(n, 512, dtype=bf)), "cannot run here: hidden_size 512"),
+        ("device", {}, "the cluster prologue cannot run here:"),
+    ]
+    return cfg, base, cases
+
+
+@pytest.mark.parametrize("case", range(len(_cluster_error_cases()[2])))
+@pytest.mark.interpreter
+def test_cluster_prologue_bad_input_raises_typed_error_before_any_launch(case):
+    """Every refusal of attn_prologue_cluster, on the CPU: a StepContractError naming the value, the caches and out_q
+    untouched."""
+    from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster
+
+    cfg, base, cases = _cluster_error_cases()
+    name, change, msg = cases[case]
+    kc0, vc0, q0 = base["k_cache"].clone(), base["v_cache"].clone(), base["out_q"].clone()
+    with pytest.raises(StepContractError, match=re.escape(msg)):
+        attn_prologue_cluster(**{"cfg": cfg, **base, **change})
+    for key, before in (("k_cache", kc0), ("v_cache", vc0), ("out_q", q0)):
+        assert torch.equal(base[key], before), (name, key)
+
+
+def test_cluster_prologue_model_reasons():
+    """Qwen3-30B-A3B / Qwen3-0.6B's prologues are taken (QK-norm, D 128, H 2048 / 1024); the Llama family's, a QKV
+    bias and D 96 are refused by name."""
+    from lowlat.kernels.attn_prologue_cluster import cluster_prologue_model_reason
+
+    assert cluster_prologue_model_reason(preset("Qwen3-30B-A3B")) is None
+    assert cluster_prologue_model_reason(preset("Qwen3-0.6B")) is None
+    assert "no QK-norm" in cluster_prologue_model_reason(preset("Llama-3.2-1B"))
+    assert "QKV bias" in cluster_prologue_model_reason(preset("Qwen2.5-0.5B"))
+    assert "head_dim 96" in cluster_prologue_model_reason(_qk_config(1024, 2, 1, 96))
+
+
+class _FakeCompiled:
+    def __init__(self, md):
+        self.packed_metadata = md
+
+
+class _FakeKernel:
+    """A kernel's warmup / launch surface: warmup returns one compiled kernel (its metadata as given), a launch
+    records its grid and the metadata it would launch with."""
+
+    def __init__(self, md):
+        self.compiled = _FakeCompiled(md)
+        self.launches = []
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warm_grid = grid
+        return self.compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, self.compiled.packed_metadata, args, kwargs))
+
+
+def test_launch_as_clusters_sets_num_ctas_then_launches_clusters(monkeypatch):
+    """launch_as_clusters compiles first (warmup on the cluster grid), gives the compiled kernel num_ctas = the cluster
+    size (keeping num_warps and shared memory), launches programs / size clusters once; a second launch finds it set;
+    a Triton it does not know, programs not a multiple of the size, a kernel compiled for other clusters and
+    metadata of another shape are refused before any launch."""
+    import lowlat.kernels.attn_prologue_cluster as apc
+
+    k = _FakeKernel((4, 1, 4096))
+    apc.launch_as_clusters(k, 320, 8, (1, 2), dict(D=128))
+    assert k.warm_grid == (40,) and k.launches == [((40,), (4, 8, 4096), (1, 2), dict(D=128))]
+    apc.launch_as_clusters(k, 320, 8, (1, 2), dict(D=128))
+    assert len(k.launches) == 2 and k.compiled.packed_metadata == (4, 8, 4096)
+    for programs, md, msg in ((321, (4, 1, 0), "321 programs are not a multiple of the cluster size 8"),
+                              (320, (4, 4, 0), "compiled for clusters of 4, not 8"),
+                              (320, (4, 1), "is not (num_warps, num_ctas, shared memory)")):
+        bad = _FakeKernel(md)
+        with pytest.raises(StepContractError, match=re.escape(msg)):
+            apc.launch_as_clusters(bad, programs, 8, (), {})
+        assert bad.launches == []
+    monkeypatch.setattr(apc.triton, "__version__", "3.7.0")
+    bad = _FakeKernel((4, 1, 0))
+    with pytest.raises(StepContractError, match=re.escape("Triton 3.7.0 is not among")):
+        apc.launch_as_clusters(bad, 320, 8, (), {})
+    assert bad.launches == []
+
+
+@pytest.mark.parametrize("m", [1, 6, 16, 48])
+def test_cluster_prologue_sm90_build_holds_paces_and_syncs_the_cluster(m):
+    """The kernel as attn_prologue_cluster launches it at Qwen3-30B-A3B's shapes (H 2048, D 128), compiled for sm_90 on
+    the CPU: no spills under maxnreg 168 (three programs an SM); before the wait the weights' 64 16-byte loads a
+    thread (16 chunks of 32 columns a slice, each piece twice in the narrow chunks' operand layout), 48 of them
+    offset by the chunk 4 back (`_zero_after`); after it per row block x's 16 chunks (32 16-byte loads: each piece
+    twice too; x loaded whole is dead, the statistic is chunked), 32 mma.sync (the chunked chain only), one cluster
+    barrier with its size check (trap). Without CHUNK_STAT's statistic before the mma chain the 2+ row-block builds
+    spilled 316-1120 bytes (every x chunk live after the chain)."""
+    from sampling_stats import compile_sm90
+
+    from lowlat.kernels.attn_prologue_cluster import CHUNK_COLUMNS, MAXNREG, WINDOW
+
+    pointers = {a: "*bf16" for a in ("x_ptr", "w_ptr", "g_ptr", "q_ptr", "kc_ptr", "vc_ptr", "qnorm_ptr",
+                                     "knorm_ptr")}
+    pointers.update(tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", nvr_ptr="*i32", hsum_ptr="*fp32")
+    nmb = (m + 7) // 8
+    spec = {"constexprs": {"K": 2048, "D": 128, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": False,
+                           "Q": 4, "S": 4, "RB": 8, "PACE": 2048 // 4 // CHUNK_COLUMNS, "PACE_WIN": WINDOW,
+                           "EARLY_RELEASE": False, "QK_NORM": True, "CHUNK_STAT": True, **({"M": 1} if m == 1 else {})},
+            "pointers": pointers, "scalars": {"eps": "fp32"},
+            "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch", "Hq",
+                          "max_pos", "zero"], "num_warps": 4, "maxnreg": MAXNREG, "launch_pdl": True, "ptx": True}
+    info, = compile_sm90("lowlat.kernels.attn_prologue_held:_held_prologue_kernel", [spec])
+    ptx = info["ptx"][info["ptx"].index(".entry"):]
+    before, _, after = ptx.partition("griddepcontrol.wait")
+    assert info["spill_bytes"] == 0 and info["registers"] <= MAXNREG, info
+    assert before.count("ld.global.v4") == 64 and before.count("cvt.u32.u16") == 64 // 16 * (16 - WINDOW)
+    assert after.count("ld.global.v4") == 32 * nmb and after.count("mma.sync") == 32 * nmb
+    assert after.count("barrier.cluster.arrive") == nmb and after.count("trap;") == nmb
