@@ -74,8 +74,15 @@ def cluster_prologue_model_reason(cfg: ModelConfig) -> str | None:
 def cluster_prologue_supported(cfg: ModelConfig, device: torch.device | str) -> str | None:
     """None where `attn_prologue_cluster` runs this model's prologue on `device`, else why not (the model's reason
     first, `cluster_prologue_model_reason`; then the device's: a CUDA device of compute capability >= 9.0, not the
-    Triton interpreter)."""
-    return cluster_prologue_model_reason(cfg) or gluon_sm90_reason(device)
+    Triton interpreter; then a Triton whose launcher `launch_as_clusters` knows)."""
+    return cluster_prologue_model_reason(cfg) or gluon_sm90_reason(device) or _triton_reason()
+
+
+def _triton_reason() -> str | None:
+    if not triton.__version__.startswith(CLUSTER_LAUNCH_TRITON):
+        return (f"Triton {triton.__version__} is not among {CLUSTER_LAUNCH_TRITON}, whose launcher takes the cluster "
+                "size from the compiled kernel's metadata")
+    return None
 
 
 def launch_as_clusters(kernel, programs: int, size: int, args: tuple, kwargs: dict) -> None:
@@ -83,16 +90,21 @@ def launch_as_clusters(kernel, programs: int, size: int, args: tuple, kwargs: di
     module docstring): compiled by `kernel.warmup` (nothing launched), its compiled kernel's packed metadata given
     num_ctas `size`, then launched on grid (programs / size,) (Triton's launcher: programs CTAs). Raises
     StepContractError, nothing launched, for a Triton version whose launcher is not known to take num_ctas from that
-    metadata, metadata of another shape, programs not a multiple of size, or a kernel already compiled for other
-    clusters."""
-    if not triton.__version__.startswith(CLUSTER_LAUNCH_TRITON):
-        raise StepContractError(f"cluster launch: Triton {triton.__version__} is not among {CLUSTER_LAUNCH_TRITON}, "
-                                "whose launcher takes the cluster size from the compiled kernel's metadata")
+    metadata, metadata of another shape (or no compiled kernel: a cache hook, async compile mode), programs not a
+    multiple of size, a kernel already compiled for other clusters, or one that needs global / profile scratch (the
+    launcher sizes it for grid x 1 CTAs)."""
+    why = _triton_reason()
+    if why is not None:
+        raise StepContractError(f"cluster launch: {why}")
     if programs % size:
         raise StepContractError(f"cluster launch: {programs} programs are not a multiple of the cluster size {size}")
     grid = (programs // size,)
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
-    md = compiled.packed_metadata
+    md = getattr(compiled, "packed_metadata", None)       # None / a future: a cache hook or async compile mode
+    meta = getattr(compiled, "metadata", None)
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise StepContractError("cluster launch: the kernel needs global / profile scratch, which Triton's launcher "
+                                "sizes for grid x 1 CTAs, not grid x the cluster size")
     if not (isinstance(md, tuple) and len(md) == 3 and all(isinstance(v, int) for v in md)):
         raise StepContractError(f"cluster launch: the compiled kernel's packed metadata {md!r} is not (num_warps, "
                                 "num_ctas, shared memory)")

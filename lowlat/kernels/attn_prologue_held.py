@@ -149,7 +149,6 @@ def _zero_after(v, zero):
                                      dtype=gl.int32, is_pure=True, pack=1)
 
 
-
 @gluon.jit
 def _store_cg_f32(ptr, val):
     """st.global.cg of an fp32 an element (straight to L2, where the cluster's other programs read it); returns 0 an
@@ -168,6 +167,7 @@ def _cluster_barrier(dep, size):
         "{ .reg .pred p; .reg .b32 n; mov.u32 n, %cluster_nctarank; setp.ne.u32 p, n, $2; @p trap; "
         "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0; }",
         "=r,r,r", [dep, dep * 0 + size], dtype=gl.int32, is_pure=False, pack=1)
+
 
 @gluon.jit
 def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_ptr, nvr_int, q_ptr,
@@ -231,6 +231,7 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     w = gl.load(w_ptr + aoff)
     if FOLD_G:
         w = (w.to(gl.float32) * gl.load(g_ptr + acol + 0 * aoff).to(gl.float32)).to(gl.bfloat16)
+    gl.static_assert(PACE > 0 or not CHUNK_STAT, "CHUNK_STAT: the paced form's chunks")
     if PACE > 0:
         gl.static_assert(not FOLD_G, "PACE: folded weights")
         KC: gl.constexpr = KQ // PACE

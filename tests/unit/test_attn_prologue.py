@@ -1088,24 +1088,26 @@ def test_cluster_prologue_model_reasons():
     assert cluster_prologue_model_reason(preset("Qwen3-0.6B")) is None
     assert "no QK-norm" in cluster_prologue_model_reason(preset("Llama-3.2-1B"))
     assert "QKV bias" in cluster_prologue_model_reason(preset("Qwen2.5-0.5B"))
+    assert cluster_prologue_model_reason(_qk_config(1024, 2, 1, 64)) is None
     assert "head_dim 96" in cluster_prologue_model_reason(_qk_config(1024, 2, 1, 96))
 
 
 class _FakeCompiled:
-    def __init__(self, md):
+    def __init__(self, md, scratch=0):
         self.packed_metadata = md
+        self.metadata = dataclasses.make_dataclass("Meta", ["global_scratch_size", "profile_scratch_size"])(scratch, 0)
 
 
 class _FakeKernel:
     """A kernel's warmup / launch surface: warmup returns one compiled kernel (its metadata as given), a launch
     records its grid and the metadata it would launch with."""
 
-    def __init__(self, md):
-        self.compiled = _FakeCompiled(md)
+    def __init__(self, md, scratch=0, compiled=True):
+        self.compiled = _FakeCompiled(md, scratch) if compiled else None
         self.launches = []
 
     def warmup(self, *args, grid, **kwargs):
-        self.warm_grid = grid
+        self.warmed = (grid, args, kwargs)
         return self.compiled
 
     def __getitem__(self, grid):
@@ -1113,21 +1115,23 @@ class _FakeKernel:
 
 
 def test_launch_as_clusters_sets_num_ctas_then_launches_clusters(monkeypatch):
-    """launch_as_clusters compiles first (warmup on the cluster grid), gives the compiled kernel num_ctas = the cluster
-    size (keeping num_warps and shared memory), launches programs / size clusters once; a second launch finds it set;
-    a Triton it does not know, programs not a multiple of the size, a kernel compiled for other clusters and
-    metadata of another shape are refused before any launch."""
+    """launch_as_clusters compiles first (warmup on the cluster grid with the launch's own arguments: the same cache
+    entry), gives the compiled kernel num_ctas = the cluster size (keeping num_warps and shared memory), launches
+    programs / size clusters once; a second launch finds it set; a Triton it does not know, programs not a multiple
+    of the size, a kernel compiled for other clusters, metadata of another shape, no compiled kernel (a cache hook)
+    and a kernel needing global scratch (sized by the launcher for grid x 1 CTAs) are refused before any launch."""
     import lowlat.kernels.attn_prologue_cluster as apc
 
     k = _FakeKernel((4, 1, 4096))
     apc.launch_as_clusters(k, 320, 8, (1, 2), dict(D=128))
-    assert k.warm_grid == (40,) and k.launches == [((40,), (4, 8, 4096), (1, 2), dict(D=128))]
+    assert k.warmed == ((40,), (1, 2), dict(D=128)) and k.launches == [((40,), (4, 8, 4096), (1, 2), dict(D=128))]
     apc.launch_as_clusters(k, 320, 8, (1, 2), dict(D=128))
     assert len(k.launches) == 2 and k.compiled.packed_metadata == (4, 8, 4096)
-    for programs, md, msg in ((321, (4, 1, 0), "321 programs are not a multiple of the cluster size 8"),
-                              (320, (4, 4, 0), "compiled for clusters of 4, not 8"),
-                              (320, (4, 1), "is not (num_warps, num_ctas, shared memory)")):
-        bad = _FakeKernel(md)
+    for programs, bad, msg in ((321, _FakeKernel((4, 1, 0)), "321 programs are not a multiple of the cluster size 8"),
+                               (320, _FakeKernel((4, 4, 0)), "compiled for clusters of 4, not 8"),
+                               (320, _FakeKernel((4, 1)), "is not (num_warps, num_ctas, shared memory)"),
+                               (320, _FakeKernel(None, compiled=False), "packed metadata None is not"),
+                               (320, _FakeKernel((4, 1, 0), scratch=64), "needs global / profile scratch")):
         with pytest.raises(StepContractError, match=re.escape(msg)):
             apc.launch_as_clusters(bad, programs, 8, (), {})
         assert bad.launches == []
@@ -1138,15 +1142,18 @@ def test_launch_as_clusters_sets_num_ctas_then_launches_clusters(monkeypatch):
     assert bad.launches == []
 
 
-@pytest.mark.parametrize("m", [1, 6, 16, 48])
-def test_cluster_prologue_sm90_build_holds_paces_and_syncs_the_cluster(m):
-    """The kernel as attn_prologue_cluster launches it at Qwen3-30B-A3B's shapes (H 2048, D 128), compiled for sm_90 on
-    the CPU: no spills under maxnreg 168 (three programs an SM); before the wait the weights' 64 16-byte loads a
-    thread (16 chunks of 32 columns a slice, each piece twice in the narrow chunks' operand layout), 48 of them
-    offset by the chunk 4 back (`_zero_after`); after it per row block x's 16 chunks (32 16-byte loads: each piece
-    twice too; x loaded whole is dead, the statistic is chunked), 32 mma.sync (the chunked chain only), one cluster
-    barrier with its size check (trap). Without CHUNK_STAT's statistic before the mma chain the 2+ row-block builds
-    spilled 316-1120 bytes (every x chunk live after the chain)."""
+@pytest.mark.parametrize("hidden,d,m", [(2048, 128, 1), (2048, 128, 6), (2048, 128, 16), (2048, 128, 48),
+                                        (1024, 64, 1), (1024, 64, 48), (1024, 128, 17)])
+def test_cluster_prologue_sm90_build_holds_paces_and_syncs_the_cluster(hidden, d, m):
+    """The kernel as attn_prologue_cluster launches it (Qwen3-30B-A3B's H 2048 / D 128; H 1024 and D 64: clusters of 4,
+    8 chunks a slice), compiled for sm_90 on the CPU: no spills under maxnreg 168 (three programs an SM); before the
+    wait the weights' H / 32 16-byte loads a thread (H / 128 chunks of 32 columns a slice, each piece twice in the
+    narrow chunks' operand layout: 64 at H 2048), all but a window's worth offset by the chunk 4 back
+    (`_zero_after`); after it per row block x's chunks (H / 64 16-byte loads: each piece twice too; x loaded whole is
+    dead, the statistic is chunked), H / 64 mma.sync (the chunked chain only), one cluster barrier with its size check
+    (trap); the program id is the CTA's (`%ctaid`, no `%clusterid`: compiled with num_ctas 1, clustered at launch).
+    Without CHUNK_STAT's statistic before the mma chain the 2+ row-block builds spilled 316-1120 bytes (every x chunk
+    live after the chain)."""
     from sampling_stats import compile_sm90
 
     from lowlat.kernels.attn_prologue_cluster import CHUNK_COLUMNS, MAXNREG, WINDOW
@@ -1155,16 +1162,19 @@ def test_cluster_prologue_sm90_build_holds_paces_and_syncs_the_cluster(m):
                                      "knorm_ptr")}
     pointers.update(tab_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", nvr_ptr="*i32", hsum_ptr="*fp32")
     nmb = (m + 7) // 8
-    spec = {"constexprs": {"K": 2048, "D": 128, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": False,
-                           "Q": 4, "S": 4, "RB": 8, "PACE": 2048 // 4 // CHUNK_COLUMNS, "PACE_WIN": WINDOW,
-                           "EARLY_RELEASE": False, "QK_NORM": True, "CHUNK_STAT": True, **({"M": 1} if m == 1 else {})},
+    chunks = hidden // 4 // CHUNK_COLUMNS
+    spec = {"constexprs": {"K": hidden, "D": d, "NMB": nmb, "NVR_FROM_PTR": True, "USE_PDL": True, "FOLD_G": False,
+                           "Q": 4, "S": 4, "RB": 8, "PACE": chunks, "PACE_WIN": WINDOW, "EARLY_RELEASE": False,
+                           "QK_NORM": True, "CHUNK_STAT": True, **({"M": 1} if m == 1 else {})},
             "pointers": pointers, "scalars": {"eps": "fp32"},
             "divisible": ["stride_qm", "stride_qh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch", "Hq",
                           "max_pos", "zero"], "num_warps": 4, "maxnreg": MAXNREG, "launch_pdl": True, "ptx": True}
     info, = compile_sm90("lowlat.kernels.attn_prologue_held:_held_prologue_kernel", [spec])
     ptx = info["ptx"][info["ptx"].index(".entry"):]
     before, _, after = ptx.partition("griddepcontrol.wait")
+    loads = hidden // 32
     assert info["spill_bytes"] == 0 and info["registers"] <= MAXNREG, info
-    assert before.count("ld.global.v4") == 64 and before.count("cvt.u32.u16") == 64 // 16 * (16 - WINDOW)
-    assert after.count("ld.global.v4") == 32 * nmb and after.count("mma.sync") == 32 * nmb
+    assert before.count("ld.global.v4") == loads and before.count("cvt.u32.u16") == loads // chunks * (chunks - WINDOW)
+    assert after.count("ld.global.v4") == hidden // 64 * nmb and after.count("mma.sync") == hidden // 64 * nmb
     assert after.count("barrier.cluster.arrive") == nmb and after.count("trap;") == nmb
+    assert "%ctaid.x" in ptx and "%clusterid" not in ptx
