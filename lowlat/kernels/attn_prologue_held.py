@@ -254,10 +254,9 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
         nvr = nvr_int
     loc0, cos0, sin0 = _rope_inputs(pos_ptr, loc_ptr, tab_ptr, tm, M, nvr, max_pos, j0 + ti, D, HALF)
     if QK_NORM:                                       # the q / k norm weights of the program's 16 rows
-        nlo = gl.expand_dims(gl.where(is_q, gl.load(qnorm_ptr + j0 + ti), gl.load(knorm_ptr + j0 + ti))
-                             .to(gl.float32), 1)
-        nhi = gl.expand_dims(gl.where(is_q, gl.load(qnorm_ptr + HALF + j0 + ti), gl.load(knorm_ptr + HALF + j0 + ti))
-                             .to(gl.float32), 1)
+        nrm = gl.where(is_q, qnorm_ptr, knorm_ptr) + j0 + ti
+        nrm_lo = gl.expand_dims(gl.load(nrm).to(gl.float32), 1)
+        nrm_hi = gl.expand_dims(gl.load(nrm + HALF).to(gl.float32), 1)
         PH: gl.constexpr = HALF // 8                  # programs a head: one cluster
         first = hd * PH
     pdl_wait_then_release(USE_PDL, EARLY_RELEASE)
@@ -316,9 +315,9 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
                 hs = gl.load(hsum_ptr + (first * NMB + b) * RB + tm + dep, cache_modifier=".cg")
                 for r in gl.static_range(1, PH):      # the head's programs in order
                     hs += gl.load(hsum_ptr + ((first + r) * NMB + b) * RB + tm + dep, cache_modifier=".cg")
-                r2 = gl.expand_dims(1.0 / gl.sqrt(hs / D + eps), 0)
-                lo = lo * r2 * nlo
-                hi = hi * r2 * nhi
+                rh = gl.expand_dims(1.0 / gl.sqrt(hs / D + eps), 0)
+                lo = lo * rh * nrm_lo
+                hi = hi * rh * nrm_hi
         rlo = gl.where(is_v, lo, lo * cos - hi * sin).to(gl.bfloat16)
         rhi = gl.where(is_v, hi, hi * cos + lo * sin).to(gl.bfloat16)
         emask = gl.expand_dims(erow < M, 0) & gl.expand_dims(ti >= 0, 1)
