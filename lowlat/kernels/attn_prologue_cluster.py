@@ -10,6 +10,9 @@ lowlat/numerics.py):
     lo, hi   = y rstd_h q_norm|k_norm of the head's two RoPE partners             (v heads: y)
     q, k     = (lo cos - hi sin, hi cos + lo sin)
 
+(RMSNorm: Zhang & Sennrich 2019; RoPE: Su et al. 2021; the per-head QK RMSNorm: Qwen3's technical report, 2025;
+thread-block clusters and `barrier.cluster`: the CUDA C++ Programming Guide and PTX ISA for sm_90.)
+
 The kernel is `attn_prologue_held._held_prologue_kernel` with QK_NORM: the held prologue's tiling (a program holds
 the 16 weight rows of 8 RoPE pairs of one head over the whole H, 4 warps over 4 K slices, `fold_attn_norm`'s
 weights), so a head's norm needs the sums of its D / 16 programs: those are launched as one cluster
