@@ -42,6 +42,8 @@ own bits, so the logits checksum differs between on and off (each is row invaria
 weights at build or in the kernel's registers; the same bits).
 --held-maxnreg N (session 28): the held prologue launched with maxnreg=N (168 on folded weights: three programs an SM,
 no spills at 1-8 rows); moves no arithmetic.
+--cluster-prologue (session 40): FusedModel(cluster_prologue=True), QK-norm models' `attn_prologue_cluster` (its own
+bits).
 --moe-out-proj auto|held|split_k|norm_epilogue (session 26): FusedModel's moe_out_proj (MoE layers' output
 projection: the held residual GEMV, the split-K one, both with the RMSNorm in the MoE's router launch, or the
 RMSNorm epilogue in out_proj as before); each has its own bits.
@@ -100,6 +102,8 @@ def main() -> None:
     p.add_argument("--held-prologue", default=None, choices=["auto", "on", "off"])
     p.add_argument("--moe-out-proj", default=None, choices=["auto", "held", "split_k", "norm_epilogue"])
     p.add_argument("--held-fold", default=None, choices=["build", "registers"])
+    p.add_argument("--cluster-prologue", action="store_true",
+                   help="FusedModel(cluster_prologue=True): QK-norm models' attn_prologue_cluster (session 40)")
     p.add_argument("--held-maxnreg", type=int, default=0, help="register cap of the held prologue's launches (0: none)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -162,6 +166,8 @@ def main() -> None:
         defer["held_prologue"] = {"auto": "auto", "on": True, "off": False}[a.held_prologue]
     if a.moe_out_proj is not None:
         defer["moe_out_proj"] = a.moe_out_proj
+    if a.cluster_prologue:
+        defer["cluster_prologue"] = True
     if a.held_fold is not None:                 # read by FusedModel at build
         import lowlat.runtime.fused_model as fmod
         fmod.HELD_FOLD = a.held_fold
@@ -175,7 +181,7 @@ def main() -> None:
                defer=fm.defer,
                defer_down=fm.defer_down, fold=fm.fold, early_release=fm.early_release, plan_down=str(fm.plan_down),
                held_prologue=fm.held_prologue, moe_out_proj=fm.moe_out_proj, held_folded=fm._held_folded,
-               widths={})
+               cluster_prologue=fm.cluster_prologue, widths={})
     for rows in order:
         fm.forward(_DecodeCase(cfg, rows, a.ctx, dev, kv).step, kv)
         g = fm._graphs[rows]

@@ -28,8 +28,8 @@ Measured (this form is bench/explore/explore57.py's `cluster_c16w4_late`, per ke
 copies; bench/results/session40/call5, H200): 7.07-7.14 / 7.39-7.43 us at 1 / 6 rows against FusedModel's split-K
 prologue's 9.72-9.85 / 9.88-9.97 (70% of copy bandwidth at 1 row needs 7.20); at 16 / 48 rows not yet measured
 (bench/explore/session40e.sh), where explore44's unpaced cluster form lost to split-K (H100: 14.98 / 34.93 against
-11.26 / 27.20 us: every program reads all of x). FusedModel does not run it (its Qwen3 prologue stays the split-K
-one): an opt-in for latency-bound widths once those widths are measured.
+11.26 / 27.20 us: every program reads all of x). FusedModel runs it only when asked (`FusedModel(cluster_prologue=
+True)`; its default Qwen3 prologue stays the split-K one) until the step and those widths are measured.
 
 The cluster launch: Triton 3.6 launches clusters only for kernels compiled with num_ctas > 1 (CGA layouts, which
 Gluon's mma_v2 refuses); `launch_as_clusters` compiles the kernel as usual (`JITFunction.warmup`, no launch), sets

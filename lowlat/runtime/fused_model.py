@@ -50,6 +50,7 @@ from lowlat.errors import StepContractError, UnsupportedConfigError
 from lowlat.kernels._gemv import GemvPlan, GemvWorkspace, pdl_available, plan_gemv, row_blocks
 from lowlat.kernels.attn_combine import DeferredAttention
 from lowlat.kernels.attn_prologue import (make_prologue_workspace, pack_qkv, pack_qkv_bias, rope_table)
+from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster, cluster_prologue_supported
 from lowlat.kernels.attn_prologue_held import attn_prologue_held, fold_attn_norm, held_prologue_supported
 from lowlat.kernels.decode_attention import make_decode_workspace
 from lowlat.kernels.draft_sampling import DraftSample, check_sampling_args, draft_sample_into, empty_draft_sample
@@ -203,7 +204,8 @@ class DraftKey(NamedTuple):
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor               # pack_qkv; with the held prologue and HELD_FOLD "build" fold_attn_norm of it
+    qkv: torch.Tensor               # pack_qkv; fold_attn_norm of it with the held prologue and HELD_FOLD "build" or
+    #                                 with the cluster prologue
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -283,6 +285,12 @@ class FusedModel:
                          split-K `attn_prologue`;
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
+        cluster_prologue False (default) or True (QK-norm models, an opt-in: UnsupportedConfigError with the reason
+                         where `cluster_prologue_supported` names one; StepContractError with a defer_down > 0):
+                         every layer's attention prologue is `attn_prologue_cluster` (the held prologue with QK-norm,
+                         a head's programs one thread-block cluster, its own bits at every width) on weights folded
+                         at build; the down projection never defers. Faster than the split-K prologue per kernel at
+                         1-6 rows on the H200 (session 40), not yet measured in the step nor at 16-48 rows
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
                          "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows and
                          H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj`
@@ -309,8 +317,11 @@ class FusedModel:
                  use_pdl: bool | None = None, validate: bool = True, defer: int = DEFER_MAX_WIDTH,
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
                  early_release: str | Sequence[str] = EARLY_RELEASE,
-                 held_prologue: str | bool = HELD_PROLOGUE, moe_out_proj: str = MOE_OUT_PROJ) -> None:
+                 held_prologue: str | bool = HELD_PROLOGUE, moe_out_proj: str = MOE_OUT_PROJ,
+                 cluster_prologue: bool = False) -> None:
         self.cfg = cfg
+        if not isinstance(cluster_prologue, bool):
+            raise StepContractError(f"cluster_prologue={cluster_prologue!r} must be a bool")
         if not isinstance(moe_out_proj, str) or moe_out_proj not in MOE_OUT_PROJ_FORMS:
             raise StepContractError(f"moe_out_proj={moe_out_proj!r} must be one of {MOE_OUT_PROJ_FORMS}")
         if not (held_prologue is True or held_prologue is False
@@ -353,6 +364,15 @@ class FusedModel:
             why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
+        if cluster_prologue:
+            why_cluster = cluster_prologue_supported(cfg, self.device)
+            if why_cluster is not None:
+                raise UnsupportedConfigError("cluster_prologue", True, why_cluster)
+            if defer_down:
+                raise StepContractError(f"cluster_prologue=True cannot take defer_down={defer_down}: the cluster "
+                                        "prologue takes no deferred input")
+        #: whether every layer's prologue is `attn_prologue_cluster` (QK-norm models, opt-in; fixed at build)
+        self.cluster_prologue = cluster_prologue
         if HELD_FOLD not in ("build", "registers"):
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
@@ -361,8 +381,10 @@ class FusedModel:
         #: folded weights, pace=True, it does so only in the paced form: width 1)
         self._held_early = "attn_prologue" in self.early_release
         if self._held_early and not self.held_prologue:
-            raise StepContractError("early_release names 'attn_prologue', which only the held prologue does; this "
-                                    f"model runs the split-K prologue ({why or 'held_prologue=False'})")
+            runs = ("the cluster prologue" if cluster_prologue else
+                    f"the split-K prologue ({why or 'held_prologue=False'})")
+            raise StepContractError(f"early_release names 'attn_prologue', which only the held prologue does; this "
+                                    f"model runs {runs}")
         self._moe = None
         if cfg.is_moe:
             try:
@@ -424,7 +446,8 @@ class FusedModel:
             dense = lw.router is None
             qkv = pack_qkv(lw_dev)
             self.layers.append(_Layer(
-                attn_norm=lw_dev.attn_norm, qkv=fold_attn_norm(qkv, lw_dev.attn_norm) if self._held_folded else qkv,
+                attn_norm=lw_dev.attn_norm,
+                qkv=fold_attn_norm(qkv, lw_dev.attn_norm) if self._held_folded or self.cluster_prologue else qkv,
                 qkv_bias=pack_qkv_bias(lw_dev),
                 q_norm=lw_dev.q_norm, k_norm=lw_dev.k_norm, wo=lw_dev.wo, mlp_norm=lw_dev.mlp_norm,
                 gate_up=pack_gate_up(lw_dev.w_gate, lw_dev.w_up) if dense else None,
@@ -675,11 +698,11 @@ class FusedModel:
         """Whether a step of this width leaves the dense layers' down-projection reduction to the next layer's
         attention prologue (not the last layer a graph runs): a dense model, a down plan with split-K, and width
         <= `defer_down`, or with defer_down None a pre-pass of at most DEFER_DOWN_MAX_SM_BYTES per SM
-        (`down_prepass_sm_bytes` on this device's SMs); never with the held prologue (it takes no deferred input).
-        The prologue preloads its weights before its wait, so its
+        (`down_prepass_sm_bytes` on this device's SMs); never with the held or cluster prologue (they take no
+        deferred input). The prologue preloads its weights before its wait, so its
         pre-pass runs beside their loads; what it costs grows with the partials each SM's programs re-read (NOTES
         sessions 21-22)."""
-        if self.cfg.is_moe or self.plan_down.split < 2 or self.held_prologue:
+        if self.cfg.is_moe or self.plan_down.split < 2 or self.held_prologue or self.cluster_prologue:
             return False
         if self._defer_down is not None:
             return width <= self._defer_down
@@ -785,6 +808,9 @@ class FusedModel:
                 q = attn_prologue_held(xin, L.qkv, g, bufs.positions, bufs.out_cache_loc, bufs.nvalid,
                                        kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl,
                                        early_release=self._held_early, pace=self._held_folded)
+            elif self.cluster_prologue:           # never a DeferredX either
+                q = attn_prologue_cluster(xin, L.qkv, L.q_norm, L.k_norm, bufs.positions, bufs.out_cache_loc,
+                                          bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q, use_pdl=pdl)
             else:
                 q = attn_prologue(xin, L.qkv, L.qkv_bias, L.attn_norm, L.q_norm, L.k_norm, bufs.positions,
                                   bufs.out_cache_loc, bufs.nvalid, kc[i], vc[i], self.rope, cfg=cfg, out_q=bufs.q,

@@ -251,7 +251,7 @@ def test_default_down_deferral_widths_by_prepass_bytes(model, widths):
     qkv = torch.empty(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size, dtype=torch.bfloat16, device="meta")
     fm = SimpleNamespace(cfg=cfg, pro_ws=make_prologue_workspace(qkv, cfg.head_dim), _defer_down=None,
                          plan_down=plan_gemv(cfg.hidden_size, cfg.intermediate_size, kind="residual"),
-                         num_sms=ASSUMED_SMS, held_prologue=False)
+                         num_sms=ASSUMED_SMS, held_prologue=False, cluster_prologue=False)
     assert fm.plan_down.split > 1 and ASSUMED_SMS == 132 and DEFER_DOWN_MAX_SM_BYTES == 44 << 10
     assert tuple(w for w in DEFAULT_WIDTHS if FusedModel.defers_down(fm, w)) == widths
     pro = fm.pro_ws.plan
@@ -446,6 +446,39 @@ def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
         FusedModel(tiny(), random_model_weights(tiny(), seed=0), device="cpu", widths=(1, 64))
 
 
+def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
+    """cluster_prologue (opt-in, QK-norm models): off by default; a non-bool refused; where it cannot run the reason
+    is named (on the CPU the device's; a Llama-family model's its missing QK-norm); where it could
+    (`cluster_prologue_supported` patched to allow the CPU: the model is only built) the QKV weights are stored folded
+    with the norm weight, the down never defers, an explicit defer_down > 0 and early_release's "attn_prologue" are
+    refused."""
+    from lowlat.kernels.attn_prologue import pack_qkv
+    from lowlat.kernels.attn_prologue_held import fold_attn_norm
+    from lowlat.runtime import fused_model
+
+    cfg = tiny(architecture="Qwen3ForCausalLM", qk_norm=True, hidden_size=1024, num_heads=2, num_kv_heads=1,
+               head_dim=64, intermediate_size=2048)
+    w = random_model_weights(cfg, seed=0)
+    split = FusedModel(cfg, w, device="cpu", widths=(1,), defer_down=16)
+    assert not split.cluster_prologue and split.defers_down(1)          # the split-K prologue's model defers here
+    with pytest.raises(StepContractError, match=re.escape("cluster_prologue='yes' must be a bool")):
+        FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="yes")
+    with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: device cpu"):
+        FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True)
+    llama = tiny(hidden_size=1024, intermediate_size=128)
+    with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: no QK-norm"):
+        FusedModel(llama, random_model_weights(llama, seed=0), device="cpu", widths=(1,), cluster_prologue=True)
+    monkeypatch.setattr(fused_model, "cluster_prologue_supported", lambda cfg, device: None)
+    fm = FusedModel(cfg, w, device="cpu", widths=(1, 2), cluster_prologue=True)
+    lw = w.layers[0]
+    assert fm.cluster_prologue and not fm.held_prologue and not fm.defers_down(1)
+    assert torch.equal(fm.layers[0].qkv, fold_attn_norm(pack_qkv(lw), lw.attn_norm))
+    with pytest.raises(StepContractError, match=r"cluster_prologue=True cannot take defer_down=16"):
+        FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, defer_down=16)
+    with pytest.raises(StepContractError, match=r"this model runs the cluster prologue"):
+        FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, early_release=("attn_prologue",))
+
+
 def test_kernels_compile_for_sm90():
     """Every fused GEMV kernel (SmolLM2's plans, 1 and 3 row blocks) compiles for sm_90 with Triton's
     own ptxas (no GPU needed): tensor cores, griddepcontrol (PDL), no register spills; a preload
@@ -633,6 +666,27 @@ def test_gpu_held_prologue_step_within_policy_row_invariant_and_replayed(device,
         replay_after_nan(held, case, ks, vs, (held._full["q"], held._full["attn"]), on, f"_r{rows}")
         replay_after_nan(paced, case, ks, vs, (paced._full["q"], paced._full["attn"], paced._x2), on,
                          f"_paced_r{rows}")
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_prologue_step_within_policy_row_invariant_and_replayed(device):
+    """Qwen3-0.6B's shapes (2 layers, random weights; QK-norm, H 1024, D 128) with cluster_prologue=True
+    (`attn_prologue_cluster`): a mixed step (decode, verify and prefill-chunk rows, padding) gives logits and K / V
+    within the policy against the float64 reference, like the split-K prologue's model; graphed decode steps of
+    1 / 6 / 16 rows give bitwise the logits and KV of a 24-row width (row invariance with padding), and the same
+    logits on a pure replay with q and the attention's output NaN first."""
+    cfg = preset("Qwen3-0.6B").replace(num_layers=2)
+    w = random_model_weights(cfg, seed=0).to(device=device)
+    fm = FusedModel(cfg, w, device=device, widths=(1, 6, 16), cluster_prologue=True)
+    assert fm.cluster_prologue and not fm.held_prologue and not any(fm.defers_down(r) for r in (1, 2, 6, 16))
+    mixed = MixedStep(cfg, w, device)
+    mixed.check(FusedModel(cfg, w, device=device, widths=(12,), cluster_prologue=True), "cluster")
+    mixed.check(FusedModel(cfg, w, device=device, widths=(12,)), "split_k")
+    models = dict(on=fm, wide=FusedModel(cfg, w, device=device, widths=(24,), cluster_prologue=True))
+    for rows, seed in ((1, 0), (6, 1), (16, 2)):
+        case, ks, vs = decode_case(cfg, rows, seed, device)
+        on = same_steps(models, case, ks, vs, cfg.num_layers, f"_r{rows}")
+        replay_after_nan(fm, case, ks, vs, (fm._full["q"], fm._full["attn"]), on, f"_r{rows}")
 
 
 @pytest.mark.gpu
