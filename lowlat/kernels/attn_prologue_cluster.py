@@ -150,12 +150,12 @@ def attn_prologue_cluster(x: torch.Tensor, qkv_weight: torch.Tensor, q_norm: tor
         `attn_prologue_held` (shapes, dtypes, devices, overlaps, values), q_norm / k_norm not [D] bf16, then a model
         or device the kernel does not take (`cluster_prologue_supported`), then `launch_as_clusters`' refusals.
     """
-    nvr_int, nvr_t, out_q, hq, hkv = checked_inputs(x, qkv_weight, {"q_norm": q_norm, "k_norm": k_norm}, positions,
-                                                    out_cache_loc, num_valid_rows, k_cache, v_cache, cos_sin_table,
-                                                    cfg, out_q, check_values)
     for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
         if t is None:
             raise StepContractError(f"{name} is None: this prologue applies QK-norm")
+    nvr_int, nvr_t, out_q, hq, hkv = checked_inputs(x, qkv_weight, {"q_norm": q_norm, "k_norm": k_norm}, positions,
+                                                    out_cache_loc, num_valid_rows, k_cache, v_cache, cos_sin_table,
+                                                    cfg, out_q, check_values)
     m, hidden = x.shape
     d = cfg.head_dim
     why = cluster_prologue_supported(cfg, x.device)
@@ -165,6 +165,7 @@ def attn_prologue_cluster(x: torch.Tensor, qkv_weight: torch.Tensor, q_norm: tor
     nmb = (m + ROW_BLOCK - 1) // ROW_BLOCK
     programs = qkv_weight.shape[0] // 16
     hsum = torch.empty(programs * nmb * ROW_BLOCK, dtype=torch.float32, device=x.device)
+    # the held launcher's arguments, written again: bench/explore's scripts edit that launcher's text by anchors
     args = (x, qkv_weight, qkv_weight, cos_sin_table, positions, out_cache_loc,
             nvr_t if nvr_t is not None else out_cache_loc, nvr_int, out_q, out_q.stride(0), out_q.stride(1),
             k_cache, k_cache.stride(0), k_cache.stride(1), v_cache, v_cache.stride(0), v_cache.stride(1),

@@ -188,9 +188,8 @@ def _held_prologue_kernel(x_ptr, w_ptr, g_ptr, tab_ptr, pos_ptr, loc_ptr, nvr_pt
     (zero: a runtime 0), so that a thread has at most PACE_WIN chunks in flight; x is loaded whole (the statistic)
     and in the same chunks, and the mma runs chunk after chunk (64-column chunks: the same k16 steps in the same
     order as the one call, the same bits; 32-column chunks' operand layout gives others). The unpaced form's
-    whole-slice weight load and mma,
-    kept in the source beside the paced ones, then have no use and are not compiled (dead code; the sm_90 CPU test
-    checks the loads before the wait).
+    whole-slice weight load and mma, kept in the source beside the paced ones, then have no use and are not compiled
+    (dead code; the sm_90 CPU test checks the loads before the wait).
     QK_NORM (`attn_prologue_cluster`: Qwen3's QK-norm; launched as clusters of a head's HALF / 8 programs): the q / k
     norm weights of the program's rows (qnorm_ptr / knorm_ptr [D]) loaded before the wait; per row block a q / k
     program stores the sum of its 16 outputs' squares (after x's rstd) to hsum_ptr [programs, NMB, RB] (fp32, .cg),

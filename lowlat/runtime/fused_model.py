@@ -131,8 +131,9 @@ HELD_PROLOGUE = "auto"
 #: 1652.5 at 1 / 6 / 16 / 48 rows (down 13.0 against 14.3 us a layer at 1-6 rows). Since session 39 a "build" model
 #: launches the prologue with pace=True: with "attn_prologue" in early_release it runs the paced form at width 1
 #: (`attn_prologue_held`'s PACE_COLUMNS), the g-multiplied form with g = 1 released after the wait elsewhere (the same
-#: bits as "registers"); in the step not yet measured (session 39 had no device left for it:
-#: bench/explore/session39g.sh).
+#: bits as "registers"). In the step (session 40 call 1, explore26, Llama-3.2-1B 16 layers, H100) "build" with the
+#: prologue's early release took 1134.3 / 1210.0 / 1338.2 us at 1 / 6 / 16 rows against the default's 1125.3 /
+#: 1212.9 / 1340.0: no gain, "registers" kept.
 HELD_FOLD = "registers"
 #: The MoE layers' output projection. "norm_epilogue": `out_proj.out_proj` writes x and h = rms_norm(x) (a
 #: cross-program reduction chain after the GEMV: Qwen3-30B-A3B 9.37 us per kernel at 1 row, 43% of copy bandwidth), the
