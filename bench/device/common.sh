@@ -76,6 +76,16 @@ llama_prologue_bench() {
       --out "$OUT/attn_prologue_llama_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
   done
 }
+# the production prologue bench at Qwen3-30B-A3B's 1 row RUNS times (issue 3's last 70%-of-copy-bandwidth check;
+# cluster_pdl against the split-K fused_pdl), JSONs as $OUT/attn_prologue_qwen3_1row_I.json (session 41):
+# qwen3_prologue_bench RUNS
+qwen3_prologue_bench() {
+  for i in $(seq "$1"); do
+    echo "== bench_attn_prologue Qwen3-30B-A3B 1 row, run $i (${SECONDS}s)"
+    timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 --budget-s 0 \
+      --out "$OUT/attn_prologue_qwen3_1row_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
+  done
+}
 # explore57's paced Qwen3 cluster forms at 1 / 6 rows, $OUT/explore57.json (session 40): explore57_paced LIMIT_S
 explore57_paced() {
   echo "== explore57 (${SECONDS}s)"
