@@ -24,12 +24,14 @@ mma gives other bits than one call over the slice, so one form at every M keeps 
 row invariant); x's statistic is summed chunk by chunk; maxnreg MAXNREG (three programs an SM: Qwen3-30B-A3B's 320
 programs in one wave); the next launch is released after the wait.
 
-Measured (this form is bench/explore/explore57.py's `cluster_c16w4_late`, per kernel, PDL-chained over rotated cold
-copies; bench/results/session40/call5, H200): 7.07-7.14 / 7.39-7.43 us at 1 / 6 rows against FusedModel's split-K
-prologue's 9.72-9.85 / 9.88-9.97 (70% of copy bandwidth at 1 row needs 7.20); at 16 / 48 rows not yet measured
-(bench/explore/session40e.sh), where explore44's unpaced cluster form lost to split-K (H100: 14.98 / 34.93 against
-11.26 / 27.20 us: every program reads all of x). FusedModel runs it only when asked (`FusedModel(cluster_prologue=
-True)`; its default Qwen3 prologue stays the split-K one) until the step and those widths are measured.
+Measured (this form is bench/explore/explore57.py's `cluster_c16w4_late`; bench/results/session41, H200, per kernel,
+PDL-chained over rotated cold copies, `bench/bench_attn_prologue.py --models Qwen3-30B-A3B`): 7.03-7.07 us at 1 row
+(70.9-73.0% of copy bandwidth, three runs), 7.50 / 16.03 / 50.64 us at 6 / 16 / 48 rows, against FusedModel's split-K
+prologue's 9.67-9.73 and 9.84 / 9.92 / 24.66: it wins at 1-6 rows and loses from 16 (every program reads all of x).
+In Qwen3-30B-A3B's decode step (4 layers, bench/explore/explore26.py) it saves 13 / 19 us at 1 / 6 rows and costs
+10 / 51 us at 16 / 48. Row invariance forbids choosing the prologue by width, so FusedModel runs it only when asked
+(`FusedModel(cluster_prologue=True)`, for serving that stays at <= 6 rows a step); its default Qwen3 prologue stays
+the split-K one.
 
 The cluster launch: Triton 3.6 launches clusters only for kernels compiled with num_ctas > 1 (CGA layouts, which
 Gluon's mma_v2 refuses); `launch_as_clusters` compiles the kernel as usual (`JITFunction.warmup`, no launch), sets
