@@ -151,6 +151,19 @@ HELD_FOLD = "registers"
 MOE_OUT_PROJ = "auto"
 #: the values `FusedModel(moe_out_proj=...)` takes
 MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
+#: Whether QK-norm models run `attn_prologue_cluster` (a head's programs one thread-block cluster) instead of the
+#: split-K prologue: False (default), True, or "auto": where `cluster_prologue_supported` allows and the model's widest
+#: width is at most CLUSTER_AUTO_MAX_WIDTH. Measured (session 41, H200, bench/results/session41): per kernel at
+#: Qwen3-30B-A3B's 1 / 6 / 16 / 48 rows 7.03-7.07 / 7.50 / 16.03 / 50.64 us against the split-K prologue's 9.67-9.73 /
+#: 9.84 / 9.92 / 24.66 (every program reads all of x: it loses from 16 rows); in the step (explore26, 4 layers) 419.8
+#: / 774.2 / 1276.8 / 1927.2 us against 433.0 / 793.5 / 1267.3 / 1876.5. A row's bits must not depend on the width,
+#: so one prologue runs every width a model has: it pays only for a model whose widths all lie where it wins. The
+#: default stays False: the serving default widths reach 48, and the TP paths (`runtime/contract.py`, multi-GPU) have
+#: not run it on several GPUs.
+CLUSTER_PROLOGUE = False
+#: the widest step "auto" runs the cluster prologue at: 6 rows, the widest measured faster (8 rows is the same 8-row
+#: block as 6 but was not measured)
+CLUSTER_AUTO_MAX_WIDTH = 6
 #: Longest RoPE table built (positions beyond it are refused): 128 Ki positions.
 MAX_ROPE_POSITIONS = 1 << 17
 
@@ -286,13 +299,15 @@ class FusedModel:
                          split-K `attn_prologue`;
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
-        cluster_prologue False (default) or True (QK-norm models, an opt-in: UnsupportedConfigError with the reason
-                         where `cluster_prologue_supported` names one; StepContractError with a defer_down > 0):
-                         every layer's attention prologue is `attn_prologue_cluster` (the held prologue with QK-norm,
-                         a head's programs one thread-block cluster, its own bits at every width) on weights folded
-                         at build; the down projection never defers. On the H200 (session 41) Qwen3-30B-A3B's step
-                         is 13 / 19 us faster at 1 / 6 rows and 10 / 51 us slower at 16 / 48 (4 layers): for
-                         serving that stays at <= 6 rows a step
+        cluster_prologue False (default CLUSTER_PROLOGUE), "auto" (where `cluster_prologue_supported(cfg, device)`
+                         allows, no defer_down > 0 is asked for and every width is at most CLUSTER_AUTO_MAX_WIDTH
+                         rows; else the split-K prologue) or True (QK-norm models: UnsupportedConfigError with the
+                         reason where `cluster_prologue_supported` names one; StepContractError with a defer_down >
+                         0): every layer's attention prologue is `attn_prologue_cluster` (the held prologue with
+                         QK-norm, a head's programs one thread-block cluster, its own bits at every width) on weights
+                         folded at build; the down projection never defers. On the H200 (session 41) Qwen3-30B-A3B's
+                         step is 13 / 19 us faster at 1 / 6 rows and 10 / 51 us slower at 16 / 48 (4 layers): hence
+                         "auto"'s width bound
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
                          "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows and
                          H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj`
@@ -320,10 +335,11 @@ class FusedModel:
                  defer_down: int | None = None, fold: int = FOLD_MAX_WIDTH,
                  early_release: str | Sequence[str] = EARLY_RELEASE,
                  held_prologue: str | bool = HELD_PROLOGUE, moe_out_proj: str = MOE_OUT_PROJ,
-                 cluster_prologue: bool = False) -> None:
+                 cluster_prologue: str | bool = CLUSTER_PROLOGUE) -> None:
         self.cfg = cfg
-        if not isinstance(cluster_prologue, bool):
-            raise StepContractError(f"cluster_prologue={cluster_prologue!r} must be a bool")
+        if not (cluster_prologue is True or cluster_prologue is False
+                or (isinstance(cluster_prologue, str) and cluster_prologue == "auto")):
+            raise StepContractError(f"cluster_prologue={cluster_prologue!r} must be 'auto', True or False")
         if not isinstance(moe_out_proj, str) or moe_out_proj not in MOE_OUT_PROJ_FORMS:
             raise StepContractError(f"moe_out_proj={moe_out_proj!r} must be one of {MOE_OUT_PROJ_FORMS}")
         if not (held_prologue is True or held_prologue is False
@@ -366,15 +382,17 @@ class FusedModel:
             why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
-        if cluster_prologue:
-            why_cluster = cluster_prologue_supported(cfg, self.device)
+        why_cluster = cluster_prologue_supported(cfg, self.device)
+        if cluster_prologue is True:
             if why_cluster is not None:
                 raise UnsupportedConfigError("cluster_prologue", True, why_cluster)
             if defer_down:
                 raise StepContractError(f"cluster_prologue=True cannot take defer_down={defer_down}: the cluster "
                                         "prologue takes no deferred input")
-        #: whether every layer's prologue is `attn_prologue_cluster` (QK-norm models, opt-in; fixed at build)
-        self.cluster_prologue = cluster_prologue
+        #: whether every layer's prologue is `attn_prologue_cluster` (QK-norm models; fixed at build)
+        self.cluster_prologue = cluster_prologue is True or (
+            cluster_prologue == "auto" and why_cluster is None and not defer_down
+            and self.widths[-1] <= CLUSTER_AUTO_MAX_WIDTH)
         if HELD_FOLD not in ("build", "registers"):
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")
         #: whether the stored QKV weights have the attention norm weight multiplied in (`fold_attn_norm`, HELD_FOLD)
@@ -383,7 +401,7 @@ class FusedModel:
         #: folded weights, pace=True, it does so only in the paced form: width 1)
         self._held_early = "attn_prologue" in self.early_release
         if self._held_early and not self.held_prologue:
-            runs = ("the cluster prologue" if cluster_prologue else
+            runs = ("the cluster prologue" if self.cluster_prologue else
                     f"the split-K prologue ({why or 'held_prologue=False'})")
             raise StepContractError(f"early_release names 'attn_prologue', which only the held prologue does; this "
                                     f"model runs {runs}")

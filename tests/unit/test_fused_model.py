@@ -447,7 +447,8 @@ def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
 
 
 def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
-    """cluster_prologue (opt-in, QK-norm models): off by default; a non-bool refused; where it cannot run the reason
+    """cluster_prologue (QK-norm models): off by default; anything but "auto" / True / False refused; "auto" on only
+    where supported, every width <= CLUSTER_AUTO_MAX_WIDTH and no defer_down asked for; where True cannot run the reason
     is named (on the CPU the device's; a Llama-family model's its missing QK-norm); where it could
     (`cluster_prologue_supported` patched to allow the CPU: the model is only built) the QKV weights are stored folded
     with the norm weight, the down never defers, an explicit defer_down > 0 and early_release's "attn_prologue" are
@@ -461,14 +462,16 @@ def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
     w = random_model_weights(cfg, seed=0)
     split = FusedModel(cfg, w, device="cpu", widths=(1,), defer_down=16)
     assert not split.cluster_prologue and split.defers_down(1)          # the split-K prologue's model defers here
-    with pytest.raises(StepContractError, match=re.escape("cluster_prologue='yes' must be a bool")):
-        FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="yes")
+    for bad in ("yes", "Auto", 1, None):
+        with pytest.raises(StepContractError, match=re.escape(f"cluster_prologue={bad!r} must be 'auto', True or")):
+            FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=bad)
     with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: device cpu"):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True)
+    assert not FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="auto").cluster_prologue  # the CPU
     llama = tiny(hidden_size=1024, intermediate_size=128)
     with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: no QK-norm"):
         FusedModel(llama, random_model_weights(llama, seed=0), device="cpu", widths=(1,), cluster_prologue=True)
-    monkeypatch.setattr(fused_model, "cluster_prologue_supported", lambda cfg, device: None)
+    monkeypatch.setattr(fused_model, "cluster_prologue_supported", lambda cfg, device: None)    # the CPU allowed
     fm = FusedModel(cfg, w, device="cpu", widths=(1, 2), cluster_prologue=True)
     lw = w.layers[0]
     assert fm.cluster_prologue and not fm.held_prologue and not fm.defers_down(1)
@@ -477,6 +480,12 @@ def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, defer_down=16)
     with pytest.raises(StepContractError, match=r"this model runs the cluster prologue"):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, early_release=("attn_prologue",))
+    # "auto": on where supported and every width is at most CLUSTER_AUTO_MAX_WIDTH, without a defer_down > 0
+    top = fused_model.CLUSTER_AUTO_MAX_WIDTH
+    assert FusedModel(cfg, w, device="cpu", widths=(1, top), cluster_prologue="auto").cluster_prologue
+    assert not FusedModel(cfg, w, device="cpu", widths=(1, top + 1), cluster_prologue="auto").cluster_prologue
+    assert not FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="auto", defer_down=1).cluster_prologue
+    assert not FusedModel(cfg, w, device="cpu", widths=(1,)).cluster_prologue             # the default stays off
 
 
 def test_kernels_compile_for_sm90():
