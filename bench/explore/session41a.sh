@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 40, NOT run (no device time left; one GPU, no carry, ends by END, default 560 s): the first GPU
+# Prepared in session 40; in session 41 its parts ran as calls 1-3 (bench/results/session41), not as this script
+# (one GPU, no carry, ends by END, default 560 s): the first GPU
 # run of `attn_prologue_cluster` (Qwen3's QK-norm held prologue, a head's programs one cluster, 32-column paced
 # chunks at every width): its GPU tests, the Llama held prologue's GPU tests (the kernel gained the QK_NORM path; its
 # Llama builds' sm_90 SASS is unchanged on the CPU), the per-kernel bench at Qwen3-30B-A3B's widths (cluster_pdl
