@@ -67,23 +67,14 @@ tune_shape() {
 cap() { local left=$(( END - SECONDS )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 # session 40: true on an H200 (issue 3's card): on_h200
 on_h200() { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; }
-# the production prologue bench at Llama-3.2-1B's 1 row RUNS times (issue 3's 70%-of-copy-bandwidth check; held_pdl
-# and held_paced_pdl among its variants), JSONs as $OUT/attn_prologue_llama_I.json (session 40): llama_prologue_bench RUNS
-llama_prologue_bench() {
-  for i in $(seq "$1"); do
-    echo "== bench_attn_prologue Llama-3.2-1B 1 row, run $i (${SECONDS}s)"
-    timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models Llama-3.2-1B --rows 1 --budget-s 0 \
-      --out "$OUT/attn_prologue_llama_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
-  done
-}
-# the production prologue bench at Qwen3-30B-A3B's 1 row RUNS times (issue 3's last 70%-of-copy-bandwidth check;
-# cluster_pdl against the split-K fused_pdl), JSONs as $OUT/attn_prologue_qwen3_1row_I.json (session 41):
-# qwen3_prologue_bench RUNS
-qwen3_prologue_bench() {
-  for i in $(seq "$1"); do
-    echo "== bench_attn_prologue Qwen3-30B-A3B 1 row, run $i (${SECONDS}s)"
-    timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 --budget-s 0 \
-      --out "$OUT/attn_prologue_qwen3_1row_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
+# the production prologue bench at MODEL's 1 row RUNS times (issue 3's 70%-of-copy-bandwidth check; Llama-3.2-1B:
+# held_pdl / held_paced_pdl, Qwen3-30B-A3B: cluster_pdl, among the variants), JSONs as
+# $OUT/attn_prologue_TAG_I.json (sessions 40-41): prologue_bench_1row MODEL TAG RUNS
+prologue_bench_1row() {
+  for i in $(seq "$3"); do
+    echo "== bench_attn_prologue $1 1 row, run $i (${SECONDS}s)"
+    timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models "$1" --rows 1 --budget-s 0 \
+      --out "$OUT/attn_prologue_$2_$i.json" 2>&1 | grep -v -i warn | cut -c1-200
   done
 }
 # explore57's paced Qwen3 cluster forms at 1 / 6 rows, $OUT/explore57.json (session 40): explore57_paced LIMIT_S

@@ -28,8 +28,6 @@ EVAL_PKGS=(lm_eval datasets dill evaluate more-itertools pytablewriter DataPrope
 DEVICE_FLAGS=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
-EXTRA_PLATFORMS=(--platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64
-  --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64)
 TMP=$(mktemp -d /tmp/stage_prep.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 missing=()
@@ -126,8 +124,6 @@ fetch_wheel() {
   [ -z "$keep" ] || return 0
   mkdir -p "$dl"
   if "$PY" -m pip download -q "${DEVICE_FLAGS[@]}" -d "$dl" "$name==$v" > "$TMP/pip.log" 2>&1; then :
-  elif "$PY" -m pip download -q "${DEVICE_FLAGS[@]}" "${EXTRA_PLATFORMS[@]}" -d "$dl" "$name==$v" \
-      > "$TMP/pip.log" 2>&1; then echo "  $name $v: needed a manylinux_2_{24,31,34,35} tag"
   elif "$PY" -m pip wheel -q --no-deps -w "$dl" "$name==$v" > "$TMP/pip.log" 2>&1; then
     f=$(ls "$dl"/*.whl)
     case $f in *-py3-none-any.whl | *-py2.py3-none-any.whl) echo "  $name $v: no wheel; built ${f##*/}" ;;
@@ -164,7 +160,8 @@ echo "== carries"
 report .stage/a "$a"; report .stage/b "$b"; report .stage/olmo "$olmo"; report .whl "$whl"
 report "tree (travels always)" "$tree"
 ls -1 .whl/*.whl .whl/eval/*.whl | sed 's/^/    /'
-echo "== session37b's four calls, each made at once after the one before; tree + carry vs $(human $LIMIT) a call:"
+echo "== the four calls (session37b.sh's header, session42a.sh as call 3), each made at once after the one before;"
+echo "   tree + carry vs $(human $LIMIT) a call:"
 over=0
 call() {  # call N CARRY_BYTES TEXT
   local total=$(( tree + $2 )) verdict=ok
@@ -174,9 +171,7 @@ call() {  # call N CARRY_BYTES TEXT
 call 1 "$a" 'run("mkdir -p /root/stage && cp .stage/a/part-aa /root/stage/", carry=[".stage/a"])'
 call 2 $(( olmo + whl )) 'run("mkdir -p /root/stage && cp -r .stage/olmo /root/stage/ && source '\
 'bench/device/common.sh", carry=[".stage/olmo", ".whl"])'
-call 3 "$b" 'run("bash bench/explore/session37b.sh", carry=[".stage/b"])'
-call 4 0 'run("SIGNOFF_TIMEOUT=560 bash bench/explore/session10e.sh")   (no carry)'
-echo "  (the older pair: stage1.sh with .stage/a + .stage/olmo = $(human $(( tree + a + olmo ))); stage2.sh with" \
-  ".stage/b + .whl = $(human $(( tree + b + whl ))))"
+call 3 "$b" 'run("bash bench/explore/session42a.sh", carry=[".stage/b"])'
+call 4 0 'run("SIGNOFF_TIMEOUT=540 bash bench/explore/session10e.sh")   (no carry)'
 (( over == 0 )) || die "a call of the plan exceeds 64 MiB: carry less, or shrink the tree that travels"
 echo "== done in ${SECONDS}s"

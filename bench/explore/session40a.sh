@@ -9,7 +9,7 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-570}
 if on_h200; then
-  llama_prologue_bench 3
+  prologue_bench_1row Llama-3.2-1B llama 3
   explore57_paced 150
   echo "== explore56 (${SECONDS}s)"
   timeout "$(cap 90)" python3 bench/explore/explore56.py --rows 1 --rounds 3 --out "$OUT/explore56.json" \

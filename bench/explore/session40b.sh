@@ -14,7 +14,7 @@ few_rows() {
     --variants prod,prod_paced,c8w2_early_x2,c8w2_late_x2 2>&1 | grep -v -i warn | cut -c1-1200
 }
 if on_h200; then
-  llama_prologue_bench 3
+  prologue_bench_1row Llama-3.2-1B llama 3
   echo "== bench_attn_prologue Qwen3-30B-A3B 1 row (${SECONDS}s)"
   timeout "$(cap 60)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 --budget-s 0 \
     --out "$OUT/attn_prologue_qwen3.json" 2>&1 | grep -v -i warn | cut -c1-200

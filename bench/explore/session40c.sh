@@ -8,7 +8,7 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-400}
 if on_h200; then
-  llama_prologue_bench 3
+  prologue_bench_1row Llama-3.2-1B llama 3
 fi
 echo "== explore58 qwen3 (${SECONDS}s)"
 timeout "$(cap 150)" python3 bench/explore/explore58.py --model qwen3 --rows 1,6,16,48 --rounds 2 \

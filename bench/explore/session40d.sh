@@ -7,6 +7,6 @@ source bench/device/common.sh
 exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-300}
 on_h200 || { echo "not an H200: nothing run"; exit 0; }
-llama_prologue_bench 3
+prologue_bench_1row Llama-3.2-1B llama 3
 explore57_paced 150
 echo "done at ${SECONDS}s"

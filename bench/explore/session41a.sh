@@ -18,7 +18,7 @@ echo "pytest rc $?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu-tests.log" |
 echo "== bench_attn_prologue Qwen3-30B-A3B (${SECONDS}s)"
 timeout "$(cap 120)" python3 bench/bench_attn_prologue.py --models Qwen3-30B-A3B --rows 1 6 16 48 --budget-s 0 \
   --out "$OUT/attn_prologue_qwen3.json" 2>&1 | grep -v -i warn | cut -c1-200
-on_h200 && qwen3_prologue_bench 2
+on_h200 && prologue_bench_1row Qwen3-30B-A3B qwen3_1row 2
 explore26_once 400 100 qwen3_split --model Qwen3-30B-A3B --layers 4 --order 1,6,16,48
 explore26_once 420 100 qwen3_cluster --model Qwen3-30B-A3B --layers 4 --order 1,6,16,48 --cluster-prologue
 END=$(( END - SECONDS )) OUT=$OUT/e bash bench/explore/session40e.sh 2>&1 | grep -v "^NVIDIA\|^torch"

@@ -8,6 +8,6 @@ exec > >(tee "$OUT/all.log") 2>&1
 END=${END:-420}
 gpu_tests_verbose "$(cap 300)"
 on_h200 || { echo "not an H200: no bench; done at ${SECONDS}s"; exit 0; }
-qwen3_prologue_bench 3
-llama_prologue_bench 1
+prologue_bench_1row Qwen3-30B-A3B qwen3_1row 3
+prologue_bench_1row Llama-3.2-1B llama 1
 echo "done at ${SECONDS}s"

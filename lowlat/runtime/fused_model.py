@@ -152,8 +152,8 @@ MOE_OUT_PROJ = "auto"
 #: the values `FusedModel(moe_out_proj=...)` takes
 MOE_OUT_PROJ_FORMS = ("auto", "held", "split_k", "norm_epilogue")
 #: Whether QK-norm models run `attn_prologue_cluster` (a head's programs one thread-block cluster) instead of the
-#: split-K prologue: False (default), True, or "auto": where `cluster_prologue_supported` allows and the model's widest
-#: width is at most CLUSTER_AUTO_MAX_WIDTH. Measured (session 41, H200, bench/results/session41): per kernel at
+#: split-K prologue: False (default), True, or "auto": MoE models where `cluster_prologue_supported` allows and whose
+#: widest width is at most CLUSTER_AUTO_MAX_WIDTH. Measured (session 41, H200, bench/results/session41): per kernel at
 #: Qwen3-30B-A3B's 1 / 6 / 16 / 48 rows 7.03-7.07 / 7.50 / 16.03 / 50.64 us against the split-K prologue's 9.67-9.73 /
 #: 9.84 / 9.92 / 24.66 (every program reads all of x: it loses from 16 rows); in the step (explore26, 4 layers) 419.8
 #: / 774.2 / 1276.8 / 1927.2 us against 433.0 / 793.5 / 1267.3 / 1876.5. A row's bits must not depend on the width,

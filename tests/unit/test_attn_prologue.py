@@ -780,11 +780,16 @@ def test_held_prologue_bad_input_raises_typed_error_before_any_launch(case):
     first, e.g. a host-side write; the GPU tests prove the kernel writes only valid rows' slots.)"""
     from lowlat.kernels.attn_prologue_held import attn_prologue_held
 
-    cfg, base, cases = _held_error_cases()
+    _assert_refused_untouched(attn_prologue_held, *_held_error_cases(), case)
+
+
+def _assert_refused_untouched(fn, cfg, base, cases, case):
+    """fn(cfg, **base, **cases[case]'s change) raises a StepContractError matching its message; the caches and out_q
+    are untouched."""
     name, change, msg = cases[case]
     kc0, vc0, q0 = base["k_cache"].clone(), base["v_cache"].clone(), base["out_q"].clone()
     with pytest.raises(StepContractError, match=re.escape(msg)):
-        attn_prologue_held(**{"cfg": cfg, **base, **change})
+        fn(**{"cfg": cfg, **base, **change})
     for key, before in (("k_cache", kc0), ("v_cache", vc0), ("out_q", q0)):
         assert torch.equal(base[key], before), (name, key)
 
@@ -1070,13 +1075,7 @@ def test_cluster_prologue_bad_input_raises_typed_error_before_any_launch(case):
     untouched."""
     from lowlat.kernels.attn_prologue_cluster import attn_prologue_cluster
 
-    cfg, base, cases = _cluster_error_cases()
-    name, change, msg = cases[case]
-    kc0, vc0, q0 = base["k_cache"].clone(), base["v_cache"].clone(), base["out_q"].clone()
-    with pytest.raises(StepContractError, match=re.escape(msg)):
-        attn_prologue_cluster(**{"cfg": cfg, **base, **change})
-    for key, before in (("k_cache", kc0), ("v_cache", vc0), ("out_q", q0)):
-        assert torch.equal(base[key], before), (name, key)
+    _assert_refused_untouched(attn_prologue_cluster, *_cluster_error_cases(), case)
 
 
 def test_cluster_prologue_model_reasons():
