@@ -61,8 +61,10 @@ def test_fused_greedy_generation_equals_reference_or_diverges_at_a_measured_tie(
     a = fused.generate([ids], params)[0].output_ids
     b = ref.generate([ids], params)[0].output_ids
     if a == b:
+        print(f"{prompt!r}: fused == reference for all {len(a)} tokens")
         return
     tie = divergence_tie(ref, oracle, ids, b, a)      # b: the reference's tokens, a: the fused ones
+    print(f"{prompt!r}: first divergence {tie}")
     assert tie is not None, f"same length {len(a)} / {len(b)}, so a token differs"
     assert tie["tie"], (f"fused diverged at token {tie['position']} ({tie['spec_token']} vs {tie['plain_token']}): "
                         f"oracle gap {tie['oracle_gap']:.3e} > bf16 reference logit error "
