@@ -385,7 +385,7 @@ class FusedModel:
             why = f"defer_down={defer_down} asks for the split-K prologue"
         #: whether every layer's prologue is `attn_prologue_held` (fixed at build)
         self.held_prologue = held_prologue is not False and why is None
-        why_cluster = cluster_prologue_supported(cfg, self.device)
+        why_cluster = cluster_prologue_supported(cfg, self.device) if cluster_prologue is not False else None
         if cluster_prologue is True:
             if why_cluster is not None:
                 raise UnsupportedConfigError("cluster_prologue", True, why_cluster)

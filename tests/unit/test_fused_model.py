@@ -469,6 +469,10 @@ def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
     with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: device cpu"):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True)
     assert not FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue="auto").cluster_prologue  # the CPU
+    moe = tiny(architecture="Qwen3MoeForCausalLM", qk_norm=True, hidden_size=1024, num_heads=2, num_kv_heads=1,
+               head_dim=64, num_experts=4, top_k=2, moe_intermediate_size=32)
+    mw = random_model_weights(moe, seed=0)
+    assert not FusedModel(moe, mw, device="cpu", widths=(1,), cluster_prologue="auto").cluster_prologue  # the CPU
     llama = tiny(hidden_size=1024, intermediate_size=128)
     with pytest.raises(UnsupportedConfigError, match=r"cluster_prologue=True: no QK-norm"):
         FusedModel(llama, random_model_weights(llama, seed=0), device="cpu", widths=(1,), cluster_prologue=True)
@@ -483,9 +487,6 @@ def test_cluster_prologue_choice_refusals_and_folded_weights(monkeypatch):
         FusedModel(cfg, w, device="cpu", widths=(1,), cluster_prologue=True, early_release=("attn_prologue",))
     # "auto": on for MoE models where supported and every width is at most CLUSTER_AUTO_MAX_WIDTH, without a
     # defer_down > 0; a dense model (cfg) keeps the split-K prologue and its down deferral
-    moe = tiny(architecture="Qwen3MoeForCausalLM", qk_norm=True, hidden_size=1024, num_heads=2, num_kv_heads=1,
-               head_dim=64, num_experts=4, top_k=2, moe_intermediate_size=32)
-    mw = random_model_weights(moe, seed=0)
     top = fused_model.CLUSTER_AUTO_MAX_WIDTH
     assert FusedModel(moe, mw, device="cpu", widths=(1, top), cluster_prologue="auto").cluster_prologue
     assert FusedModel(moe, mw, device="cpu", widths=(top,), cluster_prologue="auto", defer_down=0).cluster_prologue
